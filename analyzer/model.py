@@ -1,0 +1,224 @@
+"""The records every part of the analyzer exchanges.
+
+All records are frozen dataclasses. Arrays inside them are numpy arrays that are
+treated as read-only; a record never changes after it is built.
+
+    Location        where something is in a file: a byte offset or a 1-based line
+    Series          one scalar tag over steps, from one source file
+    Histogram       one histogram tag over steps: min, max, sum, count per step
+    Event           something that happened at a step: a restart, an overflow skip, ...
+    IngestIssue     damage met while reading: the file, the offset or line, a typed kind
+    Run             everything read from one run folder
+    Incident        the first non-finite value of a tag (or of the whole run)
+    RunResult       a run plus what the analysis found in it
+    Report          the versioned result of one analysis
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+SCHEMA_VERSION = 1
+"""Bumped whenever a field of the JSON report changes meaning or disappears."""
+
+NonFiniteKind = Literal["nan", "+inf", "-inf"]
+PositionUnit = Literal["offset", "line"]
+
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+
+
+def nonfinite_kind(value: float) -> NonFiniteKind | None:
+    """Classify a number: None when finite, else 'nan', '+inf' or '-inf'."""
+    if math.isnan(value):
+        return "nan"
+    if math.isinf(value):
+        return "+inf" if value > 0 else "-inf"
+    return None
+
+
+@dataclass(frozen=True)
+class Location:
+    """A place in a file: a byte offset for binary files, a 1-based line for text."""
+
+    file: str
+    offset: int | None = None
+    line: int | None = None
+
+    def __str__(self) -> str:
+        if self.line is not None:
+            return f"{self.file}:{self.line}"
+        if self.offset is not None:
+            return f"{self.file}@{self.offset}"
+        return self.file
+
+
+@dataclass(frozen=True, eq=False)
+class Series:
+    """One scalar tag of one source file, in the order the file holds it.
+
+    ``positions[i]`` is where point ``i`` was read: the byte offset of its record
+    (``position_unit == "offset"``) or its line number (``"line"``). Steps are not
+    deduplicated or sorted: a restarted run logs the same steps twice, and that is
+    evidence too.
+    """
+
+    tag: str
+    steps: IntArray
+    values: FloatArray
+    wall_times: FloatArray
+    source: str
+    positions: IntArray
+    position_unit: PositionUnit = "offset"
+    rank: int | None = None
+
+    def __len__(self) -> int:
+        return int(self.steps.shape[0])
+
+    def location(self, index: int) -> Location:
+        pos = int(self.positions[index])
+        if self.position_unit == "line":
+            return Location(self.source, line=pos)
+        return Location(self.source, offset=pos)
+
+
+@dataclass(frozen=True, eq=False)
+class Histogram:
+    """A histogram tag: per step the summary numbers of the distribution."""
+
+    tag: str
+    steps: IntArray
+    wall_times: FloatArray
+    mins: FloatArray
+    maxs: FloatArray
+    sums: FloatArray
+    counts: FloatArray
+    sum_squares: FloatArray
+    source: str
+    positions: IntArray
+
+    def __len__(self) -> int:
+        return int(self.steps.shape[0])
+
+    def nonfinite_mask(self) -> npt.NDArray[np.bool_]:
+        """True where the logged distribution held a NaN or Inf.
+
+        A histogram of a tensor with NaN or Inf has a non-finite min, max or sum.
+        """
+        stats = np.stack([self.mins, self.maxs, self.sums, self.sum_squares])
+        return ~np.isfinite(stats).all(axis=0)
+
+    def location(self, index: int) -> Location:
+        return Location(self.source, offset=int(self.positions[index]))
+
+
+@dataclass(frozen=True)
+class Event:
+    """Something that happened at a step, as opposed to a number logged at it.
+
+    Kinds in use: ``restart`` (a new file_version record, a new event file, or a
+    step going backwards), ``overflow_skip`` (a mixed-precision step skipped for
+    overflow), ``loss_scale`` (the loss scale changed), ``error`` (an error the
+    run printed, e.g. ``FloatingPointError``).
+    """
+
+    kind: str
+    step: int | None
+    location: Location
+    message: str
+    detail: Mapping[str, object] = field(default_factory=dict)
+
+
+IssueKind = Literal[
+    "empty_file",
+    "not_event_file",
+    "truncated",
+    "zero_tail",
+    "bad_length_crc",
+    "bad_payload_crc",
+    "absurd_length",
+    "not_an_event",
+    "unreadable",
+    "bad_line",
+    "unsafe_checkpoint",
+    "bad_checkpoint",
+]
+
+
+@dataclass(frozen=True)
+class IngestIssue:
+    """Damage met while reading. Reading goes on; the issue says what was lost."""
+
+    location: Location
+    kind: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.location}: {self.kind}: {self.message}"
+
+
+@dataclass(frozen=True)
+class Run:
+    """Everything read from one run folder."""
+
+    path: str
+    name: str
+    files: tuple[str, ...]
+    series: tuple[Series, ...] = ()
+    histograms: tuple[Histogram, ...] = ()
+    events: tuple[Event, ...] = ()
+    issues: tuple[IngestIssue, ...] = ()
+
+    def tags(self) -> list[str]:
+        return sorted({s.tag for s in self.series})
+
+
+@dataclass(frozen=True)
+class Incident:
+    """The first non-finite value of a tag, or of the whole run.
+
+    ``last_finite_step`` is the last step before ``step`` at which the same tag was
+    finite (None when it never was). ``decided_by`` says which rule picked this
+    incident among others at the same step, for the run-level incident.
+    """
+
+    step: int
+    tag: str
+    kind: NonFiniteKind
+    last_finite_step: int | None
+    location: Location
+    layer: str | None = None
+    decided_by: str | None = None
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One run and what the analysis found in it."""
+
+    run: Run
+    incident: Incident | None
+    tag_incidents: tuple[Incident, ...] = ()
+    layer_incident: Incident | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.incident is not None
+
+
+@dataclass(frozen=True)
+class Report:
+    """The result of analysing one or more run folders."""
+
+    results: tuple[RunResult, ...]
+    schema_version: int = SCHEMA_VERSION
+    tool_version: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return any(r.failed for r in self.results)
