@@ -27,7 +27,8 @@ import numpy.typing as npt
 SCHEMA_VERSION = 1
 """Bumped whenever a field of the JSON report changes meaning or disappears."""
 
-NonFiniteKind = Literal["nan", "+inf", "-inf"]
+NonFiniteKind = Literal["nan", "+inf", "-inf", "nan-or-inf"]
+"""``nan-or-inf`` is for sources that say only "NaN or Inf" (some frameworks' messages)."""
 PositionUnit = Literal["offset", "line"]
 
 IntArray = npt.NDArray[np.int64]

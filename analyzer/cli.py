@@ -1,0 +1,140 @@
+"""The ``forensics`` command.
+
+Exit status: 0 when every value read is finite, 1 when something non-finite was found,
+2 on a usage error or a path that cannot be read, so ``forensics analyze`` can gate a CI job.
+Start-up imports neither torch nor streamlit; commands that need them import them late.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import TextIO
+
+from analyzer.errors import ForensicsError
+
+EXIT_OK, EXIT_FOUND, EXIT_ERROR = 0, 1, 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="forensics",
+        description="Find when, where and why a PyTorch training run went NaN or Inf.")
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    analyze = sub.add_parser(
+        "analyze", help="read the runs below each path and find their first non-finite values",
+        description="Find every run (a folder with TensorBoard event files) below each PATH "
+                    "and report the first step at which a logged value went NaN or Inf.")
+    analyze.add_argument("paths", nargs="+", metavar="PATH")
+    analyze.add_argument("--json", metavar="FILE",
+                         help="also write the versioned JSON report to FILE ('-' for stdout, "
+                              "which then replaces the text report)")
+    analyze.add_argument("--no-verify", action="store_true",
+                         help="skip the CRC checks of event-file records (faster, and damage "
+                              "inside a record goes unnoticed)")
+    analyze.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
+                         help="read event files in N processes (default 1)")
+    analyze.add_argument("-q", "--quiet", action="store_true",
+                         help="print only the summary table")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.version:
+        from analyzer.api import tool_version
+
+        print(f"forensics {tool_version()}")
+        return EXIT_OK
+    if args.command is None:
+        parser.print_help()
+        return EXIT_ERROR
+    try:
+        if args.command == "analyze":
+            return _analyze(args)
+    except ForensicsError as exc:
+        print(f"forensics: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("forensics: interrupted", file=sys.stderr)
+        return 130
+    parser.error(f"unknown command {args.command}")
+    return EXIT_ERROR
+
+
+def _analyze(args: argparse.Namespace) -> int:
+    from analyzer.api import analyze
+    from analyzer.errors import UsageError
+    from analyzer.report import format_text, to_json
+
+    if args.jobs < 1:
+        raise UsageError("--jobs must be at least 1")
+    progress = _ProgressBar(sys.stderr) if sys.stderr.isatty() else None
+    report = analyze(args.paths, verify=not args.no_verify, jobs=args.jobs,
+                     progress=progress)
+    if progress is not None:
+        progress.close()
+    if args.json == "-":
+        sys.stdout.write(to_json(report) + "\n")
+    else:
+        text = format_text(report)
+        if args.quiet:
+            text = text[text.rfind("\n\n") + 2:] if "\n\n" in text else text
+        sys.stdout.write(text)
+        if args.json:
+            _write_json(args.json, to_json(report))
+    return EXIT_FOUND if report.failed else EXIT_OK
+
+
+def _write_json(path: str, text: str) -> None:
+    from analyzer.errors import ReadError
+
+    try:
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(text + "\n")
+    except OSError as exc:
+        raise ReadError(path, f"cannot write the JSON report: {exc.strerror or exc}") from None
+
+
+class _ProgressBar:
+    """A one-line progress bar on a terminal, shown only for reads longer than a moment."""
+
+    def __init__(self, stream: TextIO, delay: float = 0.5) -> None:
+        self.stream = stream
+        self.start = time.monotonic()
+        self.delay = delay
+        self.shown = False
+
+    def __call__(self, done: int, total: int) -> None:
+        if time.monotonic() - self.start < self.delay or total <= 0:
+            return
+        width = 30
+        filled = int(width * done / total)
+        mb = 1 << 20
+        self.stream.write(f"\rreading [{'#' * filled}{'.' * (width - filled)}] "
+                          f"{done / mb:,.0f}/{total / mb:,.0f} MB")
+        self.stream.flush()
+        self.shown = True
+
+    def close(self) -> None:
+        if self.shown:
+            self.stream.write("\r" + " " * 60 + "\r")
+            self.stream.flush()
+
+
+def entry() -> None:
+    # Let `forensics analyze ... | head` end quietly.
+    try:
+        sys.exit(main())
+    except BrokenPipeError:
+        os._exit(EXIT_OK)
+
+
+if __name__ == "__main__":
+    entry()

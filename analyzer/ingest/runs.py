@@ -1,0 +1,80 @@
+"""Reading whole runs: every source file of a run folder merged into one :class:`Run`.
+
+Several event files in one folder are a restarted (or re-created) writer: they are merged
+in the order their names give, and each file after the first is recorded as a restart, not
+deduplicated away.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor
+
+from analyzer.ingest.discover import RunFiles
+from analyzer.ingest.tb import EventFile, read_event_file
+from analyzer.model import Event, Location, Run
+
+Progress = Callable[[int, int], None]
+"""Called with (bytes done, bytes in all) as files finish."""
+
+
+def read_runs(runs: list[RunFiles], *, verify: bool = True, jobs: int = 1,
+              progress: Progress | None = None) -> list[Run]:
+    """Read every file of every run; with ``jobs > 1`` files are read in parallel processes."""
+    paths = [f for run in runs for f in run.event_files]
+    sizes = {p: _size(p) for p in paths}
+    total = sum(sizes.values())
+    done = 0
+    results: dict[str, EventFile] = {}
+    for path, result in _read_all(paths, verify, jobs):
+        results[path] = result
+        done += sizes[path]
+        if progress is not None:
+            progress(done, total)
+    return [merge_run(run, [results[f] for f in run.event_files]) for run in runs]
+
+
+def _read_all(paths: list[str], verify: bool, jobs: int) -> Iterable[tuple[str, EventFile]]:
+    if jobs <= 1 or len(paths) <= 1:
+        for p in paths:
+            yield p, read_event_file(p, verify=verify)
+        return
+    import multiprocessing
+
+    # spawn, not fork: the caller may have threads (torch, a dashboard) that fork would copy.
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+        # Largest first, so one big file does not start last and run alone.
+        order = sorted(paths, key=_size, reverse=True)
+        futures = {p: pool.submit(read_event_file, p, verify=verify) for p in order}
+        for p in order:
+            yield p, futures[p].result()
+
+
+def merge_run(run: RunFiles, files: list[EventFile]) -> Run:
+    series = tuple(s for f in files for s in f.series)
+    histograms = tuple(h for f in files for h in f.histograms)
+    events: list[Event] = []
+    for k, f in enumerate(files):
+        if k > 0 and f.records:
+            first = _first_step(f)
+            events.append(Event("restart", first, Location(f.path, offset=0),
+                                "another event file: the writer was started again",
+                                {"reason": "new_file"}))
+        events.extend(f.events)
+    issues = tuple(i for f in files for i in f.issues)
+    return Run(path=run.path, name=run.name, files=run.event_files, series=series,
+               histograms=histograms, events=tuple(events), issues=issues)
+
+
+def _first_step(f: EventFile) -> int | None:
+    steps = [int(s.steps[0]) for s in f.series if len(s)]
+    return min(steps) if steps else None
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0

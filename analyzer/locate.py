@@ -1,0 +1,195 @@
+"""When a run went non-finite: the first incident per tag, per layer and per run.
+
+Pure numpy over the records of :mod:`analyzer.model`; no file access.
+
+The run's first incident is the earliest step at which any tag was non-finite. Several tags
+often go non-finite at the same step (a NaN loss makes every gradient NaN); the tie is broken
+by what the tag measures, loss first, then gradient norms, then the rest, and the incident
+says which rule decided.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import replace
+from typing import cast
+
+import numpy as np
+
+from analyzer.model import (
+    Event,
+    Histogram,
+    Incident,
+    NonFiniteKind,
+    Run,
+    RunResult,
+    Series,
+    nonfinite_kind,
+)
+
+_FAMILY = re.compile(r"grad|weight|param|activ|norm|hist|update|act$|acts$", re.IGNORECASE)
+_STAT = {
+    "max", "min", "mean", "std", "var", "norm", "l2", "l1", "rms", "sum", "median", "abs_max",
+    "absmax", "max_abs", "l2_norm", "grad_norm", "weight_norm", "value", "values", "hist",
+}
+_NOT_LAYER = {"total", "all", "global", "overall", "model", "sum"}
+_PARAM_SUFFIX = re.compile(
+    r"\.(weight\w*|bias\w*|gamma|beta|scale|running_mean|running_var|in_proj_\w+)$")
+_KIND_ORDER: dict[str, int] = {"nan": 0, "+inf": 1, "-inf": 2, "nan-or-inf": 3}
+
+
+def tag_priority(tag: str) -> int:
+    """0 for loss tags, 1 for gradient norms, 2 for everything else."""
+    low = tag.lower()
+    if "loss" in low and "scale" not in low:
+        return 0
+    if "grad" in low:
+        return 1
+    return 2
+
+
+def layer_from_tag(tag: str) -> str | None:
+    """The layer a per-layer tag names, e.g. ``grads/fc1.weight`` -> ``fc1``.
+
+    A tag names a layer when it has a leading family component (``grad_norm``, ``weights``,
+    ``grads``, ...) followed by a name; trailing statistics (``/max``) are dropped, and so is a
+    parameter suffix such as ``.weight``.
+    """
+    parts = [p for p in tag.split("/") if p]
+    while len(parts) > 1 and parts[-1].lower() in _STAT:
+        parts.pop()
+    families = 0
+    while families < len(parts) - 1 and _FAMILY.search(parts[families]):
+        families += 1
+    if families == 0:
+        return None
+    name = "/".join(parts[families:])
+    if name.lower() in _NOT_LAYER:
+        return None
+    return _PARAM_SUFFIX.sub("", name) or name
+
+
+def first_nonfinite(steps: np.ndarray, values: np.ndarray) -> tuple[int, int | None] | None:
+    """Index of the first non-finite value and of the last finite one before it."""
+    bad = np.flatnonzero(~np.isfinite(values))
+    if not bad.size:
+        return None
+    i = int(bad[0])
+    return i, (i - 1 if i > 0 else None)
+
+
+def series_incident(series: Series) -> Incident | None:
+    found = first_nonfinite(series.steps, series.values)
+    if found is None:
+        return None
+    i, last = found
+    kind = nonfinite_kind(float(series.values[i]))
+    assert kind is not None
+    return Incident(step=int(series.steps[i]), tag=series.tag, kind=kind,
+                    last_finite_step=int(series.steps[last]) if last is not None else None,
+                    location=series.location(i), layer=layer_from_tag(series.tag))
+
+
+def histogram_incident(hist: Histogram) -> Incident | None:
+    mask = hist.nonfinite_mask()
+    bad = np.flatnonzero(mask)
+    if not bad.size:
+        return None
+    i = int(bad[0])
+    kind = _histogram_kind(hist, i)
+    return Incident(step=int(hist.steps[i]), tag=hist.tag, kind=kind,
+                    last_finite_step=int(hist.steps[i - 1]) if i > 0 else None,
+                    location=hist.location(i), layer=layer_from_tag(hist.tag))
+
+
+def _histogram_kind(hist: Histogram, i: int) -> NonFiniteKind:
+    for v in (hist.sums[i], hist.mins[i], hist.maxs[i], hist.sum_squares[i]):
+        kind = nonfinite_kind(float(v))
+        if kind == "nan":
+            return "nan"
+    lo, hi = float(hist.mins[i]), float(hist.maxs[i])
+    if np.isneginf(lo):
+        return "-inf"
+    if np.isposinf(hi):
+        return "+inf"
+    return nonfinite_kind(float(hist.sums[i])) or "nan"
+
+
+def event_incident(event: Event) -> Incident | None:
+    """An incident from a line that reports non-finiteness without a number (logs)."""
+    if event.kind != "nonfinite" or event.step is None:
+        return None
+    tag = str(event.detail.get("tag", "loss"))
+    kind = str(event.detail.get("kind", "nan-or-inf"))
+    if kind not in _KIND_ORDER:
+        kind = "nan-or-inf"
+    return Incident(step=event.step, tag=tag, kind=cast(NonFiniteKind, kind),
+                    last_finite_step=None, location=event.location, layer=layer_from_tag(tag))
+
+
+def tag_incidents(run: Run) -> list[Incident]:
+    """The first incident of every tag that has one, earliest first.
+
+    A tag read from several files (a restarted writer, several ranks) keeps its earliest
+    step; on a tie, the file read first.
+    """
+    best: dict[str, Incident] = {}
+    candidates: Iterable[Incident | None] = (
+        [series_incident(s) for s in run.series]
+        + [histogram_incident(h) for h in run.histograms]
+        + [event_incident(e) for e in run.events]
+    )
+    for inc in candidates:
+        if inc is None:
+            continue
+        held = best.get(inc.tag)
+        if held is None or inc.step < held.step:
+            best[inc.tag] = inc
+    return sorted(best.values(), key=_rank)
+
+
+def _rank(inc: Incident) -> tuple[int, int, int, str]:
+    return (inc.step, tag_priority(inc.tag), _KIND_ORDER.get(inc.kind, 9), inc.tag)
+
+
+def run_incident(incidents: list[Incident]) -> Incident | None:
+    """The earliest incident of the run, saying how a tie at that step was broken."""
+    if not incidents:
+        return None
+    ordered = sorted(incidents, key=_rank)
+    first = ordered[0]
+    tied = [i for i in ordered if i.step == first.step]
+    if len(tied) == 1:
+        rule = "earliest step"
+    elif tag_priority(tied[1].tag) != tag_priority(first.tag):
+        rule = (f"{len(tied)} tags at step {first.step}: loss before gradient norm before "
+                "other tags")
+    else:
+        rule = f"{len(tied)} tags of equal priority at step {first.step}: NaN first, then name"
+    return replace(first, decided_by=rule)
+
+
+def layer_incident(incidents: list[Incident]) -> Incident | None:
+    """The first incident on a per-layer tag; on a tie, the layer logged first at that step."""
+    layered = [i for i in incidents if i.layer is not None]
+    if not layered:
+        return None
+    step = min(i.step for i in layered)
+    tied = sorted((i for i in layered if i.step == step), key=_position)
+    first = tied[0]
+    layers = sorted({i.layer for i in tied if i.layer})
+    rule = ("earliest step" if len(layers) == 1 else
+            f"{len(layers)} layers at step {step}; the one logged first is shown")
+    return replace(first, decided_by=rule)
+
+
+def _position(inc: Incident) -> tuple[str, int]:
+    loc = inc.location
+    return (loc.file, loc.offset if loc.offset is not None else (loc.line or 0))
+
+
+def locate(run: Run) -> RunResult:
+    incidents = tag_incidents(run)
+    return RunResult(run=run, incident=run_incident(incidents), tag_incidents=tuple(incidents),
+                     layer_incident=layer_incident(incidents))

@@ -1,0 +1,147 @@
+"""A :class:`Report` as terminal text and as versioned JSON.
+
+The JSON form is the machine contract: ``schema_version`` changes whenever a field changes
+meaning or disappears. It holds no wall-clock values of the analysis itself, so two analyses
+of the same folder give the same document.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from analyzer.model import Event, Incident, IngestIssue, Location, Report, RunResult
+
+_MAX_LISTED = 8
+
+
+def to_dict(report: Report) -> dict[str, Any]:
+    return {
+        "schema_version": report.schema_version,
+        "tool_version": report.tool_version,
+        "failed": report.failed,
+        "runs": [_run_dict(r) for r in report.results],
+    }
+
+
+def to_json(report: Report) -> str:
+    return json.dumps(to_dict(report), indent=2, allow_nan=False)
+
+
+def _run_dict(result: RunResult) -> dict[str, Any]:
+    run = result.run
+    return {
+        "name": run.name,
+        "path": run.path,
+        "status": "failed" if result.failed else "finite",
+        "files": list(run.files),
+        "incident": _incident_dict(result.incident),
+        "layer_incident": _incident_dict(result.layer_incident),
+        "tag_incidents": [_incident_dict(i) for i in result.tag_incidents],
+        "tags": {s.tag: len(s) for s in run.series} | {h.tag: len(h) for h in run.histograms},
+        "events": [_event_dict(e) for e in run.events],
+        "issues": [_issue_dict(i) for i in run.issues],
+    }
+
+
+def _location_dict(loc: Location) -> dict[str, Any]:
+    return {"file": loc.file, "offset": loc.offset, "line": loc.line}
+
+
+def _incident_dict(inc: Incident | None) -> dict[str, Any] | None:
+    if inc is None:
+        return None
+    return {
+        "step": inc.step,
+        "tag": inc.tag,
+        "kind": inc.kind,
+        "last_finite_step": inc.last_finite_step,
+        "layer": inc.layer,
+        "location": _location_dict(inc.location),
+        "decided_by": inc.decided_by,
+    }
+
+
+def _event_dict(event: Event) -> dict[str, Any]:
+    return {"kind": event.kind, "step": event.step, "message": event.message,
+            "location": _location_dict(event.location), "detail": _jsonable(event.detail)}
+
+
+def _issue_dict(issue: IngestIssue) -> dict[str, Any]:
+    return {"kind": issue.kind, "message": issue.message,
+            "location": _location_dict(issue.location)}
+
+
+def _jsonable(value: Any) -> Any:
+    """JSON has no NaN or Inf: write them as the strings a reader expects."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def format_text(report: Report) -> str:
+    """The terminal report: one block per run, then a summary table."""
+    blocks = [_run_block(r) for r in report.results]
+    return "\n\n".join([*blocks, _summary(report)]) + "\n"
+
+
+def _run_block(result: RunResult) -> str:
+    run = result.run
+    points = sum(len(s) for s in run.series)
+    lines = [f"== {run.name}  ({len(run.files)} event file{'s' if len(run.files) != 1 else ''}, "
+             f"{len(run.tags())} scalar tags, {points:,} points)"]
+    inc = result.incident
+    if inc is None:
+        lines.append("   every logged value is finite")
+    else:
+        last = "none" if inc.last_finite_step is None else str(inc.last_finite_step)
+        lines.append(f"   FIRST NON-FINITE  step {inc.step}  {inc.tag} = {inc.kind}  "
+                     f"(last finite step {last})")
+        lines.append(f"     at {inc.location}")
+        if inc.decided_by and inc.decided_by != "earliest step":
+            lines.append(f"     tie: {inc.decided_by}")
+    lay = result.layer_incident
+    if lay is not None:
+        lines.append(f"   FIRST LAYER  {lay.layer}  ({lay.tag} = {lay.kind} at step {lay.step})")
+        if lay.decided_by and lay.decided_by != "earliest step":
+            lines.append(f"     tie: {lay.decided_by}")
+    others = [i for i in result.tag_incidents if inc is None or i.tag != inc.tag]
+    if others:
+        shown = ", ".join(f"{i.tag}@{i.step}" for i in others[:_MAX_LISTED])
+        more = f" and {len(others) - _MAX_LISTED} more" if len(others) > _MAX_LISTED else ""
+        lines.append(f"   also non-finite: {shown}{more}")
+    restarts = [e for e in run.events if e.kind == "restart"]
+    for e in restarts[:_MAX_LISTED]:
+        lines.append(f"   restart: {e.message} at {e.location}")
+    for issue in run.issues[:_MAX_LISTED]:
+        lines.append(f"   read issue: {issue}")
+    if len(run.issues) > _MAX_LISTED:
+        lines.append(f"   ... and {len(run.issues) - _MAX_LISTED} more read issues (see --json)")
+    return "\n".join(lines)
+
+
+def _summary(report: Report) -> str:
+    rows = [("run", "status", "first step", "tag", "kind", "last finite", "layer")]
+    for r in report.results:
+        inc = r.incident
+        if inc is None:
+            rows.append((r.run.name, "finite", "-", "-", "-", "-", "-"))
+        else:
+            last = "-" if inc.last_finite_step is None else str(inc.last_finite_step)
+            layer = r.layer_incident.layer if r.layer_incident else None
+            rows.append((r.run.name, "FAILED", str(inc.step), inc.tag, inc.kind, last,
+                         layer or "-"))
+    widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
+    table = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+             for row in rows]
+    failed = sum(r.failed for r in report.results)
+    issues = sum(len(r.run.issues) for r in report.results)
+    table.append(f"{len(report.results)} run{'s' if len(report.results) != 1 else ''}: "
+                 f"{failed} with non-finite values, {len(report.results) - failed} finite; "
+                 f"{issues} read issue{'s' if issues != 1 else ''}")
+    return "\n".join(table)
