@@ -13,25 +13,26 @@ INCIDENT_COLUMNS = ["run", "tag", "step", "kind", "last_finite_step", "layer", "
 
 
 def scalars_frame(runs: list[Run]) -> pd.DataFrame:
-    parts = []
-    for run in runs:
-        for s in run.series:
-            n = len(s)
-            parts.append(pd.DataFrame({
-                "run": np.full(n, run.name, dtype=object),
-                "tag": np.full(n, s.tag, dtype=object),
-                "step": s.steps,
-                "value": s.values,
-                "wall_time": s.wall_times,
-                "source": np.full(n, s.source, dtype=object),
-                "position": s.positions,
-            }))
-    if not parts:
+    """One row per scalar point; run, tag and source are categoricals built from codes."""
+    series = [(run.name, s) for run in runs for s in run.series]
+    if not series:
         return pd.DataFrame({c: [] for c in SCALAR_COLUMNS})
-    frame = pd.concat(parts, ignore_index=True)
-    for col in ("run", "tag", "source"):
-        frame[col] = frame[col].astype("category")
-    return frame
+    sizes = np.array([len(s) for _, s in series], dtype=np.int64)
+
+    def categorical(labels: list[str]) -> pd.Categorical:
+        categories, codes = np.unique(np.asarray(labels, dtype=object), return_inverse=True)
+        return pd.Categorical.from_codes(np.repeat(codes.reshape(-1), sizes),
+                                         categories=categories.tolist())
+
+    return pd.DataFrame({
+        "run": categorical([name for name, _ in series]),
+        "tag": categorical([s.tag for _, s in series]),
+        "step": np.concatenate([s.steps for _, s in series]),
+        "value": np.concatenate([s.values for _, s in series]),
+        "wall_time": np.concatenate([s.wall_times for _, s in series]),
+        "source": categorical([s.source for _, s in series]),
+        "position": np.concatenate([s.positions for _, s in series]),
+    })
 
 
 def incidents_frame(report: Report) -> pd.DataFrame:

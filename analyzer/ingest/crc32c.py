@@ -2,8 +2,8 @@
 
 Event files hold millions of records of a few dozen bytes each. Calling a C CRC routine
 once per record costs more in call overhead than in hashing, so records of equal length are
-checked together: a 2-D array of shape (records, length) is hashed column block by column
-block with slicing-by-4 tables, every record of the block at once.
+checked together: a 2-D array of shape (records, length) is hashed four bytes at a time
+with slicing-by-4 tables, every record of the block at once.
 """
 
 from __future__ import annotations
@@ -32,6 +32,12 @@ def _tables() -> npt.NDArray[np.uint32]:
 
 _T = _tables()
 _T0, _T1, _T2, _T3 = _T[0], _T[1], _T[2], _T[3]
+# The four byte tables of a 32-bit step folded pairwise into two 16-bit tables (256 KiB each):
+# two gathers per word instead of four.
+_IDX16 = np.arange(1 << 16, dtype=np.uint32)
+_LO16 = _T3[_IDX16 & 0xFF] ^ _T2[_IDX16 >> 8]
+_HI16 = _T1[_IDX16 & 0xFF] ^ _T0[_IDX16 >> 8]
+del _IDX16
 
 
 def crc32c_rows(rows: npt.NDArray[np.uint8]) -> U32:
@@ -43,12 +49,7 @@ def crc32c_rows(rows: npt.NDArray[np.uint8]) -> U32:
         block = np.ascontiguousarray(rows[:, : words * 4]).view("<u4")
         for j in range(words):
             crc ^= block[:, j]
-            crc = (
-                _T3[crc & 0xFF]
-                ^ _T2[(crc >> 8) & 0xFF]
-                ^ _T1[(crc >> 16) & 0xFF]
-                ^ _T0[crc >> 24]
-            )
+            crc = _LO16[crc & 0xFFFF] ^ _HI16[crc >> 16]
     for j in range(words * 4, length):
         crc = _T0[(crc ^ rows[:, j]) & 0xFF] ^ (crc >> 8)
     return crc ^ np.uint32(0xFFFFFFFF)

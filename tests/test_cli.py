@@ -1,0 +1,94 @@
+"""The command line: exit codes, the JSON report, nothing written, a light start-up."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from analyzer.cli import main
+from analyzer.model import SCHEMA_VERSION
+
+
+def _snapshot(folder: str) -> dict[str, tuple[int, float]]:
+    out = {}
+    for root, _, files in os.walk(folder):
+        for f in files:
+            p = os.path.join(root, f)
+            st = os.stat(p)
+            out[p] = (st.st_size, st.st_mtime)
+    return out
+
+
+@pytest.fixture
+def runs(tmp_path, summary_run):  # type: ignore[no-untyped-def]
+    summary_run({"train/loss": [1.0, 0.5, float("nan")], "grad_norm/fc1.weight": [1, 2, 3]},
+                name="lightning_logs/version_0")
+    summary_run({"train/loss": [1.0, 0.5, 0.25]}, name="lightning_logs/version_1")
+    return tmp_path
+
+
+def test_exit_1_when_non_finite_and_nothing_written(runs, capsys) -> None:  # type: ignore[no-untyped-def]
+    before = _snapshot(str(runs))
+    assert main(["analyze", str(runs)]) == 1
+    out = capsys.readouterr().out
+    assert "lightning_logs/version_0" in out and "FAILED" in out
+    assert "step 2  train/loss = nan  (last finite step 1)" in out
+    assert _snapshot(str(runs)) == before
+
+
+def test_exit_0_when_finite(runs, capsys) -> None:  # type: ignore[no-untyped-def]
+    assert main(["analyze", str(runs / "lightning_logs" / "version_1")]) == 0
+    assert "1 run: 0 with non-finite values" in capsys.readouterr().out
+
+
+def test_exit_2_on_missing_path_and_no_runs(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    assert main(["analyze", str(tmp_path / "nope")]) == 2
+    assert "no such file or folder" in capsys.readouterr().err
+    assert main(["analyze", str(tmp_path)]) == 2
+    assert "no runs" in capsys.readouterr().err
+
+
+def test_json_report(runs, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "report.json"
+    assert main(["analyze", str(runs), "--json", str(out), "-q"]) == 1
+    report = json.loads(out.read_text())
+    assert report["schema_version"] == SCHEMA_VERSION
+    by_name = {r["name"]: r for r in report["runs"]}
+    failed = by_name["lightning_logs/version_0"]
+    assert failed["status"] == "failed"
+    assert failed["incident"]["step"] == 2 and failed["incident"]["kind"] == "nan"
+    assert failed["incident"]["last_finite_step"] == 1
+    assert failed["incident"]["location"]["offset"] > 0
+    assert by_name["lightning_logs/version_1"]["incident"] is None
+    capsys.readouterr()
+    assert main(["analyze", str(runs), "--json", "-"]) == 1
+    assert json.loads(capsys.readouterr().out)["failed"] is True
+
+
+def test_jobs_gives_the_same_report(runs, capsys) -> None:  # type: ignore[no-untyped-def]
+    main(["analyze", str(runs), "--json", "-"])
+    one = capsys.readouterr().out
+    main(["analyze", str(runs), "--json", "-", "--jobs", "2"])
+    assert capsys.readouterr().out == one
+
+
+def test_single_event_file_path(runs, capsys) -> None:  # type: ignore[no-untyped-def]
+    folder = runs / "lightning_logs" / "version_0"
+    (path,) = [p for p in folder.iterdir() if "tfevents" in p.name]
+    assert main(["analyze", str(path)]) == 1
+
+
+def test_start_up_imports_neither_torch_nor_streamlit(runs) -> None:  # type: ignore[no-untyped-def]
+    code = ("import sys; from analyzer.cli import main; rc = main(['analyze', sys.argv[1], '-q']);"
+            "bad = [m for m in ('torch', 'streamlit', 'pandas') if m in sys.modules];"
+            "print(bad); sys.exit(0 if not bad else 3)")
+    proc = subprocess.run([sys.executable, "-c", code, str(runs)], capture_output=True,
+                          text=True, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    helped = subprocess.run([sys.executable, "-m", "analyzer.cli", "--help"],
+                            capture_output=True, text=True, check=False)
+    assert helped.returncode == 0 and "analyze" in helped.stdout

@@ -1,0 +1,131 @@
+"""The locator against a brute-force oracle, and on files from the real writer."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import eventgen
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from analyzer.api import analyze
+from analyzer.locate import layer_from_tag, locate, tag_priority
+from analyzer.model import Location, Run, Series
+
+
+def _series(tag: str, values: list[float], steps: list[int] | None = None) -> Series:
+    n = len(values)
+    return Series(tag=tag, steps=np.asarray(steps if steps is not None else range(n), np.int64),
+                  values=np.asarray(values, np.float64), wall_times=np.zeros(n),
+                  source="f", positions=np.arange(n, dtype=np.int64) * 50)
+
+
+def _oracle(tags: dict[str, list[float]]) -> tuple[int, str, str, int | None] | None:
+    """Brute force: walk every point; earliest step, then loss > grad > other, NaN first."""
+    found = []
+    for tag, values in tags.items():
+        for i, v in enumerate(values):
+            if not math.isfinite(v):
+                kind = "nan" if math.isnan(v) else ("+inf" if v > 0 else "-inf")
+                last = None
+                for j in range(i - 1, -1, -1):
+                    if math.isfinite(values[j]):
+                        last = j
+                        break
+                found.append((i, tag_priority(tag), ["nan", "+inf", "-inf"].index(kind), tag,
+                              kind, last))
+                break
+    if not found:
+        return None
+    step, _, _, tag, kind, last = min(found)
+    return step, tag, kind, last
+
+
+values_strategy = st.lists(
+    st.sampled_from([0.0, 1.5, -2.0, 1e30, math.nan, math.inf, -math.inf]), min_size=1,
+    max_size=30)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(["train/loss", "grad_norm/fc1.weight", "lr", "acc"]),
+                       values_strategy, min_size=1))
+def test_run_incident_matches_oracle(tags: dict[str, list[float]]) -> None:
+    run = Run(path="r", name="r", files=("f",),
+              series=tuple(_series(t, v) for t, v in tags.items()))
+    result = locate(run)
+    expected = _oracle(tags)
+    if expected is None:
+        assert result.incident is None
+        return
+    assert result.incident is not None
+    got = result.incident
+    assert (got.step, got.tag, got.kind, got.last_finite_step) == expected
+    assert got.location == Location("f", offset=50 * got.step)
+
+
+def test_tie_prefers_loss_and_says_so() -> None:
+    run = Run(path="r", name="r", files=("f",), series=(
+        _series("grad_norm/fc1.weight", [1.0, math.inf]),
+        _series("train/loss", [1.0, math.nan]),
+    ))
+    result = locate(run)
+    assert result.incident is not None and result.incident.tag == "train/loss"
+    assert "loss before gradient norm" in (result.incident.decided_by or "")
+    assert result.layer_incident is not None and result.layer_incident.layer == "fc1"
+
+
+def test_same_tag_in_two_files_keeps_the_earliest_step() -> None:
+    first = _series("loss", [1.0, 2.0, math.nan], steps=[10, 11, 12])
+    again = _series("loss", [1.0, math.nan], steps=[8, 9])
+    run = Run(path="r", name="r", files=("a", "b"), series=(first, again))
+    inc = locate(run).incident
+    assert inc is not None and inc.step == 9 and inc.last_finite_step == 8
+
+
+@pytest.mark.parametrize(("tag", "layer"), [
+    ("grad_norm/encoder.layer.3.attn", "encoder.layer.3.attn"),
+    ("grads/fc1.weight", "fc1"),
+    ("weights/conv1/max", "conv1"),
+    ("grad_norm/fc1.bias", "fc1"),
+    ("weight_norm/rnn.weight_hh_l0", "rnn"),
+    ("grad_2.0_norm/decoder.proj.weight", "decoder.proj"),
+    ("train/loss", None),
+    ("train/grad_norm", None),
+    ("grad_norm/total", None),
+    ("loss", None),
+    ("lr-Adam", None),
+])
+def test_layer_from_tag(tag: str, layer: str | None) -> None:
+    assert layer_from_tag(tag) == layer
+
+
+def test_one_nan_among_a_million_values(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    run = tmp_path / "big"
+    run.mkdir()
+    k = 777_777
+    eventgen.write_run(str(run / "events.out.tfevents.1.host"), steps=1_000_000, tags=1,
+                       nan_step=k)
+    result = analyze(str(run)).results[0]
+    assert result.incident is not None
+    assert (result.incident.step, result.incident.tag) == (k, "train/loss")
+    assert result.incident.last_finite_step == k - 1
+    assert sum(len(s) for s in result.run.series) == 1_000_000
+
+
+def test_summary_writer_nan_at_step_k(summary_run) -> None:  # type: ignore[no-untyped-def]
+    k = 37
+    loss = [1.0 / (i + 1) for i in range(60)]
+    loss[k] = float("nan")
+    grads = [float(i) for i in range(60)]
+    grads[k + 2] = float("inf")
+    path = summary_run({"train/loss": loss, "grad_norm/fc2.weight": grads})
+    result = analyze(os.path.dirname(path)).results[0]
+    inc = result.incident
+    assert inc is not None
+    assert (inc.step, inc.tag, inc.kind, inc.last_finite_step) == (k, "train/loss", "nan", k - 1)
+    assert inc.location.file == path and inc.location.offset is not None
+    assert result.layer_incident is not None
+    assert (result.layer_incident.layer, result.layer_incident.step) == ("fc2", k + 2)
