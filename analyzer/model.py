@@ -113,7 +113,7 @@ class Histogram:
         A histogram of a tensor with NaN or Inf has a non-finite min, max or sum.
         """
         stats = np.stack([self.mins, self.maxs, self.sums, self.sum_squares])
-        return ~np.isfinite(stats).all(axis=0)
+        return np.asarray(~np.isfinite(stats).all(axis=0), dtype=bool)
 
     def location(self, index: int) -> Location:
         return Location(self.source, offset=int(self.positions[index]))

@@ -147,7 +147,7 @@ def _decode_layout(block: Bytes, n: int, s: int, record: IntArray,
     taglen = n - s - 11
     if taglen < 0 or n - s - 2 >= 0x80:
         return np.zeros(block.shape[0], dtype=bool)
-    match = (
+    match: npt.NDArray[np.bool_] = (
         (block[:, s] == _SUMMARY)
         & (block[:, s + 1] == n - s - 2)
         & (block[:, s + 2] == _VALUE)
@@ -204,7 +204,7 @@ def _decode_slow(data: Bytes, path: str, offsets: IntArray, lengths: IntArray,
 
     from analyzer.ingest import tb_proto
 
-    raw = memoryview(data)
+    raw = data.data
     scalars = tb_proto.ScalarSink()
     hists = tb_proto.HistogramSink()
     events: list[Event] = []

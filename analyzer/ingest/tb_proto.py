@@ -15,7 +15,7 @@ from tensorboard.compat.proto import event_pb2, types_pb2
 
 from analyzer.model import Histogram
 
-_FLOAT_DTYPES = {
+_FLOAT_DTYPES: dict[int, np.dtype[Any]] = {
     types_pb2.DT_FLOAT: np.dtype("<f4"),
     types_pb2.DT_DOUBLE: np.dtype("<f8"),
     types_pb2.DT_HALF: np.dtype("<f2"),
@@ -110,7 +110,8 @@ def tensor_values(tensor: Any) -> npt.NDArray[np.float64] | None:
     if np_dtype is None:
         return None
     if tensor.tensor_content:
-        return np.frombuffer(tensor.tensor_content, np_dtype).astype(np.float64)
+        content: bytes = tensor.tensor_content
+        return np.asarray(np.frombuffer(content, dtype=np_dtype), dtype=np.float64)
     if dtype == types_pb2.DT_HALF:
         return np.asarray(tensor.half_val, dtype=np.uint16).view(np.float16).astype(np.float64)
     source = {types_pb2.DT_FLOAT: tensor.float_val, types_pb2.DT_DOUBLE: tensor.double_val,

@@ -68,7 +68,7 @@ def frame(data: Bytes, path: str, *, verify: bool = True) -> Framing:
     if size == 0:
         issue = IngestIssue(Location(path, offset=0), "empty_file", "file is empty (0 bytes)")
         return Framing(_ints([]), _ints([]), (issue,))
-    raw = memoryview(data)  # type: ignore[arg-type]
+    raw = data.data
     segments: list[IntArray] = []
     issues: list[IngestIssue] = []
     pos = 0
@@ -213,7 +213,7 @@ def _diagnose_stop(data: Bytes, pos: int, issues: list[IngestIssue], path: str) 
         return size
     if not _header_ok(data, pos):
         return _skip(data, pos, "bad_length_crc", "record header CRC mismatch", issues, path)
-    (n,) = _LEN.unpack_from(memoryview(data), pos)
+    (n,) = _LEN.unpack_from(data.data, pos)
     if n >= MAX_RECORD:
         return _skip(data, pos, "absurd_length",
                      f"record claims {n} bytes, more than any event record holds", issues, path)
@@ -298,11 +298,10 @@ def _payload_crc_ok(data: Bytes, offsets: IntArray, lengths: IntArray) -> npt.ND
             block = rows(data, offsets[chunk] + HEADER, n + 4)
             stored = np.ascontiguousarray(block[:, n:]).view("<u4")[:, 0]
             ok[chunk] = masked_crc32c_rows(block[:, :n]) == stored
-    raw = memoryview(data)
+    raw = data.data
     for i in np.flatnonzero(~short).tolist():
         s, n = int(offsets[i]) + HEADER, int(lengths[i])
-        stored = int.from_bytes(raw[s + n: s + n + 4], "little")
-        ok[i] = masked_crc32c(raw[s: s + n]) == stored
+        ok[i] = masked_crc32c(raw[s: s + n]) == int.from_bytes(raw[s + n: s + n + 4], "little")
     return ok
 
 
