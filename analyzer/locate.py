@@ -40,13 +40,39 @@ _KIND_ORDER: dict[str, int] = {"nan": 0, "+inf": 1, "-inf": 2, "nan-or-inf": 3}
 
 
 def tag_priority(tag: str) -> int:
-    """0 for loss tags, 1 for gradient norms, 2 for everything else."""
+    """0 for loss tags, 1 for a total gradient norm, 2 for per-layer gradients, 3 for the rest."""
     low = tag.lower()
     if "loss" in low and "scale" not in low:
         return 0
     if "grad" in low:
-        return 1
-    return 2
+        return 1 if layer_from_tag(tag) is None else 2
+    return 3
+
+
+_SCALE_TAG = re.compile(r"loss[_\-/ ]?scale|grad[_\-]?scale|scaler", re.IGNORECASE)
+
+
+def is_loss_scale_tag(tag: str) -> bool:
+    return bool(_SCALE_TAG.search(tag))
+
+
+def overflow_skip_steps(run: Run) -> frozenset[int]:
+    """Steps that a dynamic loss scaler skipped for overflow.
+
+    A scaler halves its scale after a step whose gradients overflowed and skips that
+    step's update, so the gradients logged at such a step are Inf or NaN by design. The
+    steps come from overflow events in logs and from the loss-scale series: a step is a
+    skip when the scale logged at the next step is lower.
+    """
+    steps = {e.step for e in run.events if e.kind == "overflow_skip" and e.step is not None}
+    for s in run.series:
+        if not is_loss_scale_tag(s.tag) or len(s) < 2:
+            continue
+        order = np.argsort(s.steps, kind="stable")
+        st, val = s.steps[order], s.values[order]
+        drops = np.flatnonzero(val[1:] < val[:-1])
+        steps.update(int(x) for x in st[drops])
+    return frozenset(steps)
 
 
 def layer_from_tag(tag: str) -> str | None:
@@ -79,11 +105,19 @@ def first_nonfinite(steps: np.ndarray, values: np.ndarray) -> tuple[int, int | N
     return i, (i - 1 if i > 0 else None)
 
 
-def series_incident(series: Series) -> Incident | None:
-    found = first_nonfinite(series.steps, series.values)
+def series_incident(series: Series, skips: frozenset[int] = frozenset()) -> Incident | None:
+    """The first non-finite point of a series; ``skips`` are steps whose gradients are
+    expected to be non-finite (overflow skips), ignored for gradient tags."""
+    values = series.values
+    if skips and tag_priority(series.tag) in (1, 2):
+        values = values.copy()
+        values[np.isin(series.steps, list(skips))] = 0.0
+    found = first_nonfinite(series.steps, values)
     if found is None:
         return None
-    i, last = found
+    i, _ = found
+    finite_before = np.flatnonzero(np.isfinite(series.values[:i]))
+    last = int(finite_before[-1]) if finite_before.size else None
     kind = nonfinite_kind(float(series.values[i]))
     assert kind is not None
     return Incident(step=int(series.steps[i]), tag=series.tag, kind=kind,
@@ -91,8 +125,11 @@ def series_incident(series: Series) -> Incident | None:
                     location=series.location(i), layer=layer_from_tag(series.tag))
 
 
-def histogram_incident(hist: Histogram) -> Incident | None:
+def histogram_incident(hist: Histogram,
+                       skips: frozenset[int] = frozenset()) -> Incident | None:
     mask = hist.nonfinite_mask()
+    if skips and tag_priority(hist.tag) in (1, 2):
+        mask &= ~np.isin(hist.steps, list(skips))
     bad = np.flatnonzero(mask)
     if not bad.size:
         return None
@@ -100,7 +137,8 @@ def histogram_incident(hist: Histogram) -> Incident | None:
     kind = _histogram_kind(hist, i)
     return Incident(step=int(hist.steps[i]), tag=hist.tag, kind=kind,
                     last_finite_step=int(hist.steps[i - 1]) if i > 0 else None,
-                    location=hist.location(i), layer=layer_from_tag(hist.tag))
+                    location=hist.location(i), layer=layer_from_tag(hist.tag),
+                    origin="histogram")
 
 
 def _histogram_kind(hist: Histogram, i: int) -> NonFiniteKind:
@@ -125,10 +163,11 @@ def event_incident(event: Event) -> Incident | None:
     if kind not in _KIND_ORDER:
         kind = "nan-or-inf"
     return Incident(step=event.step, tag=tag, kind=cast(NonFiniteKind, kind),
-                    last_finite_step=None, location=event.location, layer=layer_from_tag(tag))
+                    last_finite_step=None, location=event.location, layer=layer_from_tag(tag),
+                    origin="log")
 
 
-def tag_incidents(run: Run) -> list[Incident]:
+def tag_incidents(run: Run, skips: frozenset[int] = frozenset()) -> list[Incident]:
     """The first incident of every tag that has one, earliest first.
 
     A tag read from several files (a restarted writer, several ranks) keeps its earliest
@@ -136,8 +175,8 @@ def tag_incidents(run: Run) -> list[Incident]:
     """
     best: dict[str, Incident] = {}
     candidates: Iterable[Incident | None] = (
-        [series_incident(s) for s in run.series]
-        + [histogram_incident(h) for h in run.histograms]
+        [series_incident(s, skips) for s in run.series]
+        + [histogram_incident(h, skips) for h in run.histograms]
         + [event_incident(e) for e in run.events]
     )
     for inc in candidates:
@@ -149,8 +188,12 @@ def tag_incidents(run: Run) -> list[Incident]:
     return sorted(best.values(), key=_rank)
 
 
-def _rank(inc: Incident) -> tuple[int, int, int, str]:
-    return (inc.step, tag_priority(inc.tag), _KIND_ORDER.get(inc.kind, 9), inc.tag)
+_ORIGIN_ORDER = {"scalar": 0, "log": 1, "histogram": 2, "checkpoint": 3}
+
+
+def _rank(inc: Incident) -> tuple[int, int, int, int, str]:
+    return (inc.step, tag_priority(inc.tag), _ORIGIN_ORDER.get(inc.origin, 9),
+            _KIND_ORDER.get(inc.kind, 9), inc.tag)
 
 
 def run_incident(incidents: list[Incident]) -> Incident | None:
@@ -163,8 +206,10 @@ def run_incident(incidents: list[Incident]) -> Incident | None:
     if len(tied) == 1:
         rule = "earliest step"
     elif tag_priority(tied[1].tag) != tag_priority(first.tag):
-        rule = (f"{len(tied)} tags at step {first.step}: loss before gradient norm before "
-                "other tags")
+        rule = (f"{len(tied)} tags at step {first.step}: loss before total gradient norm "
+                "before per-layer gradients before other tags")
+    elif tied[1].origin != first.origin:
+        rule = f"{len(tied)} tags at step {first.step}: scalars before histograms"
     else:
         rule = f"{len(tied)} tags of equal priority at step {first.step}: NaN first, then name"
     return replace(first, decided_by=rule)
@@ -180,7 +225,9 @@ def layer_incident(incidents: list[Incident]) -> Incident | None:
     first = tied[0]
     layers = sorted({i.layer for i in tied if i.layer})
     rule = ("earliest step" if len(layers) == 1 else
-            f"{len(layers)} layers at step {step}; the one logged first is shown")
+            f"{len(layers)} layers at step {step} ({', '.join(layers[:6])}"
+            f"{', ...' if len(layers) > 6 else ''}): logged values cannot tell them apart, "
+            "the one logged first is shown; a replay names the producer")
     return replace(first, decided_by=rule)
 
 
@@ -190,6 +237,7 @@ def _position(inc: Incident) -> tuple[str, int]:
 
 
 def locate(run: Run) -> RunResult:
-    incidents = tag_incidents(run)
+    skips = overflow_skip_steps(run)
+    incidents = tag_incidents(run, skips)
     return RunResult(run=run, incident=run_incident(incidents), tag_incidents=tuple(incidents),
-                     layer_incident=layer_incident(incidents))
+                     layer_incident=layer_incident(incidents), overflow_skips=tuple(sorted(skips)))

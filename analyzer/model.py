@@ -196,6 +196,8 @@ class Incident:
     location: Location
     layer: str | None = None
     decided_by: str | None = None
+    origin: str = "scalar"
+    """Where the value was seen: ``scalar``, ``histogram``, ``log`` or ``checkpoint``."""
 
 
 @dataclass(frozen=True)
@@ -206,6 +208,8 @@ class RunResult:
     incident: Incident | None
     tag_incidents: tuple[Incident, ...] = ()
     layer_incident: Incident | None = None
+    overflow_skips: tuple[int, ...] = ()
+    """Steps a dynamic loss scaler skipped; their non-finite gradients are not incidents."""
 
     @property
     def failed(self) -> bool:

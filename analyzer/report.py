@@ -39,6 +39,7 @@ def _run_dict(result: RunResult) -> dict[str, Any]:
         "incident": _incident_dict(result.incident),
         "layer_incident": _incident_dict(result.layer_incident),
         "tag_incidents": [_incident_dict(i) for i in result.tag_incidents],
+        "overflow_skips": list(result.overflow_skips),
         "tags": {s.tag: len(s) for s in run.series} | {h.tag: len(h) for h in run.histograms},
         "events": [_event_dict(e) for e in run.events],
         "issues": [_issue_dict(i) for i in run.issues],
@@ -60,6 +61,7 @@ def _incident_dict(inc: Incident | None) -> dict[str, Any] | None:
         "layer": inc.layer,
         "location": _location_dict(inc.location),
         "decided_by": inc.decided_by,
+        "origin": inc.origin,
     }
 
 
@@ -115,6 +117,9 @@ def _run_block(result: RunResult) -> str:
         shown = ", ".join(f"{i.tag}@{i.step}" for i in others[:_MAX_LISTED])
         more = f" and {len(others) - _MAX_LISTED} more" if len(others) > _MAX_LISTED else ""
         lines.append(f"   also non-finite: {shown}{more}")
+    if result.overflow_skips:
+        after = "then a failure" if inc else "training recovered: normal for mixed precision"
+        lines.append(f"   overflow skips: {_skips(result.overflow_skips)} ({after})")
     restarts = [e for e in run.events if e.kind == "restart"]
     for e in restarts[:_MAX_LISTED]:
         lines.append(f"   restart: {e.message} at {e.location}")
@@ -123,6 +128,13 @@ def _run_block(result: RunResult) -> str:
     if len(run.issues) > _MAX_LISTED:
         lines.append(f"   ... and {len(run.issues) - _MAX_LISTED} more read issues (see --json)")
     return "\n".join(lines)
+
+
+def _skips(steps: tuple[int, ...]) -> str:
+    shown = ", ".join(str(s) for s in steps[:_MAX_LISTED])
+    more = f", ... ({len(steps)} in all)" if len(steps) > _MAX_LISTED else ""
+    return f"{len(steps)} step{'s' if len(steps) != 1 else ''} skipped by the loss scaler " \
+           f"at {shown}{more}"
 
 
 def _summary(report: Report) -> str:

@@ -73,7 +73,7 @@ def test_tie_prefers_loss_and_says_so() -> None:
     ))
     result = locate(run)
     assert result.incident is not None and result.incident.tag == "train/loss"
-    assert "loss before gradient norm" in (result.incident.decided_by or "")
+    assert "loss before total gradient norm" in (result.incident.decided_by or "")
     assert result.layer_incident is not None and result.layer_incident.layer == "fc1"
 
 
@@ -129,3 +129,36 @@ def test_summary_writer_nan_at_step_k(summary_run) -> None:  # type: ignore[no-u
     assert inc.location.file == path and inc.location.offset is not None
     assert result.layer_incident is not None
     assert (result.layer_incident.layer, result.layer_incident.step) == ("fc2", k + 2)
+
+
+def test_total_gradient_norm_before_per_layer_and_scalars_before_histograms() -> None:
+    from analyzer.model import Histogram
+
+    nan = math.nan
+    hist = Histogram(tag="weights/fc1.weight", steps=np.array([0, 1]), wall_times=np.zeros(2),
+                     mins=np.array([0.0, nan]), maxs=np.array([1.0, nan]), sums=np.zeros(2),
+                     counts=np.ones(2), sum_squares=np.zeros(2), source="f",
+                     positions=np.array([0, 99]))
+    run = Run(path="r", name="r", files=("f",), histograms=(hist,), series=(
+        _series("grad_norm/fc1.weight", [1.0, nan]),
+        _series("train/grad_norm", [1.0, nan]),
+        _series("weight_norm/fc1.weight", [1.0, nan]),
+    ))
+    result = locate(run)
+    assert result.incident is not None and result.incident.tag == "train/grad_norm"
+    rest = [i for i in result.tag_incidents if i.tag.startswith("weight")]
+    assert [i.tag for i in rest] == ["weight_norm/fc1.weight", "weights/fc1.weight"]
+
+
+def test_overflow_skips_are_not_incidents() -> None:
+    inf = math.inf
+    scale = _series("amp/loss_scale", [65536.0, 32768.0, 16384.0, 16384.0, 16384.0, 16384.0])
+    grads = _series("train/grad_norm", [inf, inf, 3.0, 2.0, 2.5, 2.0])
+    loss = _series("train/loss", [1.0, 0.9, 0.8, 0.7, 0.6, 0.5])
+    result = locate(Run(path="r", name="r", files=("f",), series=(scale, grads, loss)))
+    assert result.incident is None
+    assert result.overflow_skips == (0, 1)
+    # A gradient overflow the scaler did not answer with a lower scale is a real incident.
+    late = _series("train/grad_norm", [inf, inf, 3.0, 2.0, inf, 2.0])
+    result = locate(Run(path="r", name="r", files=("f",), series=(scale, late, loss)))
+    assert result.incident is not None and result.incident.step == 4
