@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING
 
@@ -23,19 +24,27 @@ def tool_version() -> str:
 
 
 def read(paths: str | list[str], *, verify: bool = True, jobs: int = 1,
-         progress: Progress | None = None) -> list[Run]:
-    """Every run found below ``paths``, fully read. Raises UsageError when there is none."""
+         progress: Progress | None = None, checkpoints: bool = True,
+         trust_pickle: bool = False, logs: Sequence[str] = ()) -> list[Run]:
+    """Every run found below ``paths``, fully read. Raises UsageError when there is none.
+
+    ``logs`` are extra text logs whose file names do not say they are logs.
+    """
     roots = [paths] if isinstance(paths, str) else list(paths)
-    found = find_runs(roots)
+    found = find_runs(roots, logs)
     if not found:
-        raise UsageError(f"no runs (folders with event files) found under {', '.join(roots)}")
-    return read_runs(found, verify=verify, jobs=jobs, progress=progress)
+        raise UsageError("no runs (folders with event files, logs or checkpoints) found "
+                         f"under {', '.join(roots)}")
+    return read_runs(found, verify=verify, jobs=jobs, progress=progress,
+                     checkpoints=checkpoints, trust_pickle=trust_pickle)
 
 
 def analyze(paths: str | list[str], *, verify: bool = True, jobs: int = 1,
-            progress: Progress | None = None) -> Report:
+            progress: Progress | None = None, checkpoints: bool = True,
+            trust_pickle: bool = False, logs: Sequence[str] = ()) -> Report:
     """Read every run below ``paths`` and locate its first non-finite values."""
-    runs = read(paths, verify=verify, jobs=jobs, progress=progress)
+    runs = read(paths, verify=verify, jobs=jobs, progress=progress, checkpoints=checkpoints,
+                trust_pickle=trust_pickle, logs=logs)
     return Report(results=tuple(locate(r) for r in runs), tool_version=tool_version())
 
 

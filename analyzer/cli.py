@@ -41,6 +41,24 @@ def _parser() -> argparse.ArgumentParser:
                          help="read event files in N processes (default 1)")
     analyze.add_argument("-q", "--quiet", action="store_true",
                          help="print only the summary table")
+    analyze.add_argument("--log", action="append", default=[], metavar="FILE",
+                         help="also read FILE as a text log (for logs whose names do not end "
+                              "in .log/.txt/.out/.err); may be repeated")
+    analyze.add_argument("--no-checkpoints", action="store_true",
+                         help="do not scan the runs' checkpoints")
+    analyze.add_argument("--trust-pickle", action="store_true",
+                         help="let checkpoints that need code outside torch's weights_only "
+                              "allow-list run it while loading; only for files you trust")
+
+    inspect = sub.add_parser(
+        "inspect", help="scan checkpoints for non-finite and runaway tensors",
+        description="Scan checkpoint files (or the checkpoints in folders) safely, tensor by "
+                    "tensor: NaN/Inf counts, abs-max and norms per tensor and layer, the "
+                    "optimizer's state and the loss scale.")
+    inspect.add_argument("paths", nargs="+", metavar="CHECKPOINT")
+    inspect.add_argument("--json", action="store_true", help="print JSON instead of text")
+    inspect.add_argument("--trust-pickle", action="store_true",
+                         help="allow unpickling code; only for files you trust")
     return parser
 
 
@@ -58,6 +76,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "analyze":
             return _analyze(args)
+        if args.command == "inspect":
+            from analyzer.ingest.checkpoints import inspect_command
+
+            return inspect_command(args.paths, trust_pickle=args.trust_pickle,
+                                   as_json=args.json)
     except ForensicsError as exc:
         print(f"forensics: {exc}", file=sys.stderr)
         return EXIT_ERROR
@@ -77,7 +100,8 @@ def _analyze(args: argparse.Namespace) -> int:
         raise UsageError("--jobs must be at least 1")
     progress = _ProgressBar(sys.stderr) if sys.stderr.isatty() else None
     report = analyze(args.paths, verify=not args.no_verify, jobs=args.jobs,
-                     progress=progress)
+                     progress=progress, checkpoints=not args.no_checkpoints,
+                     trust_pickle=args.trust_pickle, logs=args.log)
     if progress is not None:
         progress.close()
     if args.json == "-":

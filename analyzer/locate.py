@@ -155,16 +155,34 @@ def _histogram_kind(hist: Histogram, i: int) -> NonFiniteKind:
 
 
 def event_incident(event: Event) -> Incident | None:
-    """An incident from a line that reports non-finiteness without a number (logs)."""
-    if event.kind != "nonfinite" or event.step is None:
+    """An incident from a line that reports non-finiteness without a number (logs).
+
+    A line that names no step is placed at the last step the log numbered before it.
+    """
+    if event.kind != "nonfinite":
         return None
+    step, decided_by = event.step, None
+    if step is None:
+        after = event.detail.get("after_step")
+        if not isinstance(after, int):
+            return None
+        step = after
+        decided_by = f"the line names no step; the last step logged before it is {after}"
     tag = str(event.detail.get("tag", "loss"))
     kind = str(event.detail.get("kind", "nan-or-inf"))
     if kind not in _KIND_ORDER:
         kind = "nan-or-inf"
-    return Incident(step=event.step, tag=tag, kind=cast(NonFiniteKind, kind),
-                    last_finite_step=None, location=event.location, layer=layer_from_tag(tag),
+    return Incident(step=step, tag=tag, kind=cast(NonFiniteKind, kind), last_finite_step=None,
+                    location=event.location, layer=layer_from_tag(tag), decided_by=decided_by,
                     origin="log")
+
+
+def _checkpoint_incident(run: Run) -> Incident | None:
+    if run.checkpoints is None:
+        return None
+    from analyzer.ingest.checkpoints import checkpoint_incident
+
+    return checkpoint_incident(run.checkpoints)
 
 
 def tag_incidents(run: Run, skips: frozenset[int] = frozenset()) -> list[Incident]:
@@ -178,6 +196,7 @@ def tag_incidents(run: Run, skips: frozenset[int] = frozenset()) -> list[Inciden
         [series_incident(s, skips) for s in run.series]
         + [histogram_incident(h, skips) for h in run.histograms]
         + [event_incident(e) for e in run.events]
+        + [_checkpoint_incident(run)]
     )
     for inc in candidates:
         if inc is None:

@@ -19,10 +19,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import numpy.typing as npt
+
+if TYPE_CHECKING:
+    from analyzer.ingest.ckpt.records import CheckpointHistory
 
 SCHEMA_VERSION = 1
 """Bumped whenever a field of the JSON report changes meaning or disappears."""
@@ -124,9 +127,12 @@ class Event:
     """Something that happened at a step, as opposed to a number logged at it.
 
     Kinds in use: ``restart`` (a new file_version record, a new event file, or a
-    step going backwards), ``overflow_skip`` (a mixed-precision step skipped for
-    overflow), ``loss_scale`` (the loss scale changed), ``error`` (an error the
-    run printed, e.g. ``FloatingPointError``).
+    step going backwards), ``nonfinite`` (a log line that reports a NaN or Inf without a
+    number to plot; detail ``tag`` and ``kind``), ``overflow_skip`` (a mixed-precision
+    step skipped for overflow), ``loss_scale`` (the loss scale changed),
+    ``min_loss_scale`` (the scaler reached its floor), ``error`` (an error the run
+    printed, e.g. ``FloatingPointError``). A log event without a step of its own carries
+    ``detail["after_step"]``, the last step the log numbered before it.
     """
 
     kind: str
@@ -147,6 +153,10 @@ IssueKind = Literal[
     "not_an_event",
     "unreadable",
     "bad_line",
+    "long_line",
+    "not_text",
+    "bad_json",
+    "bad_step",
     "unsafe_checkpoint",
     "bad_checkpoint",
 ]
@@ -165,6 +175,16 @@ class IngestIssue:
 
 
 @dataclass(frozen=True)
+class LogSource:
+    """A text log of a run: the framework it looks like, and remarks for the report."""
+
+    path: str
+    framework: str | None
+    confidence: float
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Run:
     """Everything read from one run folder."""
 
@@ -175,6 +195,10 @@ class Run:
     histograms: tuple[Histogram, ...] = ()
     events: tuple[Event, ...] = ()
     issues: tuple[IngestIssue, ...] = ()
+    logs: tuple[LogSource, ...] = ()
+    checkpoints: CheckpointHistory | None = None
+    captures: tuple[str, ...] = ()
+    """Capture folders of the flight recorder (``capture/step_N``), earliest step first."""
 
     def tags(self) -> list[str]:
         return sorted({s.tag for s in self.series})

@@ -11,7 +11,8 @@ import json
 import math
 from typing import Any
 
-from analyzer.model import Event, Incident, IngestIssue, Location, Report, RunResult
+from analyzer.ingest.tb import is_event_file
+from analyzer.model import Event, Incident, IngestIssue, Location, Report, Run, RunResult
 
 _MAX_LISTED = 8
 
@@ -42,6 +43,8 @@ def _run_dict(result: RunResult) -> dict[str, Any]:
         "overflow_skips": list(result.overflow_skips),
         "tags": {s.tag: len(s) for s in run.series} | {h.tag: len(h) for h in run.histograms},
         "events": [_event_dict(e) for e in run.events],
+        "checkpoints": run.checkpoints.to_dict() if run.checkpoints is not None else None,
+        "captures": list(run.captures),
         "issues": [_issue_dict(i) for i in run.issues],
     }
 
@@ -95,8 +98,14 @@ def format_text(report: Report) -> str:
 def _run_block(result: RunResult) -> str:
     run = result.run
     points = sum(len(s) for s in run.series)
-    lines = [f"== {run.name}  ({len(run.files)} event file{'s' if len(run.files) != 1 else ''}, "
-             f"{len(run.tags())} scalar tags, {points:,} points)"]
+    n_events = sum(1 for f in run.files if is_event_file(f))
+    sources = [_count(n_events, "event file"), f"{len(run.tags())} scalar tags",
+               f"{points:,} points"]
+    if run.checkpoints is not None:
+        sources.append(_count(len(run.checkpoints.saves), "checkpoint"))
+    if run.captures:
+        sources.append(_count(len(run.captures), "capture"))
+    lines = [f"== {run.name}  ({', '.join(sources)})"]
     inc = result.incident
     if inc is None:
         lines.append("   every logged value is finite")
@@ -120,6 +129,7 @@ def _run_block(result: RunResult) -> str:
     if result.overflow_skips:
         after = "then a failure" if inc else "training recovered: normal for mixed precision"
         lines.append(f"   overflow skips: {_skips(result.overflow_skips)} ({after})")
+    lines += _checkpoint_lines(run)
     restarts = [e for e in run.events if e.kind == "restart"]
     for e in restarts[:_MAX_LISTED]:
         lines.append(f"   restart: {e.message} at {e.location}")
@@ -128,6 +138,32 @@ def _run_block(result: RunResult) -> str:
     if len(run.issues) > _MAX_LISTED:
         lines.append(f"   ... and {len(run.issues) - _MAX_LISTED} more read issues (see --json)")
     return "\n".join(lines)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
+def _checkpoint_lines(run: Run) -> list[str]:
+    history = run.checkpoints
+    if history is None or not history.saves:
+        return []
+    steps = [s.step for s in history.saves if s.step is not None]
+    span = f", steps {min(steps)}..{max(steps)}" if steps else ""
+    lines = [f"   checkpoints: {_count(len(history.saves), 'save')}{span}"]
+    if history.first_nonfinite is not None:
+        bad = history.saves[history.first_nonfinite]
+        layers = ", ".join(history.nonfinite_layers[:_MAX_LISTED]) or "-"
+        lines.append(f"     first non-finite save: step {bad.step} ({bad.nonfinite_tensors} "
+                     f"tensors) at {bad.path}; layers {layers}")
+    else:
+        lines.append("     every saved tensor is finite")
+    growing = [g for g in history.layers if g.growth is not None and g.growth > 10]
+    if growing:
+        top = growing[0]
+        lines.append(f"     fastest-growing layer: {top.layer}, weight norm x{top.growth:.3g} "
+                     f"over the finite saves")
+    return lines
 
 
 def _skips(steps: tuple[int, ...]) -> str:

@@ -10,18 +10,21 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
 
 from analyzer.ingest.discover import RunFiles
 from analyzer.ingest.tb import EventFile, read_event_file
-from analyzer.model import Event, Location, Run
+from analyzer.model import Event, Location, LogSource, Run
 
 Progress = Callable[[int, int], None]
 """Called with (bytes done, bytes in all) as files finish."""
 
 
 def read_runs(runs: list[RunFiles], *, verify: bool = True, jobs: int = 1,
-              progress: Progress | None = None) -> list[Run]:
-    """Read every file of every run; with ``jobs > 1`` files are read in parallel processes."""
+              progress: Progress | None = None, checkpoints: bool = True,
+              trust_pickle: bool = False) -> list[Run]:
+    """Read every file of every run; with ``jobs > 1`` event files are read in parallel
+    processes. Checkpoints are scanned tensor by tensor unless ``checkpoints`` is False."""
     paths = [f for run in runs for f in run.event_files]
     sizes = {p: _size(p) for p in paths}
     total = sum(sizes.values())
@@ -32,7 +35,37 @@ def read_runs(runs: list[RunFiles], *, verify: bool = True, jobs: int = 1,
         done += sizes[path]
         if progress is not None:
             progress(done, total)
-    return [merge_run(run, [results[f] for f in run.event_files]) for run in runs]
+    merged = [_with_logs(merge_run(run, [results[f] for f in run.event_files]), run)
+              for run in runs]
+    if not checkpoints:
+        return merged
+    return [_with_checkpoints(m, r, trust_pickle) for m, r in zip(merged, runs, strict=True)]
+
+
+def _with_logs(run: Run, files: RunFiles) -> Run:
+    if not files.log_files:
+        return run
+    from analyzer.ingest.logs import read_log
+
+    reads = [(path, read_log(path)) for path in files.log_files]
+    return replace(
+        run,
+        files=run.files + files.log_files,
+        series=run.series + tuple(s for _, r in reads for s in r.series),
+        events=run.events + tuple(e for _, r in reads for e in r.events),
+        issues=run.issues + tuple(i for _, r in reads for i in r.issues),
+        logs=tuple(LogSource(path, r.framework, r.confidence, r.notes) for path, r in reads),
+    )
+
+
+def _with_checkpoints(run: Run, files: RunFiles, trust_pickle: bool) -> Run:
+    if not files.checkpoint_files:
+        return run
+    from analyzer.ingest.checkpoints import scan_run_checkpoints
+
+    history = scan_run_checkpoints(list(files.checkpoint_files), trust_pickle=trust_pickle)
+    return replace(run, checkpoints=history, issues=run.issues + history.issues,
+                   files=run.files + files.checkpoint_files)
 
 
 def _read_all(paths: list[str], verify: bool, jobs: int) -> Iterable[tuple[str, EventFile]]:
@@ -65,7 +98,16 @@ def merge_run(run: RunFiles, files: list[EventFile]) -> Run:
         events.extend(f.events)
     issues = tuple(i for f in files for i in f.issues)
     return Run(path=run.path, name=run.name, files=run.event_files, series=series,
-               histograms=histograms, events=tuple(events), issues=issues)
+               histograms=histograms, events=tuple(events), issues=issues,
+               captures=_by_step(run.capture_dirs))
+
+
+def _by_step(folders: tuple[str, ...]) -> tuple[str, ...]:
+    def step(path: str) -> tuple[int, str]:
+        digits = "".join(c for c in os.path.basename(path) if c.isdigit())
+        return (int(digits) if digits else 1 << 62, path)
+
+    return tuple(sorted(folders, key=step))
 
 
 def _first_step(f: EventFile) -> int | None:

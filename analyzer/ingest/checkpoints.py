@@ -1,0 +1,116 @@
+"""Checkpoint forensics: which tensors and layers of a checkpoint are non-finite or
+running away, read safely and tensor by tensor.
+
+Nothing here runs code from a checkpoint unless the caller passes ``trust_pickle=True``.
+``torch`` is imported only when a checkpoint is actually scanned.
+
+    is_checkpoint_file(path)               a file name a checkpoint would have
+    scan_checkpoint(path)                  one file (or a sharded index) -> CheckpointScan
+    scan_run_checkpoints(paths)            a run's saves in step order -> CheckpointHistory
+    format_scan / format_history           terminal text
+    inspect_command(paths, ...)            the ``forensics inspect`` command body
+    checkpoint_incident(history)           the first non-finite save as a model.Incident
+    scan.to_dict() / history.to_dict()     JSON-ready values
+"""
+
+from __future__ import annotations
+
+import os
+
+from analyzer.ingest.ckpt.command import inspect_command
+from analyzer.ingest.ckpt.history import build_history, checkpoint_incident
+from analyzer.ingest.ckpt.records import (
+    AdamFinding,
+    CheckpointFormat,
+    CheckpointHistory,
+    CheckpointScan,
+    LayerGrowth,
+    LayerStats,
+    ReadMode,
+    SaveRef,
+    ScalerState,
+    StaticListing,
+    TensorRecord,
+    TensorStats,
+    jsonable,
+)
+from analyzer.ingest.ckpt.render import format_history, format_scan
+from analyzer.model import IngestIssue, Location
+
+__all__ = [
+    "CHECKPOINT_SUFFIXES",
+    "SIDE_FILES",
+    "AdamFinding",
+    "CheckpointFormat",
+    "CheckpointHistory",
+    "CheckpointScan",
+    "LayerGrowth",
+    "LayerStats",
+    "ReadMode",
+    "SaveRef",
+    "ScalerState",
+    "StaticListing",
+    "TensorRecord",
+    "TensorStats",
+    "checkpoint_incident",
+    "format_history",
+    "format_scan",
+    "inspect_command",
+    "is_checkpoint_file",
+    "jsonable",
+    "scan_checkpoint",
+    "scan_run_checkpoints",
+]
+
+CHECKPOINT_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin", ".safetensors")
+SIDE_FILES = frozenset({"training_args.bin", "scheduler.pt"})
+"""Files a Hugging Face Trainer saves beside the weights that hold no tensors (with
+``rng_state*.pth``); scanning them would only report the globals they need."""
+
+
+def is_checkpoint_file(path: str) -> bool:
+    """True for names checkpoints carry, including sharded indexes such as
+    ``model.safetensors.index.json`` and ``pytorch_model.bin.index.json``."""
+    name = os.path.basename(path).lower()
+    if name in SIDE_FILES or name.startswith("rng_state"):
+        return False
+    if name.endswith((".safetensors.index.json", ".bin.index.json", ".pt.index.json")):
+        return True
+    return name.endswith(CHECKPOINT_SUFFIXES)
+
+
+def scan_checkpoint(path: str, *, trust_pickle: bool = False) -> CheckpointScan:
+    """Scan one checkpoint. Never raises for bad input: problems are ``scan.issues``.
+
+    ``trust_pickle=True`` lets a pickle that needs globals outside the ``weights_only``
+    allow-list run; it is never turned on automatically.
+    """
+    from analyzer.ingest.ckpt.scan import scan_file
+    from analyzer.ingest.ckpt.sharded import scan_sharded
+    from analyzer.ingest.ckpt.stats import single_threaded
+
+    try:
+        if os.path.isdir(path):
+            return _failed(path, "a folder, not a checkpoint file")
+        if path.endswith(".index.json"):
+            return scan_sharded(
+                path, lambda shard: scan_checkpoint(shard, trust_pickle=trust_pickle)
+            )
+        with single_threaded():
+            return scan_file(path, trust_pickle=trust_pickle)
+    except OSError as exc:
+        return _failed(path, exc.strerror or str(exc))
+    except Exception as exc:  # the last guard: a damaged file must not stop the analysis
+        return _failed(path, f"{type(exc).__name__}: {exc}")
+
+
+def _failed(path: str, reason: str) -> CheckpointScan:
+    size = os.path.getsize(path) if os.path.isfile(path) else 0
+    issue = IngestIssue(Location(path), "unreadable", reason)
+    return CheckpointScan(path, size, "unknown", "none", files=(path,), issues=(issue,))
+
+
+def scan_run_checkpoints(paths: list[str], *, trust_pickle: bool = False) -> CheckpointHistory:
+    """Scan a run's checkpoints and order them by step (file name order when a save has
+    no step). Shards named by an index in ``paths`` are read through that index."""
+    return build_history(paths, lambda p: scan_checkpoint(p, trust_pickle=trust_pickle))

@@ -1,0 +1,18 @@
+"""Checkpoint forensics, one concept per module.
+
+    archive          zip layout checks: bombs, overlaps, truncation (no extraction)
+    staticpickle     a pickle rebuilt from its opcodes, nothing imported or called
+    safetensors_file safetensors header validation and raw tensor reading
+    leaves           one view of a tensor, loaded or described
+    stats            chunked per-tensor statistics and per-layer aggregation
+    tree             where model, optimizer, scaler and step sit in a checkpoint
+    optimizer        optimizer tensors and Adam second-moment findings
+    build            tree -> CheckpointScan
+    scan             one file: which reader, under which safety policy
+    sharded          index JSON + shards
+    history          a run's saves in step order
+    render           terminal text
+    command          the ``forensics inspect`` command body
+
+The public API is :mod:`analyzer.ingest.checkpoints`.
+"""

@@ -1,0 +1,224 @@
+"""The zip container of ``torch.save`` files, checked before anything reads it.
+
+Only the central directory and the 30-byte local headers are read here. An archive is
+refused when its entries overlap, reach past the end of the file, or claim to unpack to
+far more bytes than they hold (``torch.save`` stores entries uncompressed, so any such
+claim is foreign to a checkpoint). A file cut off mid-save has no central directory: its
+local headers are walked instead, to say how far the save got and to recover the
+entries that were written whole.
+"""
+
+from __future__ import annotations
+
+import itertools
+import struct
+import zipfile
+from dataclasses import dataclass
+from typing import BinaryIO
+
+from analyzer.model import IngestIssue, Location
+
+LOCAL_MAGIC = b"PK\x03\x04"
+DESCRIPTOR_MAGIC = b"PK\x07\x08"
+_LOCAL = struct.Struct("<4sHHHHHIIIHH")
+MAX_RATIO = 100
+"""Declared size over stored size beyond which an entry is treated as a bomb."""
+MAX_SLACK = 64 << 20
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One archive member: where its bytes start in the file and how many there are."""
+
+    name: str
+    header_offset: int
+    data_offset: int
+    stored_size: int
+    declared_size: int
+    compressed: bool
+
+
+@dataclass(frozen=True)
+class Archive:
+    """The checked layout of a torch zip archive.
+
+    ``complete`` is False for a truncated file; its ``entries`` are then those written
+    whole before the cut. ``refused`` means nothing in the archive may be read.
+    """
+
+    entries: dict[str, Entry]
+    prefix: str
+    complete: bool
+    refused: bool
+    issues: tuple[IngestIssue, ...]
+
+    @property
+    def is_torchscript(self) -> bool:
+        return any(
+            name == f"{self.prefix}/constants.pkl" or name.startswith(f"{self.prefix}/code/")
+            for name in self.entries
+        )
+
+    def member(self, leaf: str) -> Entry | None:
+        return self.entries.get(f"{self.prefix}/{leaf}")
+
+
+@dataclass(frozen=True)
+class _Local:
+    data_offset: int
+    flags: int
+    method: int
+    stored_size: int
+    declared_size: int
+    name: str
+
+
+def _read_local(handle: BinaryIO, offset: int) -> _Local | None:
+    """The local header at ``offset``, or None where there is none."""
+    handle.seek(offset)
+    raw = handle.read(_LOCAL.size)
+    if len(raw) < _LOCAL.size:
+        return None
+    magic, _, flags, method, _, _, _, csize, usize, nlen, xlen = _LOCAL.unpack(raw)
+    if magic != LOCAL_MAGIC:
+        return None
+    name = handle.read(nlen).decode("utf-8", "replace")
+    return _Local(offset + _LOCAL.size + nlen + xlen, flags, method, csize, usize, name)
+
+
+def _prefix(names: list[str]) -> str:
+    for name in names:
+        if name.endswith("/data.pkl") or name.endswith("/constants.pkl"):
+            return name.rsplit("/", 1)[0]
+    return names[0].split("/", 1)[0] if names else ""
+
+
+def read_archive(path: str, size: int) -> Archive:
+    """Check the archive at ``path`` and map its members; never raises for bad content."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            infos = archive.infolist()
+    except NotImplementedError as exc:
+        issue = IngestIssue(Location(path, offset=0), "bad_checkpoint", f"zip archive: {exc}")
+        return Archive({}, "", True, True, (issue,))
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError, struct.error):
+        return _walk_truncated(path, size)
+    issues: list[IngestIssue] = []
+    entries: dict[str, Entry] = {}
+    with open(path, "rb") as handle:
+        for info in infos:
+            inside = 0 <= info.header_offset < size
+            local = _read_local(handle, info.header_offset) if inside else None
+            if local is None:
+                issues.append(
+                    IngestIssue(
+                        Location(path, offset=info.header_offset),
+                        "bad_checkpoint",
+                        f"zip entry {info.filename!r}: no local header where the directory "
+                        "points; archive refused",
+                    )
+                )
+                return Archive({}, "", True, True, tuple(issues))
+            data_offset = local.data_offset
+            entries[info.filename] = Entry(
+                info.filename,
+                info.header_offset,
+                data_offset,
+                info.compress_size,
+                info.file_size,
+                info.compress_type != zipfile.ZIP_STORED,
+            )
+    problem = _layout_problem(list(entries.values()), size)
+    if problem is not None:
+        offset, message = problem
+        issues.append(IngestIssue(Location(path, offset=offset), "bad_checkpoint", message))
+        return Archive(entries, _prefix(list(entries)), True, True, tuple(issues))
+    return Archive(entries, _prefix(list(entries)), True, False, tuple(issues))
+
+
+def _layout_problem(entries: list[Entry], size: int) -> tuple[int, str] | None:
+    declared = 0
+    for entry in entries:
+        declared += entry.declared_size
+        if entry.data_offset + entry.stored_size > size:
+            return entry.header_offset, (
+                f"zip entry {entry.name!r} claims {entry.stored_size} bytes from offset "
+                f"{entry.data_offset}, past the end of the {size}-byte file; archive refused"
+            )
+        stored = max(entry.stored_size, 1)
+        inflated = entry.declared_size > entry.stored_size
+        if inflated and (not entry.compressed or entry.declared_size > MAX_RATIO * stored):
+            return entry.header_offset, (
+                f"zip entry {entry.name!r} claims {entry.declared_size} bytes but holds "
+                f"{entry.stored_size}: refused before extraction (zip bomb?)"
+            )
+    if declared > max(4 * size, size + MAX_SLACK):
+        return 0, (
+            f"zip entries claim {declared} bytes in all from a {size}-byte file: refused "
+            "before extraction (zip bomb?)"
+        )
+    ordered = sorted(entries, key=lambda e: e.header_offset)
+    for before, after in itertools.pairwise(ordered):
+        if before.data_offset + before.stored_size > after.header_offset:
+            return after.header_offset, (
+                f"zip entries {before.name!r} and {after.name!r} overlap; archive refused"
+            )
+    return None
+
+
+def _find_descriptor(handle: BinaryIO, data_offset: int, size: int) -> tuple[int, int] | None:
+    """(stored size, offset after the descriptor) of an entry written with a data
+    descriptor, found by looking for a descriptor whose size field matches its position."""
+    window = 1 << 20
+    position = data_offset
+    while position < size:
+        handle.seek(position)
+        block = handle.read(window + 24)
+        at = block.find(DESCRIPTOR_MAGIC)
+        while at != -1:
+            stored = position + at - data_offset
+            small = block[at + 8 : at + 12]
+            large = block[at + 8 : at + 16]
+            if len(small) == 4 and int.from_bytes(small, "little") == stored:
+                return stored, position + at + 16
+            if len(large) == 8 and int.from_bytes(large, "little") == stored:
+                return stored, position + at + 24
+            at = block.find(DESCRIPTOR_MAGIC, at + 1)
+        position += window
+    return None
+
+
+def _walk_truncated(path: str, size: int) -> Archive:
+    """Follow the local headers of an archive with no central directory."""
+    entries: dict[str, Entry] = {}
+    offset = 0
+    cut_in: str | None = None
+    with open(path, "rb") as handle:
+        while offset < size:
+            local = _read_local(handle, offset)
+            if local is None:
+                break
+            stored, after = local.stored_size, local.data_offset + local.stored_size
+            if local.flags & 0x08:
+                found = _find_descriptor(handle, local.data_offset, size)
+                if found is None:
+                    cut_in = local.name
+                    break
+                stored, after = found
+            if local.data_offset + stored > size:
+                cut_in = local.name
+                break
+            entries[local.name] = Entry(
+                local.name, offset, local.data_offset, stored, stored, local.method != 0
+            )
+            offset = after
+    names = list(entries)
+    where = f"inside entry {cut_in!r}" if cut_in else "after the last whole entry"
+    message = (
+        f"incomplete checkpoint: no zip central directory (file cut off mid-save, {size} "
+        f"bytes); it ends {where}, {len(entries)} entries were written whole"
+    )
+    if not entries and cut_in is None:
+        message = "not a readable zip archive: no central directory and no local headers"
+    issue = IngestIssue(Location(path, offset=offset), "truncated", message)
+    return Archive(entries, _prefix(names), False, False, (issue,))

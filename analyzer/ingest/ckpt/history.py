@@ -1,0 +1,124 @@
+"""A run's checkpoints side by side: when values went non-finite, which layer ran away."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from collections.abc import Callable
+
+from analyzer.ingest.ckpt.records import CheckpointHistory, CheckpointScan, LayerGrowth, SaveRef
+from analyzer.model import Incident, Location, NonFiniteKind
+
+
+def _natural(path: str) -> list[object]:
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", path)]
+
+
+def _shards_named_by(index_path: str) -> set[str]:
+    try:
+        with open(index_path, "rb") as handle:
+            index = json.loads(handle.read(64 << 20).decode("utf-8"))
+        names = index["weight_map"].values()
+        folder = os.path.dirname(index_path)
+        return {os.path.join(folder, n) for n in names if isinstance(n, str)}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return set()
+
+
+def drop_shards(paths: list[str]) -> list[str]:
+    """Shards named by an index in the list are scanned through that index only."""
+    covered: set[str] = set()
+    for path in paths:
+        if path.endswith(".index.json"):
+            covered |= {os.path.normpath(p) for p in _shards_named_by(path)}
+    return [p for p in paths if os.path.normpath(p) not in covered]
+
+
+def build_history(paths: list[str], scan_one: Callable[[str], CheckpointScan]) -> CheckpointHistory:
+    scans = [scan_one(p) for p in drop_shards(paths)]
+    scans.sort(key=lambda s: (s.step is None, s.step or 0, _natural(s.path)))
+    first = next((i for i, s in enumerate(scans) if s.has_nonfinite), None)
+    bad_layers: tuple[str, ...] = ()
+    bad_tensors: tuple[str, ...] = ()
+    if first is not None:
+        bad_layers = tuple(layer.layer for layer in scans[first].nonfinite_layers)
+        bad_tensors = tuple(t.name for t in scans[first].nonfinite_tensors)
+    saves = tuple(
+        SaveRef(
+            s.path,
+            s.step,
+            len(s.nonfinite_tensors),
+            s.scaler.scale if s.scaler is not None else None,
+        )
+        for s in scans
+    )
+    return CheckpointHistory(
+        scans=tuple(scans),
+        saves=saves,
+        first_nonfinite=first,
+        nonfinite_layers=bad_layers,
+        nonfinite_tensor_names=bad_tensors,
+        layers=_growth(scans, len(scans) if first is None else first),
+        issues=tuple(i for s in scans for i in s.issues),
+    )
+
+
+def _ratio(before: float | None, after: float | None) -> float | None:
+    if before is None or after is None or before <= 0 or not math.isfinite(after):
+        return None
+    return after / before
+
+
+def _growth(scans: list[CheckpointScan], finite_end: int) -> tuple[LayerGrowth, ...]:
+    names: dict[str, None] = {}
+    norms_by_save: list[dict[str, float]] = []
+    for scan in scans:
+        # A layer holding NaN/Inf gets a NaN norm: its finite-only norm would mislead.
+        norms = {
+            layer.layer: math.nan if layer.stats.nonfinite else layer.stats.l2_norm
+            for layer in scan.layers
+        }
+        norms_by_save.append(norms)
+        names.update(dict.fromkeys(norms))
+    rows: list[LayerGrowth] = []
+    for name in names:
+        series = tuple(saved.get(name) for saved in norms_by_save)
+        finite = [n for n in series[:finite_end] if n is not None and math.isfinite(n)]
+        growth = _ratio(finite[0], finite[-1]) if len(finite) >= 2 else None
+        last = _ratio(finite[-2], finite[-1]) if len(finite) >= 2 else None
+        rows.append(LayerGrowth(name, series, growth, last))
+    rows.sort(key=lambda r: (r.growth is None, -(r.growth or 0.0), r.layer))
+    return tuple(rows)
+
+
+def checkpoint_incident(history: CheckpointHistory) -> Incident | None:
+    """The first save holding a non-finite tensor as an :class:`Incident`.
+
+    ``tag`` is ``checkpoint/<tensor name>`` of the first non-finite model tensor (or any
+    tensor when no model tensor is), ``layer`` its module prefix. None when no save is
+    non-finite or the failing save has no known step.
+    """
+    if history.first_nonfinite is None:
+        return None
+    scan = history.scans[history.first_nonfinite]
+    if scan.step is None:
+        return None
+    bad = scan.nonfinite_tensors
+    tensor = next((t for t in bad if t.group == "model"), bad[0])
+    assert tensor.stats is not None
+    kind: NonFiniteKind = "nan" if tensor.stats.nan else "+inf" if tensor.stats.pos_inf else "-inf"
+    last = history.last_finite
+    last_step = history.saves[last].step if last is not None else None
+    layer = history.nonfinite_layers[0] if history.nonfinite_layers else None
+    return Incident(
+        step=scan.step,
+        tag=f"checkpoint/{tensor.name}",
+        kind=kind,
+        last_finite_step=last_step,
+        location=Location(scan.path),
+        layer=layer,
+        decided_by="checkpoint-scan",
+        origin="checkpoint",
+    )

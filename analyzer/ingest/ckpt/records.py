@@ -1,0 +1,251 @@
+"""Records produced by the checkpoint scan.
+
+Frozen dataclasses only. Numbers are plain Python floats and ints so that a scan can be
+kept after every tensor it looked at has been released.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields, is_dataclass
+from typing import Literal
+
+from analyzer.model import IngestIssue
+
+CheckpointFormat = Literal[
+    "state_dict",
+    "training",
+    "lightning",
+    "hf_bin",
+    "full_model",
+    "optimizer",
+    "scaler",
+    "safetensors",
+    "sharded",
+    "torchscript",
+    "incomplete",
+    "other",
+    "unknown",
+]
+"""What the file holds. ``full_model`` is a pickled ``nn.Module`` rather than its state;
+``optimizer`` and ``scaler`` are files holding only that state (``optimizer.pt``,
+``scaler.pt`` beside a Hugging Face checkpoint)."""
+
+ReadMode = Literal["weights_only", "static", "trusted", "header", "none"]
+"""How the contents were read.
+
+``weights_only``: ``torch.load(weights_only=True)``. ``static``: the pickle's opcodes were
+walked without executing anything. ``trusted``: the user asked for a full unpickling.
+``header``: safetensors, read from its JSON header. ``none``: nothing could be read.
+"""
+
+TensorGroup = Literal["model", "optimizer", "other"]
+
+FP16_MAX = 65504.0
+
+
+@dataclass(frozen=True)
+class TensorStats:
+    """Summary numbers of one tensor, or of a layer when aggregated.
+
+    ``abs_max`` and ``l2_norm`` are taken over the finite values only, so that one NaN
+    does not hide how large the rest of the tensor has grown. ``beyond_fp16`` counts
+    finite values whose magnitude exceeds 65504, the largest float16.
+    """
+
+    numel: int
+    nan: int
+    pos_inf: int
+    neg_inf: int
+    abs_max: float
+    sum_squares: float
+    beyond_fp16: int
+
+    @property
+    def nonfinite(self) -> int:
+        return self.nan + self.pos_inf + self.neg_inf
+
+    @property
+    def l2_norm(self) -> float:
+        return math.sqrt(self.sum_squares)
+
+    @property
+    def beyond_fp16_share(self) -> float:
+        return self.beyond_fp16 / self.numel if self.numel else 0.0
+
+
+@dataclass(frozen=True)
+class TensorRecord:
+    """One tensor found in the checkpoint. ``stats`` is None for integer and bool
+    tensors and for tensors whose bytes could not be read."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    group: TensorGroup
+    stats: TensorStats | None = None
+    note: str | None = None
+
+
+@dataclass(frozen=True)
+class LayerStats:
+    """The model tensors sharing one module prefix, aggregated."""
+
+    layer: str
+    tensors: tuple[str, ...]
+    stats: TensorStats
+
+
+@dataclass(frozen=True)
+class AdamFinding:
+    """Adam state of one parameter.
+
+    ``ratio_max`` is the largest ``|exp_avg| / (sqrt(exp_avg_sq) + eps)`` over the
+    parameter, the step size in units of the learning rate (bias corrections left out):
+    where ``exp_avg_sq`` is at or near zero while ``exp_avg`` is not, the update divides
+    by little more than ``eps`` and this ratio explodes.
+    """
+
+    index: int
+    param_name: str | None
+    numel: int
+    eps: float
+    v_zero: int
+    v_below_eps: int
+    v_min: float
+    ratio_max: float
+    nonfinite: int
+
+    @property
+    def flagged(self) -> bool:
+        return self.nonfinite > 0 or self.v_below_eps > 0
+
+
+@dataclass(frozen=True)
+class ScalerState:
+    """A GradScaler state: the loss scale and how it moves."""
+
+    key: str
+    scale: float | None
+    growth_tracker: int | None
+    growth_factor: float | None
+    backoff_factor: float | None
+    growth_interval: int | None
+
+
+@dataclass(frozen=True)
+class StaticListing:
+    """What a pickle that was not loaded asks for, read from its opcodes."""
+
+    globals_wanted: tuple[str, ...]
+    globals_all: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class CheckpointScan:
+    """Everything read from one checkpoint file (or one sharded index and its shards)."""
+
+    path: str
+    size: int
+    format: CheckpointFormat
+    read_mode: ReadMode
+    step: int | None = None
+    step_source: str | None = None
+    tensors: tuple[TensorRecord, ...] = ()
+    layers: tuple[LayerStats, ...] = ()
+    adam: tuple[AdamFinding, ...] = ()
+    scaler: ScalerState | None = None
+    static: StaticListing | None = None
+    files: tuple[str, ...] = ()
+    issues: tuple[IngestIssue, ...] = ()
+
+    @property
+    def nonfinite_tensors(self) -> tuple[TensorRecord, ...]:
+        return tuple(t for t in self.tensors if t.stats is not None and t.stats.nonfinite)
+
+    @property
+    def nonfinite_layers(self) -> tuple[LayerStats, ...]:
+        return tuple(layer for layer in self.layers if layer.stats.nonfinite)
+
+    @property
+    def has_nonfinite(self) -> bool:
+        return bool(self.nonfinite_tensors)
+
+    def to_dict(self) -> dict[str, object]:
+        return jsonable(self)  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class LayerGrowth:
+    """One layer's weight norm at each save of a run, in step order.
+
+    A norm is None where the save lacks the layer and NaN where the layer held NaN or
+    Inf. ``growth`` is last over first finite norm before the first non-finite save;
+    ``last_growth`` the same over the last interval.
+    """
+
+    layer: str
+    norms: tuple[float | None, ...]
+    growth: float | None
+    last_growth: float | None
+
+
+@dataclass(frozen=True)
+class SaveRef:
+    """One save of a run: which file, which step, and whether it held non-finite values."""
+
+    path: str
+    step: int | None
+    nonfinite_tensors: int
+    scale: float | None
+
+
+@dataclass(frozen=True)
+class CheckpointHistory:
+    """A run's checkpoints, ordered by step.
+
+    ``first_nonfinite`` indexes ``saves`` (and ``scans``); ``layers`` is ordered with the
+    fastest-growing layer (over the finite saves) first.
+    """
+
+    scans: tuple[CheckpointScan, ...]
+    saves: tuple[SaveRef, ...]
+    first_nonfinite: int | None
+    nonfinite_layers: tuple[str, ...]
+    nonfinite_tensor_names: tuple[str, ...]
+    layers: tuple[LayerGrowth, ...]
+    issues: tuple[IngestIssue, ...] = ()
+
+    @property
+    def last_finite(self) -> int | None:
+        stop = len(self.saves) if self.first_nonfinite is None else self.first_nonfinite
+        return stop - 1 if stop > 0 else None
+
+    def to_dict(self) -> dict[str, object]:
+        return jsonable(self)  # type: ignore[return-value]
+
+
+def jsonable(value: object) -> object:
+    """Turn records into plain JSON values; non-finite floats become strings."""
+    if is_dataclass(value) and not isinstance(value, type):
+        out: dict[str, object] = {f.name: jsonable(getattr(value, f.name)) for f in fields(value)}
+        if isinstance(value, TensorStats):
+            out["l2_norm"] = jsonable(value.l2_norm)
+            out["nonfinite"] = value.nonfinite
+            out["beyond_fp16_share"] = value.beyond_fp16_share
+        if isinstance(value, IngestIssue):
+            out["location"] = str(value.location)
+            out["file"] = value.location.file
+            out["offset"] = value.location.offset
+        return out
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return value
+    if isinstance(value, tuple | list):
+        return [jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    return value

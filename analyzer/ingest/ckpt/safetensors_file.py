@@ -1,0 +1,175 @@
+"""safetensors files: the header is validated before any tensor is read.
+
+Layout: an 8-byte little-endian header length N, N bytes of JSON mapping each tensor
+name to ``{"dtype", "shape", "data_offsets": [begin, end]}`` (offsets relative to the
+byte after the header) plus an optional ``__metadata__`` map of strings, then the data.
+Every check below names the byte offset it is about. Tensors are read one at a time,
+in chunks, straight from the file.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from analyzer.ingest.ckpt.leaves import Leaf, torch_dtype
+from analyzer.ingest.ckpt.stats import file_chunks
+from analyzer.model import IngestIssue, Location
+
+if TYPE_CHECKING:
+    import torch
+
+MAX_HEADER = 100_000_000
+"""The largest header the reference implementation accepts."""
+
+DTYPES: dict[str, tuple[str, int]] = {
+    "BOOL": ("bool", 1),
+    "U8": ("uint8", 1),
+    "I8": ("int8", 1),
+    "F8_E5M2": ("float8_e5m2", 1),
+    "F8_E4M3": ("float8_e4m3fn", 1),
+    "I16": ("int16", 2),
+    "U16": ("uint16", 2),
+    "F16": ("float16", 2),
+    "BF16": ("bfloat16", 2),
+    "I32": ("int32", 4),
+    "U32": ("uint32", 4),
+    "F32": ("float32", 4),
+    "I64": ("int64", 8),
+    "U64": ("uint64", 8),
+    "F64": ("float64", 8),
+    "C64": ("complex64", 8),
+}
+
+
+@dataclass(frozen=True)
+class SafeTensor:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+
+@dataclass(frozen=True)
+class SafeHeader:
+    tensors: tuple[SafeTensor, ...]
+    metadata: dict[str, str]
+    data_start: int
+    issues: tuple[IngestIssue, ...]
+
+
+def _fail(path: str, offset: int, message: str) -> SafeHeader:
+    issue = IngestIssue(Location(path, offset=offset), "bad_checkpoint", message)
+    return SafeHeader((), {}, 0, (issue,))
+
+
+def read_header(path: str, size: int) -> SafeHeader:
+    """Parse and check the header; a header that fails a check yields no tensors."""
+    if size < 8:
+        return _fail(path, 0, f"safetensors file of {size} bytes: too short for a header")
+    with open(path, "rb") as handle:
+        (length,) = struct.unpack("<Q", handle.read(8))
+        if length > MAX_HEADER:
+            return _fail(path, 0, f"safetensors header claims {length} bytes (limit {MAX_HEADER})")
+        if 8 + length > size:
+            return _fail(
+                path, 0, f"safetensors header claims {length} bytes; file has {size - 8} after it"
+            )
+        raw = handle.read(length)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return _fail(path, 8, f"safetensors header is not valid JSON: {exc}")
+    if not isinstance(header, dict):
+        return _fail(path, 8, "safetensors header is not a JSON object")
+    return _check_entries(path, header, 8 + length, size - 8 - length)
+
+
+def _check_entries(path: str, header: dict[str, object], start: int, data_size: int) -> SafeHeader:
+    metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict):
+        metadata = {}
+    tensors: list[SafeTensor] = []
+    for name, spec in header.items():
+        problem = _entry_problem(spec, data_size)
+        if problem is not None:
+            return _fail(path, 8, f"safetensors tensor {name!r}: {problem}")
+        assert isinstance(spec, dict)
+        begin, end = spec["data_offsets"]
+        tensors.append(SafeTensor(name, spec["dtype"], tuple(spec["shape"]), begin, end))
+    ordered = sorted(tensors, key=lambda t: t.begin)
+    issues: list[IngestIssue] = []
+    covered = 0
+    for tensor in ordered:
+        if tensor.begin < covered:
+            return _fail(
+                path,
+                start + tensor.begin,
+                f"safetensors tensor {tensor.name!r} overlaps the tensor before it",
+            )
+        if tensor.begin > covered:
+            issues.append(
+                IngestIssue(
+                    Location(path, offset=start + covered),
+                    "bad_checkpoint",
+                    f"safetensors data has a hole before {tensor.name!r}",
+                )
+            )
+        covered = tensor.end
+    if covered < data_size:
+        issues.append(
+            IngestIssue(
+                Location(path, offset=start + covered),
+                "bad_checkpoint",
+                f"{data_size - covered} bytes after the last tensor",
+            )
+        )
+    meta = {str(k): str(v) for k, v in metadata.items()}
+    return SafeHeader(tuple(tensors), meta, start, tuple(issues))
+
+
+def _entry_problem(spec: object, data_size: int) -> str | None:
+    if not isinstance(spec, dict):
+        return "entry is not an object"
+    dtype, shape, offsets = spec.get("dtype"), spec.get("shape"), spec.get("data_offsets")
+    if dtype not in DTYPES:
+        return f"unknown dtype {dtype!r}"
+    if not isinstance(shape, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    ):
+        return f"bad shape {shape!r}"
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+    ):
+        return f"bad data_offsets {offsets!r}"
+    begin, end = offsets
+    if not 0 <= begin <= end <= data_size:
+        return f"data_offsets [{begin}, {end}] outside the {data_size}-byte data section"
+    numel = 1
+    for dim in shape:
+        numel *= dim
+    expected = numel * DTYPES[dtype][1]
+    if end - begin != expected:
+        return f"data_offsets span {end - begin} bytes; shape and dtype need {expected}"
+    return None
+
+
+def leaf_of(path: str, header: SafeHeader, tensor: SafeTensor) -> Leaf:
+    name, _ = DTYPES[tensor.dtype]
+    dtype = torch_dtype(name)
+    numeric = dtype is not None and (dtype.is_floating_point or dtype.is_complex)
+    if dtype is None:
+        return Leaf(tensor.shape, name, None, "dtype not supported by this torch", False)
+    offset = header.data_start + tensor.begin
+    numel = (tensor.end - tensor.begin) // dtype.itemsize
+
+    def chunks() -> Iterator[torch.Tensor]:
+        return file_chunks(path, offset, numel, dtype)
+
+    return Leaf(tensor.shape, name, chunks, None, numeric)

@@ -1,0 +1,338 @@
+"""Reading a pickle without running it.
+
+The opcodes are walked with :func:`pickletools.genops` (a parser: it imports nothing and
+calls nothing) and a stack machine rebuilds the data with stand-ins for everything a
+real unpickler would import: :class:`Global` for a name, :class:`Call` for what calling
+it would have made, :class:`Obj` for an instance with its state. Tensors written by
+``torch.save`` are recognised by their rebuild functions and become :class:`TensorRef`
+values that say where their bytes are.
+"""
+
+from __future__ import annotations
+
+import io
+import pickletools
+from dataclasses import dataclass, field
+
+MAX_OPS = 20_000_000
+
+_TENSOR_REBUILDERS = {
+    "torch._utils._rebuild_tensor",
+    "torch._utils._rebuild_tensor_v2",
+    "torch._utils._rebuild_tensor_v3",
+}
+_PARAMETER_REBUILDERS = {
+    "torch._utils._rebuild_parameter",
+    "torch._utils._rebuild_parameter_with_state",
+}
+_DICT_FACTORIES = {"collections.OrderedDict", "builtins.dict", "__builtin__.dict"}
+
+
+@dataclass(frozen=True)
+class Global:
+    """A name the pickle would import."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class StorageRef:
+    """A persistent id of a torch storage: the archive key of its bytes."""
+
+    dtype: str
+    key: str
+    location: str
+    numel: int
+
+
+@dataclass(frozen=True)
+class TensorRef:
+    """A tensor as the pickle describes it; its values stay in the archive."""
+
+    storage: StorageRef | None
+    offset: int
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+
+    @property
+    def numel(self) -> int:
+        count = 1
+        for dim in self.shape:
+            count *= dim
+        return count
+
+    @property
+    def contiguous(self) -> bool:
+        expected = 1
+        for dim, step in zip(reversed(self.shape), reversed(self.stride), strict=False):
+            if dim != 1 and step != expected:
+                return False
+            expected *= dim
+        return True
+
+
+@dataclass
+class Obj:
+    """An instance the pickle would build, with the state it would give it."""
+
+    cls: str
+    args: tuple[object, ...] = ()
+    state: object = None
+
+
+@dataclass
+class Call:
+    """The result of calling a global that is not understood here."""
+
+    func: str
+    args: tuple[object, ...] = ()
+
+
+@dataclass
+class StaticResult:
+    """What a static read recovered. ``error`` says where and why it stopped early."""
+
+    root: object = None
+    globals_seen: list[str] = field(default_factory=list)
+    error: str | None = None
+    error_offset: int | None = None
+    end: int = 0
+
+
+_MARK = object()
+_PY2_MODULES = {"__builtin__": "builtins", "copy_reg": "copyreg"}
+_STORAGE_DTYPES = {
+    "FloatStorage": "float32",
+    "DoubleStorage": "float64",
+    "HalfStorage": "float16",
+    "BFloat16Storage": "bfloat16",
+    "LongStorage": "int64",
+    "IntStorage": "int32",
+    "ShortStorage": "int16",
+    "CharStorage": "int8",
+    "ByteStorage": "uint8",
+    "BoolStorage": "bool",
+    "ComplexFloatStorage": "complex64",
+    "ComplexDoubleStorage": "complex128",
+    "Float8_e4m3fnStorage": "float8_e4m3fn",
+    "Float8_e5m2Storage": "float8_e5m2",
+}
+
+
+def _storage_dtype(value: object) -> str:
+    if isinstance(value, Global):
+        leaf = value.name.rsplit(".", 1)[-1]
+        if leaf in _STORAGE_DTYPES:
+            return _STORAGE_DTYPES[leaf]
+        if value.name.startswith("torch.") and value.name.count(".") == 1:
+            return leaf  # a dtype given directly, as UntypedStorage saves do
+        return value.name
+    return "unknown"
+
+
+def _persistent(pid: object) -> object:
+    if isinstance(pid, tuple) and len(pid) >= 5 and pid[0] == "storage":
+        numel = pid[4] if isinstance(pid[4], int) else 0
+        return StorageRef(_storage_dtype(pid[1]), str(pid[2]), str(pid[3]), numel)
+    return Call("persistent_load", (pid,))
+
+
+def _as_ints(value: object) -> tuple[int, ...]:
+    if isinstance(value, tuple | list) and all(isinstance(v, int) for v in value):
+        return tuple(value)
+    if isinstance(value, Call) and value.func == "torch.Size" and value.args:
+        return _as_ints(value.args[0])
+    return ()
+
+
+def _call(func: object, args: object) -> object:
+    name = func.name if isinstance(func, Global) else repr(func)
+    argv = args if isinstance(args, tuple) else (args,)
+    if name in _TENSOR_REBUILDERS and len(argv) >= 4:
+        storage = argv[0] if isinstance(argv[0], StorageRef) else None
+        offset = argv[1] if isinstance(argv[1], int) else 0
+        return TensorRef(storage, offset, _as_ints(argv[2]), _as_ints(argv[3]))
+    if name in _PARAMETER_REBUILDERS and argv:
+        return argv[0]
+    if name in _DICT_FACTORIES:
+        return {}
+    if name == "torch.Size" and argv:
+        return _as_ints(argv[0])
+    return Call(name, argv)
+
+
+def _key(value: object) -> object:
+    try:
+        hash(value)
+    except TypeError:
+        return repr(value)
+    return value
+
+
+class _Machine:
+    def __init__(self) -> None:
+        self.stack: list[object] = []
+        self.memo: dict[object, object] = {}
+        self.result = StaticResult()
+
+    def pop_mark(self) -> list[object]:
+        items: list[object] = []
+        while self.stack:
+            item = self.stack.pop()
+            if item is _MARK:
+                items.reverse()
+                return items
+            items.append(item)
+        raise ValueError("MARK expected on the stack")
+
+    def global_(self, name: str) -> None:
+        module, _, qual = name.partition(".")
+        # Protocol 2 pickles written by Python 3 spell some modules the Python 2 way.
+        name = f"{_PY2_MODULES.get(module, module)}.{qual}"
+        if name not in self.result.globals_seen:
+            self.result.globals_seen.append(name)
+        self.stack.append(Global(name))
+
+    def step(self, name: str, arg: object) -> bool:
+        stack = self.stack
+        if name in _PUSH_ARG:
+            stack.append(arg)
+        elif name in _PUSH_CONST:
+            stack.append(_PUSH_CONST[name])
+        elif name == "EMPTY_DICT":
+            stack.append({})
+        elif name == "EMPTY_LIST":
+            stack.append([])
+        elif name == "EMPTY_TUPLE":
+            stack.append(())
+        elif name in ("EMPTY_SET",):
+            stack.append([])
+        elif name == "MARK":
+            stack.append(_MARK)
+        elif name in ("TUPLE", "FROZENSET"):
+            stack.append(tuple(self.pop_mark()))
+        elif name in ("TUPLE1", "TUPLE2", "TUPLE3"):
+            n = int(name[-1])
+            packed = tuple(stack[-n:])
+            del stack[-n:]
+            stack.append(packed)
+        elif name == "LIST":
+            stack.append(self.pop_mark())
+        elif name == "DICT":
+            items = self.pop_mark()
+            stack.append({_key(k): v for k, v in zip(items[::2], items[1::2], strict=False)})
+        elif name == "APPEND":
+            value = stack.pop()
+            _append(stack[-1], [value])
+        elif name in ("APPENDS", "ADDITEMS"):
+            items = self.pop_mark()
+            _append(stack[-1], items)
+        elif name == "SETITEM":
+            value, key = stack.pop(), stack.pop()
+            _setitems(stack[-1], [key, value])
+        elif name == "SETITEMS":
+            items = self.pop_mark()
+            _setitems(stack[-1], items)
+        elif name == "POP":
+            stack.pop()
+        elif name == "POP_MARK":
+            self.pop_mark()
+        elif name == "DUP":
+            stack.append(stack[-1])
+        elif name in ("PUT", "BINPUT", "LONG_BINPUT"):
+            self.memo[arg] = stack[-1]
+        elif name == "MEMOIZE":
+            self.memo[len(self.memo)] = stack[-1]
+        elif name in ("GET", "BINGET", "LONG_BINGET"):
+            stack.append(self.memo[arg])
+        elif name == "GLOBAL" or name == "INST":
+            module, _, qual = str(arg).partition(" ")
+            self.global_(f"{module}.{qual}")
+            if name == "INST":
+                stack.pop()  # the INST name was pushed as a Global just above
+                stack.append(Obj(f"{module}.{qual}", tuple(self.pop_mark())))
+        elif name == "STACK_GLOBAL":
+            qual_name, module_name = stack.pop(), stack.pop()
+            self.global_(f"{module_name}.{qual_name}")
+        elif name == "REDUCE":
+            args = stack.pop()
+            stack.append(_call(stack.pop(), args))
+        elif name in ("NEWOBJ", "NEWOBJ_EX"):
+            if name == "NEWOBJ_EX":
+                stack.pop()
+            args = stack.pop()
+            cls = stack.pop()
+            cls_name = cls.name if isinstance(cls, Global) else repr(cls)
+            argv = args if isinstance(args, tuple) else (args,)
+            stack.append({} if cls_name in _DICT_FACTORIES else Obj(cls_name, argv))
+        elif name == "OBJ":
+            items = self.pop_mark()
+            cls = items[0] if items else None
+            stack.append(Obj(cls.name if isinstance(cls, Global) else "?", tuple(items[1:])))
+        elif name == "BUILD":
+            state = stack.pop()
+            if isinstance(stack[-1], Obj):
+                stack[-1].state = state
+        elif name == "BINPERSID":
+            stack.append(_persistent(stack.pop()))
+        elif name == "PERSID":
+            stack.append(_persistent(arg))
+        elif name in ("EXT1", "EXT2", "EXT4"):
+            self.global_(f"copyreg.extension.{arg}")
+        elif name in ("NEXT_BUFFER", "READONLY_BUFFER"):
+            stack.append(Call(name))
+        elif name == "STOP":
+            self.result.root = stack.pop() if stack else None
+            return True
+        elif name not in ("PROTO", "FRAME"):
+            raise ValueError(f"opcode {name} not understood")
+        return False
+
+
+_PUSH_ARG = {
+    "INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4", "FLOAT", "BINFLOAT",
+    "STRING", "BINSTRING", "SHORT_BINSTRING", "BINBYTES", "SHORT_BINBYTES", "BINBYTES8",
+    "BYTEARRAY8", "UNICODE", "BINUNICODE", "SHORT_BINUNICODE", "BINUNICODE8",
+}  # fmt: skip
+_PUSH_CONST: dict[str, object] = {"NONE": None, "NEWTRUE": True, "NEWFALSE": False}
+
+
+def _append(target: object, items: list[object]) -> None:
+    if isinstance(target, list):
+        target.extend(items)
+    elif isinstance(target, Obj):
+        target.args = (*target.args, *items)
+
+
+def _setitems(target: object, items: list[object]) -> None:
+    pairs = zip(items[::2], items[1::2], strict=False)
+    if isinstance(target, dict):
+        for key, value in pairs:
+            target[_key(key)] = value
+    elif isinstance(target, Obj):
+        target.state = dict(pairs) if target.state is None else target.state
+
+
+def read_pickle(data: bytes, start: int = 0) -> StaticResult:
+    """Rebuild the pickle starting at ``start`` in ``data`` as stand-ins; never raises."""
+    machine = _Machine()
+    stream = io.BytesIO(data)
+    stream.seek(start)
+    position = start
+    try:
+        for count, (opcode, arg, pos) in enumerate(pickletools.genops(stream)):
+            position = pos if pos is not None else position
+            if count > MAX_OPS:
+                raise ValueError("too many opcodes")
+            if machine.step(opcode.name, arg):
+                machine.result.end = stream.tell()
+                return machine.result
+    except Exception as exc:  # any damage in untrusted bytes is reported, not raised
+        machine.result.error = str(exc) or type(exc).__name__
+        machine.result.error_offset = position
+        machine.result.root = machine.stack[0] if machine.stack else None
+        return machine.result
+    machine.result.error = "the pickle ends without a STOP opcode"
+    machine.result.error_offset = position
+    machine.result.root = machine.stack[0] if machine.stack else None
+    return machine.result

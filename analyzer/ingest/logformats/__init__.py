@@ -1,0 +1,43 @@
+"""One module per log format; ``PARSERS`` lists them in the order they are tried.
+
+Order matters where triggers overlap: messages with a fixed wording (Megatron's
+iteration line, loss-scale messages, detectron2's error) go before the looser
+shapes, and the generic fallback runs only on records no other parser recognised.
+"""
+
+from __future__ import annotations
+
+from analyzer.ingest.logformats.anomaly import AnomalyParser
+from analyzer.ingest.logformats.base import LineParser
+from analyzer.ingest.logformats.detectron2 import Detectron2Parser
+from analyzer.ingest.logformats.fairseq import FairseqParser
+from analyzer.ingest.logformats.generic import GenericParser
+from analyzer.ingest.logformats.hf import HuggingFaceParser
+from analyzer.ingest.logformats.keras import KerasParser
+from analyzer.ingest.logformats.lightning import LightningParser
+from analyzer.ingest.logformats.megatron import MegatronParser
+from analyzer.ingest.logformats.mixed_precision import MixedPrecisionParser
+from analyzer.ingest.logformats.mmengine import MMEngineParser
+from analyzer.ingest.logformats.nanogpt import NanoGPTParser
+from analyzer.ingest.logformats.tensorflow import TensorFlowParser
+from analyzer.ingest.logformats.yolo import YoloParser
+
+PARSERS: tuple[type[LineParser], ...] = (
+    MegatronParser,
+    MixedPrecisionParser,
+    Detectron2Parser,
+    HuggingFaceParser,
+    MMEngineParser,
+    FairseqParser,
+    LightningParser,
+    KerasParser,
+    YoloParser,
+    NanoGPTParser,
+    TensorFlowParser,
+    AnomalyParser,
+)
+"""Tried in this order on every record holding one of their triggers."""
+
+FALLBACK: type[LineParser] = GenericParser
+
+__all__ = ["FALLBACK", "PARSERS", "LineParser"]

@@ -1,0 +1,132 @@
+"""What the format parsers write into while one file is read."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from analyzer.model import Event, IngestIssue, Location
+
+MESSAGE_CHARS = 240
+"""Event messages keep this many characters of the line."""
+
+STEP_MIN, STEP_MAX = -(2**63), 2**63 - 1
+"""Steps are stored as int64; a step outside this range is reported, not stored."""
+
+ISSUES_PER_KIND = 20
+"""Issues of one kind kept one by one; the rest are counted in a summary issue."""
+
+
+@dataclass
+class _Points:
+    steps: list[int] = field(default_factory=list)
+    values: list[float] = field(default_factory=list)
+    lines: list[int] = field(default_factory=list)
+
+
+class Context:
+    """Collects points, events, votes and notes for one file.
+
+    ``line`` and ``rank`` describe the record being parsed; the reading loop sets
+    them before each call. ``last_step`` is the latest step any parser reported,
+    for messages that name none.
+    """
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.line = 0
+        self.rank: int | None = None
+        self.last_step: int | None = None
+        self.points: dict[tuple[str, int | None], _Points] = {}
+        self.events: list[Event] = []
+        self.notes: list[str] = []
+        self.votes: Counter[str] = Counter()
+        self._issues: list[IngestIssue] = []
+        self._issue_counts: Counter[str] = Counter()
+        self._issue_first: dict[str, int] = {}
+        self._noted: set[str] = set()
+
+    def _bad_step(self, step: int) -> bool:
+        if STEP_MIN <= step <= STEP_MAX:
+            return False
+        self.issue("bad_step", f"step {str(step)[:30]} does not fit in 64 bits; points dropped")
+        return True
+
+    def point(self, tag: str, step: int, value: float) -> None:
+        if self._bad_step(step):
+            return
+        key = (tag, self.rank)
+        pts = self.points.get(key)
+        if pts is None:
+            pts = self.points[key] = _Points()
+        pts.steps.append(step)
+        pts.values.append(value)
+        pts.lines.append(self.line)
+        self.last_step = step
+
+    def points_at(self, step: int, items: list[tuple[str, float]]) -> None:
+        """Several points of one record: one step, this line, this rank."""
+        if self._bad_step(step):
+            return
+        rank, line, table = self.rank, self.line, self.points
+        for tag, value in items:
+            pts = table.get((tag, rank))
+            if pts is None:
+                pts = table[(tag, rank)] = _Points()
+            pts.steps.append(step)
+            pts.values.append(value)
+            pts.lines.append(line)
+        if items:
+            self.last_step = step
+
+    def event(
+        self, kind: str, step: int | None, text: str, detail: dict[str, Any] | None = None
+    ) -> None:
+        info: dict[str, Any] = dict(detail or {})
+        if step is not None and not STEP_MIN <= step <= STEP_MAX:
+            info["step_text"], step = str(step)[:30], None
+        if self.rank is not None:
+            info.setdefault("rank", self.rank)
+        if step is None and self.last_step is not None:
+            # The message names no step; the last one logged before it bounds it.
+            info.setdefault("after_step", self.last_step)
+        message = text.strip()[:MESSAGE_CHARS]
+        self.events.append(Event(kind, step, Location(self.source, line=self.line), message, info))
+
+    def nonfinite(self, tag: str, kind: str, step: int | None, text: str, **extra: Any) -> None:
+        """A line that reports non-finiteness without a number to plot."""
+        self.event("nonfinite", step, text, {"tag": tag, "kind": kind, **extra})
+
+    def note(self, key: str, text: str) -> None:
+        """A remark for the report, kept once per key."""
+        if key not in self._noted:
+            self._noted.add(key)
+            self.notes.append(text)
+
+    def issue(self, kind: str, message: str, line: int | None = None) -> None:
+        where = self.line if line is None else line
+        self._issue_counts[kind] += 1
+        self._issue_first.setdefault(kind, where)
+        if self._issue_counts[kind] <= ISSUES_PER_KIND:
+            self._issues.append(IngestIssue(Location(self.source, line=where), kind, message))
+
+    def issues(self) -> list[IngestIssue]:
+        out = list(self._issues)
+        for kind, count in self._issue_counts.items():
+            if count > ISSUES_PER_KIND:
+                first = self._issue_first[kind]
+                out.append(
+                    IngestIssue(
+                        Location(self.source, line=first),
+                        kind,
+                        f"{count} lines in all had this problem; only the first "
+                        f"{ISSUES_PER_KIND} are listed",
+                    )
+                )
+        return out
+
+
+def is_finite(value: float) -> bool:
+    return not (math.isnan(value) or math.isinf(value))

@@ -1,0 +1,83 @@
+"""fairseq progress output in its three shapes, plus its gradient error.
+
+- json: ``| INFO | train_inner | {"epoch": 1, "update": 0.0, "loss": "16.475", ...,
+  "num_updates": "1", "gnorm": "20.751", "loss_scale": "4", ...}``
+- simple: ``epoch 001:    100 / 1000 loss=9.5, nll_loss=8.3, ..., num_updates=100``
+  (also the tqdm bar ``epoch 001:  10%|...| 100/1000 [..., loss=9.5, ...]``)
+- end of epoch (older releases): ``| epoch 001 | loss 9.5 | nll_loss 8.3 | ... |``
+
+The step is ``num_updates``. ``FloatingPointError: gradients are Nan/Inf`` is the
+trainer refusing a non-finite gradient norm.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from analyzer.ingest.logformats.base import equals_pairs
+from analyzer.ingest.logformats.context import Context
+from analyzer.ingest.logformats.numbers import number_value
+
+_JSON = re.compile(r"\| (train_inner|train|valid\w*+) \| \{")
+_JSON_ITEM = re.compile(r'"([^"\\]*+)": "?+([^",}]*+)')
+_SIMPLE = re.compile(r"(?<![\w])epoch (\d{1,15}+):")
+_TABLE = re.compile(r"\|\s*+epoch (\d{1,15}+) \|")
+_COUNT = re.compile(r"(\d{1,15}+) ?+/ ?+(\d{1,15}+)")
+_RENAME = {"gnorm": "grad_norm"}
+_STEP_KEYS = ("num_updates", "valid_num_updates", "train_num_updates")
+_SKIP = frozenset({"epoch", "update", *_STEP_KEYS})
+
+
+class FairseqParser:
+    framework = "fairseq"
+    repeats = True
+    triggers: tuple[str, ...] = ("epoch ", " | {", "gradients are Nan/Inf")
+
+    def parse(self, text: str, ctx: Context) -> bool:
+        if "gradients are Nan/Inf" in text:
+            ctx.nonfinite("grad_norm", "nan-or-inf", None, text)
+            ctx.votes["fairseq"] += 1
+            return True
+        m = _JSON.search(text)
+        if m is not None:
+            found: dict[str, float] = {}
+            for item in _JSON_ITEM.finditer(text, m.end() - 1):
+                value = number_value(item.group(2))
+                if value is not None:
+                    found[item.group(1)] = value
+            return self._emit(found, None, ctx)
+        m = _TABLE.search(text)
+        if m is not None:
+            prefix = "valid_" if "valid on " in text else ""
+            values: dict[str, float] = {}
+            for field in text[m.end() :].split("|"):
+                name, _, raw = field.strip().rpartition(" ")
+                value = number_value(raw)
+                if name and value is not None:
+                    name = name.strip()
+                    values[name if name == "num_updates" else prefix + name] = value
+            return self._emit(values, None, ctx)
+        m = _SIMPLE.search(text)
+        if m is None:
+            return False
+        count = _COUNT.search(text, m.end())
+        values = dict(equals_pairs(text[m.end() :]))
+        fallback = None
+        if count is not None:
+            fallback = (int(m.group(1)) - 1) * int(count.group(2)) + int(count.group(1))
+        return self._emit(values, fallback, ctx)
+
+    def _emit(self, values: dict[str, float], fallback: int | None, ctx: Context) -> bool:
+        step_value = next((values[k] for k in _STEP_KEYS if k in values), None)
+        if step_value is not None and math.isfinite(step_value):
+            step: int | None = int(step_value)
+        else:
+            step = fallback
+        if step is None or not values:
+            return False
+        for key, value in values.items():
+            if key not in _SKIP:
+                ctx.point(_RENAME.get(key, key), step, value)
+        ctx.votes["fairseq"] += 1
+        return True

@@ -1,0 +1,70 @@
+"""The fallback for hand-written loops: ``step 12 loss 2.3``, ``step=12 loss=2.3``,
+``Step: 12, Loss: 2.3``.
+
+Only metric-like names are taken (loss, norm, lr, scale, ...), and a bare
+``name value`` pair only for loss and norm names, so prose such as ``improved from
+inf`` is not read as a metric. Without a step on the line the record's position
+among such lines stands in for it.
+"""
+
+from __future__ import annotations
+
+import re
+
+from analyzer.ingest.logformats.context import Context
+from analyzer.ingest.logformats.numbers import NUM, STEP, to_float, to_step
+
+_METRIC = re.compile(r"(?i)loss|norm|lr|learning.rate|scale|ppl|perplexity|reward|grad")
+_STEP = re.compile(
+    r"(?i)(?<![\w.])(?:global_step|steps?+|iter(?:ation)?+|it|update|num_updates|batch)"
+    r"[ \t]*+[:=#]?+[ \t]*+(" + STEP + r")(?![\w.])"
+)
+_PAIR = re.compile(
+    r"(?<![\w/.\-])([A-Za-z_][\w/.\-]*+)(?:[ \t]*+[:=][ \t]*+|[ \t]++)"
+    r"(?:tensor\()?+(" + NUM + r")(?![\w.])"
+)
+_BARE_OK = re.compile(r"(?i)loss|norm")
+_REJECT = ("best", "min_", "max_", "prev", "from")
+_RENAME = {"learning_rate": "lr", "learning rate": "lr", "gnorm": "grad_norm"}
+
+
+class GenericParser:
+    framework = "generic"
+    repeats = True
+    triggers: tuple[str, ...] = ()
+
+    def __init__(self) -> None:
+        self.records = 0
+
+    def parse(self, text: str, ctx: Context) -> bool:
+        if _METRIC.search(text) is None:
+            return False
+        values: list[tuple[str, float]] = []
+        for m in _PAIR.finditer(text):
+            key = m.group(1)
+            low = key.lower()
+            if _METRIC.search(key) is None or low.startswith(_REJECT):
+                continue
+            sep = text[m.end(1) : m.start(2)]
+            if ":" not in sep and "=" not in sep and _BARE_OK.search(key) is None:
+                continue
+            value = to_float(m.group(2))
+            if value is not None:
+                values.append((_RENAME.get(low, low), value))
+        if not values:
+            return False
+        self.records += 1
+        s = _STEP.search(text)
+        if s is not None:
+            step = to_step(s.group(1))
+        else:
+            step = self.records
+            ctx.note(
+                "generic-order",
+                "Some metric lines carry no step: their position among such lines "
+                "stands in for it.",
+            )
+        for key, value in values:
+            ctx.point(key, step, value)
+        ctx.votes["generic"] += 1
+        return True

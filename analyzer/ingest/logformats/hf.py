@@ -1,0 +1,101 @@
+"""Hugging Face Trainer: the dict it prints at every logging step.
+
+``{'loss': 2.31, 'grad_norm': 1.7, 'learning_rate': 4.9e-05, 'epoch': 0.12}``
+
+The lines carry no step. The tqdm bar drawn just before (``| 50/1000 [``, often in
+the same physical line, separated by carriage returns) gives it; without a bar the
+order of the records stands in for it. With ``logging_nan_inf_filter`` (on by
+default) the Trainer replaces a NaN/Inf loss by the running average before logging
+it, so a finite ``loss`` next to a non-finite ``grad_norm`` is the signature of a
+hidden NaN.
+"""
+
+from __future__ import annotations
+
+from analyzer.ingest.logformats.context import Context, is_finite
+from analyzer.ingest.logformats.numbers import number_value
+
+RENAME = {"learning_rate": "lr"}
+SKIP = frozenset({"epoch", "step", "total_flos"})
+
+
+class HuggingFaceParser:
+    framework = "transformers"
+    repeats = True
+    triggers: tuple[str, ...] = ("{'", "it/s]", "s/it]")
+
+    def __init__(self) -> None:
+        self.bar_step: int | None = None
+        self.records = 0
+
+    def parse(self, text: str, ctx: Context) -> bool:
+        found = False
+        pos = 0
+        while (start := text.find("{'", pos)) >= 0:
+            end = text.find("}", start)
+            if end < 0:
+                break
+            if text.find("{", start + 1, end) >= 0:
+                pos = start + 1  # not a flat dict; look for one further on
+                continue
+            self._bar(text, pos, start)
+            pos = end + 1
+            found = self._record(text[start:pos], text, ctx) or found
+        if not found:
+            self._bar(text, pos, len(text))
+            # A bare bar redraw is this parser's too; a bar with something glued
+            # after it is left to the parser of that something.
+            return (
+                self.bar_step is not None and "%|" in text[:8] and text.endswith(("it/s]", "s/it]"))
+            )
+        return found
+
+    def _bar(self, text: str, start: int, end: int) -> None:
+        # The last "| n/total [" before `end`: tqdm's count, read with str methods
+        # because this runs on every bar redraw.
+        bracket = text.rfind(" [", start, end)
+        if bracket < 0:
+            return
+        pipe = text.rfind("|", start, bracket)
+        if pipe < 0:
+            return
+        done, slash, total = text[pipe + 1 : bracket].strip().partition("/")
+        if slash and done.isdecimal() and total.isdecimal() and len(done) <= 15:
+            self.bar_step = int(done)
+
+    def _record(self, body: str, text: str, ctx: Context) -> bool:
+        values: dict[str, float] = {}
+        for item in body[2:-1].split(", '"):
+            key, sep, raw = item.partition("': ")
+            if not sep or key in SKIP:
+                continue
+            value = number_value(raw)
+            if value is None:
+                value = number_value(raw.strip().strip("'"))  # releases that quote numbers
+            if value is not None:
+                values[RENAME.get(key, key)] = value
+        if not values:
+            return False
+        self.records += 1
+        ctx.votes["transformers"] += 1
+        if self.bar_step is not None:
+            step = self.bar_step
+        else:
+            step = self.records
+            ctx.note(
+                "hf-order",
+                "Hugging Face Trainer lines carry no step and no progress bar was found: "
+                "the record's position (1, 2, ...) stands in for the step.",
+            )
+        ctx.points_at(step, list(values.items()))
+        grad = values.get("grad_norm")
+        loss = values.get("loss")
+        if grad is not None and loss is not None and not is_finite(grad) and is_finite(loss):
+            ctx.note(
+                "hf-nan-filter",
+                f"{ctx.source}:{ctx.line}: grad_norm is {grad} while loss is finite "
+                f"({loss}). The Trainer's default logging_nan_inf_filter=True logs a "
+                "NaN/Inf loss as the running average (or 0.0), so here grad_norm is the "
+                "honest signal; rerun with logging_nan_inf_filter=False to see the loss.",
+            )
+        return True

@@ -1,0 +1,133 @@
+"""Loss-scale messages of mixed-precision trainers: DeepSpeed, apex, fairseq.
+
+A skipped step is an ``overflow_skip`` event, a scale change without a skip a
+``loss_scale`` event, a scale stuck at its floor ``min_loss_scale``. DeepSpeed's
+``step=N, skipped=M, lr=[...]`` progress line gives ``lr`` and ``skipped`` points.
+"""
+
+from __future__ import annotations
+
+import re
+
+from analyzer.ingest.logformats.context import Context
+from analyzer.ingest.logformats.numbers import NUM, STEP, to_float, to_step
+
+_DS_RANK = re.compile(r"OVERFLOW! Rank (\d{1,15}+) Skipping step\.")
+_ATTEMPT = re.compile(
+    r"Skipping step\. ?+Attempted loss scale: (" + NUM + r"), reducing to (" + NUM + r")"
+)
+_GRAD_OVERFLOW = re.compile(r"Grad overflow on iteration:? ++(" + STEP + r")")
+_SCALE_CHANGE = re.compile(
+    r"(Reducing|Increasing) dynamic loss scale from (" + NUM + r") to (" + NUM + r")"
+)
+_DS_MIN = "Current loss scale already at minimum"
+_DS_STEP = re.compile(r"(?<![\w])step=(" + STEP + r"), skipped=(" + STEP + r"), lr=\[([^\]]*+)\]")
+_APEX = re.compile(
+    r"Gradient overflow\. ++Skipping step, loss scaler (\d{1,15}+) reducing loss scale to ("
+    + NUM
+    + r")"
+)
+_FAIRSEQ = re.compile(
+    r"overflow detected, (?:ignoring gradient, )?+setting (?:loss )?+scale to(?: to)?+:? ("
+    + NUM
+    + r")"
+)
+_MIN_REACHED = re.compile(r"Minimum loss scale reached \((" + NUM + r")\)")
+
+_PENDING_LINES = 4
+"""A 'Grad overflow on iteration N' line names the step of a skip printed this soon after."""
+
+
+class MixedPrecisionParser:
+    framework = "deepspeed"
+    repeats = True
+    triggers: tuple[str, ...] = ("Skipping step", "overflow", "loss scale", "skipped=", _DS_MIN)
+
+    def __init__(self) -> None:
+        self.pending_step: int | None = None
+        self.pending_line = 0
+
+    def _step_hint(self, ctx: Context) -> int | None:
+        if self.pending_step is not None and ctx.line - self.pending_line <= _PENDING_LINES:
+            return self.pending_step
+        return None
+
+    def parse(self, text: str, ctx: Context) -> bool:
+        # Plain substring tests first: most lines that reach here are step lines.
+        if "skipped=" in text:
+            return self._step_line(text, ctx)
+        if "Skipping step" in text or "OVERFLOW!" in text:
+            return self._skip(text, ctx)
+        if "overflow on iteration" in text:
+            m = _GRAD_OVERFLOW.search(text)
+            if m is not None:
+                self.pending_step, self.pending_line = to_step(m.group(1)), ctx.line
+                ctx.votes["deepspeed"] += 1
+                return True
+        if "dynamic loss scale from" in text:
+            m = _SCALE_CHANGE.search(text)
+            if m is not None:
+                detail = {"old_scale": to_float(m.group(2)), "new_scale": to_float(m.group(3))}
+                ctx.event("loss_scale", self._step_hint(ctx), text, detail)
+                ctx.votes["deepspeed"] += 1
+                return True
+        if _DS_MIN in text:
+            ctx.event("min_loss_scale", None, text, {})
+            ctx.votes["deepspeed"] += 1
+            return True
+        return self._others(text, ctx)
+
+    def _skip(self, text: str, ctx: Context) -> bool:
+        detail: dict[str, object] = {}
+        m = _ATTEMPT.search(text)
+        if m is not None:
+            detail["attempted_scale"] = to_float(m.group(1))
+            detail["new_scale"] = to_float(m.group(2))
+        rank = _DS_RANK.search(text)
+        if rank is not None:
+            detail["reporting_rank"] = int(rank.group(1))
+        if not detail:
+            return self._others(text, ctx)
+        ctx.event("overflow_skip", self._step_hint(ctx), text, detail)
+        ctx.votes["deepspeed"] += 1
+        return True
+
+    def _step_line(self, text: str, ctx: Context) -> bool:
+        at = text.find("step=")
+        if at < 0 or (at > 0 and (text[at - 1].isalnum() or text[at - 1] == "_")):
+            return False
+        m = _DS_STEP.match(text, at)
+        if m is None:
+            return False
+        step = to_step(m.group(1))
+        items = [("skipped", float(to_step(m.group(2))))]
+        first = m.group(3).split(",")[0].strip()
+        lr = to_float(first) if first else None
+        if lr is not None:
+            items.append(("lr", lr))
+        ctx.points_at(step, items)
+        ctx.votes["deepspeed"] += 1
+        return True
+
+    def _others(self, text: str, ctx: Context) -> bool:
+        m = _APEX.search(text)
+        if m is not None:
+            ctx.event(
+                "overflow_skip",
+                None,
+                text,
+                {"new_scale": to_float(m.group(2)), "scaler": int(m.group(1))},
+            )
+            ctx.votes["apex"] += 1
+            return True
+        m = _FAIRSEQ.search(text)
+        if m is not None:
+            ctx.event("overflow_skip", None, text, {"new_scale": to_float(m.group(1))})
+            ctx.votes["fairseq"] += 1
+            return True
+        m = _MIN_REACHED.search(text)
+        if m is not None:
+            ctx.event("min_loss_scale", None, text, {"min_scale": to_float(m.group(1))})
+            ctx.votes["fairseq"] += 1
+            return True
+        return False

@@ -1,0 +1,80 @@
+"""Prefixes put in front of a log line by launchers or by pasting.
+
+Always recognised: quote marks (``> ``), torchrun's ``[rank3]:`` and
+``[default3]:``, Open MPI's ``[1,3]<stdout>:``. A bare leading number
+(``3: text`` from ``srun --label``, ``12\ttext`` from ``cat -n``) is ambiguous, so
+the head of the file decides: numbers that keep increasing are pasted line numbers,
+numbers that repeat are ranks.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from itertools import pairwise
+from typing import Literal
+
+_TAGGED = re.compile(
+    r"[ \t]*+(?:"
+    r"(?:>[ \t]?+)++"
+    r"|\[(?:rank|Rank|RANK)[ _]?+(?P<r1>\d{1,9}+)\]:?+[ \t]?+"
+    r"|\[default(?P<r2>\d{1,9}+)\]:[ \t]?+"
+    r"|\[\d++,(?P<r3>\d{1,9}+)\]<std(?:out|err)>:[ \t]?+"
+    r")"
+)
+_NUMBERED = re.compile(r"[ \t]*+(\d{1,9}+)(?::[ \t]|\t|[ \t]?+\|[ \t])")
+
+NumberMode = Literal["none", "rank", "line"]
+
+_STARTS = frozenset(" \t>[0123456789")
+
+
+@dataclass(frozen=True)
+class PrefixRule:
+    """How leading numbers are read in one file."""
+
+    numbers: NumberMode = "none"
+
+    def strip(self, text: str) -> tuple[str, int | None]:
+        """The record without its prefixes, and the rank they named (None if none)."""
+        rank: int | None = None
+        for _ in range(4):
+            if not text or text[0] not in _STARTS:
+                break
+            m = _TAGGED.match(text)
+            if m is not None:
+                found = m.group("r1") or m.group("r2") or m.group("r3")
+                if found is not None:
+                    rank = int(found)
+                text = text[m.end() :]
+                continue
+            if self.numbers != "none":
+                n = _NUMBERED.match(text)
+                if n is not None:
+                    if self.numbers == "rank":
+                        rank = int(n.group(1))
+                    text = text[n.end() :]
+                    continue
+            break
+        return text, rank
+
+
+def decide_rule(head_lines: list[str]) -> PrefixRule:
+    """Pick how bare leading numbers are read, from the first lines of a file."""
+    numbers: list[int] = []
+    nonempty = 0
+    for line in head_lines:
+        if not line.strip():
+            continue
+        nonempty += 1
+        m = _NUMBERED.match(line)
+        if m is not None:
+            numbers.append(int(m.group(1)))
+    if nonempty < 3 or len(numbers) < 0.6 * nonempty:
+        return PrefixRule()
+    rising = sum(1 for a, b in pairwise(numbers) if b > a)
+    if rising >= 0.8 * (len(numbers) - 1):
+        return PrefixRule("line")
+    if len(set(numbers)) <= max(1, len(numbers) // 3):
+        return PrefixRule("rank")
+    return PrefixRule()

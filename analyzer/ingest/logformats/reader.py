@@ -1,0 +1,141 @@
+"""Bytes of a log file to numbered text records.
+
+Policy for damage, one rule each:
+
+- invalid UTF-8: replaced with U+FFFD, the line is kept and counted (``bad_line``);
+- a record longer than LINE_CAP characters: the first LINE_CAP are kept, the rest
+  of it is skipped (``long_line``); a physical line that grows past the cap with no
+  newline in sight is not buffered: its rest, up to the next newline, is skipped;
+- a carriage return (or a run of backspaces) separates records inside one physical
+  line, all under that line's number. A run of progress-bar redraws collapses to
+  what a terminal would show, its last segment, but a segment is kept when it is not
+  a bar redraw (a record printed between two redraws), when it holds a NaN or Inf,
+  or when the next segment is not a redraw (the bar state a record belongs to);
+- a last line without a newline is read like any other.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import BinaryIO
+
+from analyzer.ingest.logformats.context import Context
+
+CHUNK_BYTES = 1 << 22
+LINE_CAP = 1 << 16
+"""Characters kept of one record; longer ones are cut here and reported."""
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*+[A-Za-z]")
+_BACKSPACES = re.compile(r"\x08++")
+_REDRAW_ENDS = ("]", "it/s", "s/it")
+"""How tqdm and Lightning bars end a redraw; a record printed onto a bar does not."""
+
+
+def _decode(raw: bytes, line: int, ctx: Context) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        ctx.issue(
+            "bad_line",
+            f"invalid UTF-8 at byte {exc.start} of the line; replaced with U+FFFD",
+            line,
+        )
+        return raw.decode("utf-8", errors="replace")
+
+
+def _records(
+    line: str, number: int, ctx: Context, open_end: bool = False
+) -> Iterator[tuple[int, str]]:
+    """The records of one physical line; ``open_end`` when more of it is still to come."""
+    if "\x1b" in line:
+        line = _ANSI.sub("", line)
+    if "\x08" in line:
+        line = _BACKSPACES.sub("\r", line)
+    parts = [p for p in line.split("\r") if p and not p.isspace()] if "\r" in line else [line]
+    redraws = [part.endswith(_REDRAW_ENDS) for part in parts]
+    redraws.append(open_end)
+    for i, part in enumerate(parts):
+        if redraws[i] and redraws[i + 1] and not _mentions_nonfinite(part):
+            continue
+        if len(part) > LINE_CAP:
+            ctx.issue(
+                "long_line",
+                f"record of {len(part)} characters cut to its first {LINE_CAP}",
+                number,
+            )
+            part = part[:LINE_CAP]
+        yield number, part
+
+
+def _mentions_nonfinite(segment: str) -> bool:
+    low = segment.lower()
+    return "nan" in low or "inf" in low
+
+
+def iter_records(stream: BinaryIO, ctx: Context) -> Iterator[tuple[int, str]]:
+    """Yield (1-based line number, record text) for every record of the stream."""
+    number = 0
+    pending = b""
+    skipping = False  # inside a physical line already cut at LINE_CAP
+    first = True
+    while True:
+        chunk = stream.read(CHUNK_BYTES)
+        if first:
+            first = False
+            if chunk.startswith(b"\xef\xbb\xbf"):
+                chunk = chunk[3:]
+        if not chunk:
+            break
+        if skipping:
+            cut = chunk.find(b"\n")
+            if cut < 0:
+                continue
+            chunk = chunk[cut + 1 :]
+            skipping = False
+            number += 1
+        buffer = pending + chunk if pending else chunk
+        cut = buffer.rfind(b"\n")
+        if cut < 0:
+            complete, pending = b"", buffer
+        else:
+            complete, pending = buffer[: cut + 1], buffer[cut + 1 :]
+        if complete:
+            yield from _complete_lines(complete[:-1], number, ctx)
+            number += complete.count(b"\n")
+        if len(pending) > LINE_CAP:
+            # A physical line with no newline in sight: emit what a progress bar
+            # already finished, and cut the rest rather than buffer it whole.
+            cr = pending.rfind(b"\r")
+            if cr >= 0:
+                head, pending = pending[:cr], pending[cr + 1 :]
+                yield from _records(_decode(head, number + 1, ctx), number + 1, ctx, True)
+            if len(pending) > LINE_CAP:
+                ctx.issue(
+                    "long_line",
+                    f"line longer than {LINE_CAP} bytes; the rest of it was skipped",
+                    number + 1,
+                )
+                text = pending[:LINE_CAP].decode("utf-8", errors="replace")
+                yield from _records(text, number + 1, ctx)
+                pending = b""
+                skipping = True
+    if pending and not skipping:
+        number += 1
+        yield from _records(_decode(pending, number, ctx), number, ctx)
+
+
+def _complete_lines(block: bytes, before: int, ctx: Context) -> Iterator[tuple[int, str]]:
+    try:
+        lines = block.decode("utf-8").split("\n")
+    except UnicodeDecodeError:
+        lines = [_decode(raw, before + i + 1, ctx) for i, raw in enumerate(block.split(b"\n"))]
+    number = before
+    for line in lines:
+        number += 1
+        if not line:
+            continue
+        if "\r" in line or len(line) > LINE_CAP or "\x1b" in line or "\x08" in line:
+            yield from _records(line, number, ctx)
+        else:
+            yield number, line

@@ -1,0 +1,258 @@
+"""Text training logs to series and events.
+
+``read_log`` turns one log (or a Hugging Face ``trainer_state.json``) into
+:class:`analyzer.model.Series` (``position_unit="line"``: positions are 1-based line
+numbers) and :class:`analyzer.model.Event` records, with the framework it looks like
+and how sure that guess is. Each format lives in its own module under
+``analyzer.ingest.logformats``; this module runs them over the records of a file.
+
+Event kinds produced: ``nonfinite`` (a line reports a NaN/Inf without a number to
+plot; detail ``tag`` and ``kind``), ``overflow_skip``, ``loss_scale``,
+``min_loss_scale`` and ``error``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import BinaryIO
+
+import numpy as np
+
+from analyzer.ingest.logformats import FALLBACK, PARSERS, LineParser
+from analyzer.ingest.logformats.context import Context
+from analyzer.ingest.logformats.prefixes import PrefixRule, decide_rule
+from analyzer.ingest.logformats.reader import iter_records
+from analyzer.ingest.logformats.trainer_state import read_trainer_state
+from analyzer.model import Event, IngestIssue, Series
+
+LOG_SUFFIXES = (".log", ".txt", ".out", ".err")
+TRAINER_STATE = "trainer_state.json"
+_NOT_LOGS = frozenset(
+    {"readme.txt", "license.txt", "requirements.txt", "notes.txt", "cmake_install.txt"}
+)
+_HEAD_BYTES = 1 << 16
+_TRAINER_STATE_CAP = 1 << 28
+"""A trainer_state.json is read whole; past this size it is refused, not loaded."""
+
+
+@dataclass(frozen=True)
+class LogRead:
+    """What one text log gave."""
+
+    series: tuple[Series, ...]
+    events: tuple[Event, ...]
+    issues: tuple[IngestIssue, ...]
+    framework: str | None
+    confidence: float
+    notes: tuple[str, ...]
+
+
+def is_log_file(path: str) -> bool:
+    """True for the files ``read_log`` is meant for: ``*.log``, ``*.txt``, ``*.out``,
+    ``*.err`` and ``trainer_state.json``, but not README, LICENSE and the like."""
+    name = os.path.basename(path).lower()
+    if name == TRAINER_STATE:
+        return True
+    if not name.endswith(LOG_SUFFIXES) or name in _NOT_LOGS:
+        return False
+    return not name.startswith(("readme", "license", "requirements", "changelog"))
+
+
+_MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("deepspeed", ("[deepspeed]", "DeepSpeed", "deepspeed.", "OVERFLOW! Rank")),
+    ("megatron", ("number of skipped iterations", "| consumed samples:", "megatron")),
+    ("transformers", ("{'loss':", "{'eval_loss':", "{'train_runtime':", "transformers")),
+    ("lightning", ("v_num=", "LOCAL_RANK:", "lightning", "GPU available:")),
+    ("detectron2", ("d2.utils.events", "detectron2", "d2.engine")),
+    ("mmengine", ("mmengine", "Epoch(train)", "Iter(train)", "mmcv", "mmdet")),
+    ("fairseq", ("fairseq", "train_inner |", "num_updates=")),
+    ("keras", ("ms/step", "s/step", "━━━━", "[=====", "TerminateOnNaN")),
+    ("tensorflow", ("INFO:tensorflow", "basic_session_run_hooks", "global_step/sec")),
+    ("nanogpt", ("mfu ", "iter 0: loss", "tokens per iteration will be")),
+    ("yolo", ("GPU_mem", "gpu_mem", "ultralytics", "YOLOv5")),
+)
+
+
+def sniff_framework(text_head: str) -> tuple[str | None, float]:
+    """A cheap guess from the first kilobytes: the framework whose marker strings
+    occur most, and a confidence in 0..1 (0 when nothing matched)."""
+    best: str | None = None
+    best_hits = 0
+    total = 0
+    for name, markers in _MARKERS:
+        hits = sum(1 for marker in markers if marker in text_head)
+        total += hits
+        if hits > best_hits:
+            best, best_hits = name, hits
+    if best is None:
+        return None, 0.0
+    return best, round(min(1.0, best_hits / 2) * best_hits / total, 3)
+
+
+def read_log(path: str) -> LogRead:
+    """Read one log. Never raises for damaged content: damage becomes issues."""
+    ctx = Context(path)
+    try:
+        with open(path, "rb") as stream:
+            if os.path.basename(path).lower() == TRAINER_STATE:
+                _read_state(stream, ctx)
+            else:
+                head = stream.read(_HEAD_BYTES)
+                stream.seek(0)
+                _read_text(stream, head, ctx)
+    except OSError as exc:
+        ctx.issue("unreadable", f"cannot read: {exc.strerror or exc}", 0)
+    return _result(ctx)
+
+
+def _read_state(stream: BinaryIO, ctx: Context) -> None:
+    data = stream.read(_TRAINER_STATE_CAP + 1)
+    if len(data) > _TRAINER_STATE_CAP:
+        ctx.issue("unreadable", f"larger than {_TRAINER_STATE_CAP} bytes; not read", 1)
+        return
+    if not data.strip():
+        ctx.issue("empty_file", "the file is empty", 1)
+        return
+    read_trainer_state(data.decode("utf-8", errors="replace"), ctx)
+
+
+def _read_text(stream: BinaryIO, head: bytes, ctx: Context) -> None:
+    if not head.strip():
+        ctx.issue("empty_file", "the file holds no text", 1)
+        return
+    if head.count(b"\x00") > len(head) // 10:
+        ctx.issue("not_text", "mostly NUL bytes: not a text log", 1)
+        return
+    head_lines = head.decode("utf-8", errors="replace").splitlines()[:200]
+    rule = decide_rule(head_lines)
+    _run(stream, rule, ctx)
+
+
+def _run(stream: BinaryIO, rule: PrefixRule, ctx: Context) -> None:
+    parsers: list[LineParser] = [cls() for cls in PARSERS]
+    table = [(p, p.triggers) for p in parsers]
+    # The triggers of every parser before this one in the order: a record holding
+    # none of them could not have been taken by an earlier parser.
+    earlier = {
+        id(p): tuple(t for q in parsers[:i] for t in q.triggers) for i, p in enumerate(parsers)
+    }
+    fallback = FALLBACK()
+    strip = rule.strip
+    numbered = rule.numbers != "none"
+    # Logs are long runs of one format: the parser that took the previous record
+    # is tried first, unless an earlier parser's trigger is present, which spares
+    # the full scan for most lines without changing which parser wins.
+    recent: LineParser | None = None
+    recent_triggers: tuple[str, ...] = ()
+    shadowed: tuple[str, ...] = ()
+    for number, text in iter_records(stream, ctx):
+        ctx.line = number
+        ctx.rank = None
+        if text[0] in _PREFIX_START and (numbered or text.lstrip(" \t")[:1] in _TAG_START):
+            text, ctx.rank = strip(text)
+            if not text:
+                continue
+        hit = False
+        if recent is not None:
+            for trigger in recent_triggers:
+                if trigger in text:
+                    hit = True
+                    break
+            if hit:
+                for trigger in shadowed:
+                    if trigger in text:
+                        hit = False
+                        break
+            if hit and recent.parse(text, ctx):
+                continue
+        tried = recent if hit else None
+        for parser, triggers in table:
+            if parser is tried:
+                continue
+            for trigger in triggers:
+                if trigger in text:
+                    break
+            else:
+                continue
+            if parser.parse(text, ctx):
+                if parser.repeats:
+                    recent, recent_triggers, shadowed = parser, triggers, earlier[id(parser)]
+                break
+        else:
+            fallback.parse(text, ctx)
+
+
+_PREFIX_START = frozenset(" \t>[0123456789")
+_TAG_START = frozenset(">[")
+
+
+def _result(ctx: Context) -> LogRead:
+    series = []
+    for (tag, rank), pts in ctx.points.items():
+        n = len(pts.steps)
+        series.append(
+            Series(
+                tag=tag,
+                steps=np.asarray(pts.steps, dtype=np.int64),
+                values=np.asarray(pts.values, dtype=np.float64),
+                wall_times=np.full(n, np.nan),
+                source=ctx.source,
+                positions=np.asarray(pts.lines, dtype=np.int64),
+                position_unit="line",
+                rank=rank,
+            )
+        )
+    framework, confidence = _verdict(ctx)
+    notes = list(ctx.notes)
+    overflow = _overflow_note(ctx.events)
+    if overflow:
+        notes.append(overflow)
+    return LogRead(
+        series=tuple(series),
+        events=tuple(ctx.events),
+        issues=tuple(ctx.issues()),
+        framework=framework,
+        confidence=confidence,
+        notes=tuple(notes),
+    )
+
+
+def _verdict(ctx: Context) -> tuple[str | None, float]:
+    votes = {k: v for k, v in ctx.votes.items() if v > 0}
+    if not votes:
+        return None, 0.0
+    loose = {k: v for k, v in votes.items() if k in ("generic", "tqdm")}
+    specific = {k: v for k, v in votes.items() if k not in loose}
+    name = max(specific or loose, key=lambda k: (votes[k], k))
+    if name in specific and 4 * votes[name] < sum(loose.values()):
+        # A stray framework message in a hand-written loop's log does not make the
+        # log that framework's.
+        name = max(loose, key=lambda k: (votes[k], k))
+    share = votes[name] / sum(votes.values())
+    # A handful of matching lines is weaker evidence than thousands.
+    weight = 1.0 - 0.5 ** min(votes[name], 60)
+    cap = 0.3 if name in loose else 1.0
+    return name, round(min(cap, share * weight), 3)
+
+
+def _overflow_note(events: list[Event]) -> str | None:
+    skips = [e for e in events if e.kind == "overflow_skip"]
+    if not skips:
+        return None
+    scales = [
+        float(s)
+        for e in skips
+        if isinstance(s := e.detail.get("new_scale"), int | float) and not math.isnan(s)
+    ]
+    floor = any(e.kind == "min_loss_scale" for e in events)
+    text = f"{len(skips)} mixed-precision overflow skip(s), first at {skips[0].location}"
+    if scales:
+        text += f"; loss scale went down to {min(scales):g}"
+    if floor:
+        text += "; the minimum loss scale was reached"
+    return text + "."
+
+
+__all__ = ["LogRead", "is_log_file", "read_log", "sniff_framework"]

@@ -1,0 +1,156 @@
+"""Throughput and peak memory of the checkpoint scan on a generated checkpoint.
+
+Writes a training checkpoint of about ``--size-gb`` (model weights plus Adam's two
+moments, one layer holding a NaN) into a fresh temporary folder, scans it in a child
+process, and deletes it. Reported, from the same run:
+
+* scan throughput in GB/s, and as a ratio to a plain sequential read of the same file
+  (the reference: what the disk and page cache allow);
+* peak RSS growth of the scanning process: its peak resident set minus its resident
+  set after imports, as a share of the file size (target: under 0.25).
+
+Usage: ``python bench/checkpoints.py [--size-gb 2] [--format pt|safetensors]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+_CHILD = r"""
+import json, os, resource, sys, time
+from analyzer.ingest.checkpoints import scan_checkpoint
+import torch  # imported before the baseline so it is not counted as scan memory
+
+def status(field):
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return None
+
+# ru_maxrss keeps the parent's peak across fork and exec, so on Linux the kernel's own
+# high-water mark is reset here (clear_refs 5) and read back after the scan.
+linux = os.path.exists("/proc/self/clear_refs")
+if linux:
+    with open("/proc/self/clear_refs", "w") as handle:
+        handle.write("5")
+base = status("VmRSS") if linux else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+start = time.perf_counter()
+scan = scan_checkpoint(sys.argv[1])
+seconds = time.perf_counter() - start
+peak = status("VmHWM") if linux else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({
+    "seconds": seconds, "base_kib": base, "peak_kib": peak,
+    "tensors": len(scan.tensors), "nonfinite_layers": [l.layer for l in scan.nonfinite_layers],
+    "issues": [str(i) for i in scan.issues], "read_mode": scan.read_mode,
+}))
+"""
+
+LAYER = (4096, 4096)
+
+
+def _write(path: str, size_gb: float, fmt: str) -> int:
+    import torch
+
+    per_layer = LAYER[0] * LAYER[1] * 4
+    layers = max(1, round(size_gb * 1e9 / (3 * per_layer)))
+    generator = torch.Generator().manual_seed(0)
+    model = {}
+    for i in range(layers):
+        model[f"blocks.{i}.mlp.weight"] = torch.randn(LAYER, generator=generator) * 0.02
+        model[f"blocks.{i}.mlp.bias"] = torch.zeros(LAYER[0])
+    model[f"blocks.{layers // 2}.mlp.weight"][7, 7] = float("nan")
+    if fmt == "safetensors":
+        from safetensors.torch import save_file
+
+        tensors = dict(model)
+        for i in range(layers):
+            tensors[f"optimizer.{i}.exp_avg"] = torch.randn(LAYER, generator=generator) * 1e-3
+            tensors[f"optimizer.{i}.exp_avg_sq"] = torch.rand(LAYER, generator=generator) * 1e-6
+        save_file(tensors, path)
+    else:
+        state = {}
+        for index in range(2 * layers):
+            shape = LAYER if index % 2 == 0 else (LAYER[0],)
+            state[index] = {
+                "step": torch.tensor(1000.0),
+                "exp_avg": torch.randn(shape, generator=generator) * 1e-3,
+                "exp_avg_sq": torch.rand(shape, generator=generator) * 1e-6,
+            }
+        groups = [{"params": list(range(2 * layers)), "lr": 1e-4, "eps": 1e-8}]
+        checkpoint = {
+            "model": model,
+            "optimizer": {"state": state, "param_groups": groups},
+            "scaler": {
+                "scale": 1024.0,
+                "growth_factor": 2.0,
+                "backoff_factor": 0.5,
+                "growth_interval": 2000,
+                "_growth_tracker": 0,
+            },
+            "step": 1000,
+        }
+        torch.save(checkpoint, path)
+    return os.path.getsize(path)
+
+
+def _read_rate(path: str) -> float:
+    buffer = bytearray(16 << 20)
+    start = time.perf_counter()
+    with open(path, "rb", buffering=0) as handle:
+        while handle.readinto(buffer):
+            pass
+    return os.path.getsize(path) / (time.perf_counter() - start)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size-gb", type=float, default=2.0)
+    parser.add_argument("--format", choices=("pt", "safetensors"), default="pt")
+    args = parser.parse_args()
+    folder = tempfile.mkdtemp(prefix="ckpt-bench-")
+    try:
+        path = os.path.join(folder, f"bench.{args.format}")
+        size = _write(path, args.size_gb, args.format)
+        read_rate = _read_rate(path)
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        child = subprocess.run(
+            [sys.executable, "-c", _CHILD, path], capture_output=True, text=True, cwd=root
+        )
+        if child.returncode != 0:
+            print(child.stderr, file=sys.stderr)
+            return 1
+        result = json.loads(child.stdout)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    growth = (result["peak_kib"] - result["base_kib"]) * 1024
+    rate = size / result["seconds"]
+    report = {
+        "format": args.format,
+        "file_bytes": size,
+        "scan_seconds": round(result["seconds"], 2),
+        "scan_gb_per_s": round(rate / 1e9, 3),
+        "read_gb_per_s": round(read_rate / 1e9, 3),
+        "scan_over_read": round(rate / read_rate, 3),
+        "rss_after_imports_mib": round(result["base_kib"] / 1024),
+        "rss_peak_mib": round(result["peak_kib"] / 1024),
+        "rss_growth_mib": round(growth / 2**20),
+        "rss_growth_over_file": round(growth / size, 3),
+        "target_met": growth < size / 4,
+        "tensors": result["tensors"],
+        "nonfinite_layers": result["nonfinite_layers"],
+        "read_mode": result["read_mode"],
+    }
+    print(json.dumps(report, indent=2))
+    return 0 if report["target_met"] and report["nonfinite_layers"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

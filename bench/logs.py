@@ -1,0 +1,154 @@
+"""Throughput of text-log ingest on a generated log.
+
+Writes a log of about ``--size-mb`` megabytes into a temporary folder, times
+``analyzer.ingest.logs.read_log`` on it, and compares with a reference measured in
+the same run: a plain Python loop that decodes and iterates the same file's lines.
+
+    .venv/bin/python bench/logs.py                 # 100 MB, every profile mixed
+    .venv/bin/python bench/logs.py --profile megatron --size-mb 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import random
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from analyzer.ingest.logs import read_log
+
+
+def _hf(rng: random.Random, step: int) -> str:
+    bars = "\r".join(
+        f" {s // 50:2d}%|{'█' * (s // 500):<10}| {s}/5000 [00:{s % 60:02d}<04:11,  4.95it/s]"
+        for s in range(step - 4, step + 1)
+    )
+    return (
+        f"{bars}\r{{'loss': {rng.uniform(1, 3):.4f}, 'grad_norm': {rng.uniform(0.5, 4):.4f}, "
+        f"'learning_rate': {rng.uniform(1e-5, 5e-5):.6e}, 'epoch': {step / 5000:.2f}}}\n"
+    )
+
+
+def _deepspeed(rng: random.Random, step: int) -> str:
+    line = (
+        f"[2024-03-11 10:02:40,004] [INFO] [logging.py:96:log_dist] [Rank 0] step={step}, "
+        f"skipped={step // 997}, lr=[{rng.uniform(1e-5, 5e-5):.6e}], mom=[(0.9, 0.999)]\n"
+    )
+    if step % 97 == 0:
+        line += (
+            "[2024-03-11 10:02:31,378] [INFO] [loss_scaler.py:183:update_scale] [deepspeed] "
+            "OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, reducing to 32768\n"
+        )
+    return line
+
+
+def _megatron(rng: random.Random, step: int) -> str:
+    return (
+        f" [2024-08-01 09:44:55] iteration {step:8d}/  500000 | consumed samples: {step * 96:12d}"
+        f" | elapsed time per iteration (ms): {rng.uniform(600, 700):.1f} | learning rate: "
+        f"{rng.uniform(1e-5, 3e-4):.3E} | global batch size:    96 | lm loss: "
+        f"{rng.uniform(2, 9):.6E} | loss scale: 65536.0 | grad norm: {rng.uniform(0.5, 5):.3f} "
+        "| number of skipped iterations:   0 | number of nan iterations:   0 |\n"
+    )
+
+
+def _lightning(rng: random.Random, step: int) -> str:
+    epoch, batch = divmod(step, 1000)
+    return (
+        f"\rEpoch {epoch}:  {batch // 10:2d}%|{'█' * (batch // 100):<10}| {batch}/1000 "
+        f"[00:12<00:15, 36.50it/s, loss={rng.uniform(0.1, 2):.3f}, v_num=0]"
+        + ("\n" if batch % 50 == 0 else "")
+    )
+
+
+def _mmengine(rng: random.Random, step: int) -> str:
+    epoch, it = divmod(step, 1509)
+    return (
+        f"2024/06/19 01:21:51 - mmengine - INFO - Epoch(train)  [{epoch + 1}][{it:4d}/1509]  "
+        f"base_lr: 2.0000e-04 lr: {rng.uniform(1e-6, 2e-4):.4e}  eta: 8:27:55  time: 0.2526  "
+        f"data_time: 0.0334  memory: 9182  grad_norm: {rng.uniform(1, 50):.4f}  loss: "
+        f"{rng.uniform(10, 60):.4f}  loss_cls: {rng.uniform(1, 20):.4f}  loss_bbox: 18.8034\n"
+    )
+
+
+def _noise(rng: random.Random, step: int) -> str:
+    return (
+        f"2024-03-11 10:02:{step % 60:02d} | INFO | data.loader | worker {step % 8} "
+        f"prefetched shard {rng.randrange(10_000)} of the training set\n"
+    )
+
+
+PROFILES: dict[str, tuple[Callable[[random.Random, int], str], ...]] = {
+    "hf": (_hf, _deepspeed),
+    "megatron": (_megatron,),
+    "lightning": (_lightning,),
+    "mmengine": (_mmengine,),
+    "mixed": (_hf, _deepspeed, _megatron, _lightning, _mmengine, _noise),
+}
+
+
+def _blocks(profile: str, seed: int) -> Iterator[str]:
+    rng = random.Random(seed)
+    makers = PROFILES[profile]
+    for step in itertools.count(5):
+        for make in makers:
+            yield make(rng, step)
+
+
+def generate(path: Path, profile: str, size_mb: float, seed: int = 0) -> int:
+    target = int(size_mb * 1_000_000)
+    written = 0
+    with path.open("w", encoding="utf-8") as out:
+        batch: list[str] = []
+        for block in _blocks(profile, seed):
+            batch.append(block)
+            written += len(block.encode())
+            if len(batch) >= 2000:
+                out.write("".join(batch))
+                batch.clear()
+            if written >= target:
+                break
+        out.write("".join(batch))
+    return path.stat().st_size
+
+
+def _reference(path: Path) -> None:
+    with path.open(encoding="utf-8", errors="replace", newline="") as handle:
+        for _line in handle:
+            pass
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size-mb", type=float, default=100.0)
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="mixed")
+    parser.add_argument("--repeat", type=int, default=1)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "train.log"
+        size = generate(path, args.profile, args.size_mb)
+        mb = size / 1e6
+        print(f"log: {mb:.1f} MB, profile {args.profile}")
+        best_ref = best = float("inf")
+        for _ in range(args.repeat):
+            start = time.perf_counter()
+            _reference(path)
+            best_ref = min(best_ref, time.perf_counter() - start)
+            start = time.perf_counter()
+            read = read_log(str(path))
+            best = min(best, time.perf_counter() - start)
+        points = sum(len(s) for s in read.series)
+        print(f"reference (decode + iterate lines): {best_ref:6.2f} s  {mb / best_ref:7.1f} MB/s")
+        print(f"read_log:                           {best:6.2f} s  {mb / best:7.1f} MB/s")
+        print(f"ratio read_log / reference: {best / best_ref:.1f}x")
+        print(
+            f"found {len(read.series)} series, {points} points, {len(read.events)} events, "
+            f"framework {read.framework} ({read.confidence})"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,309 @@
+"""Reading damaged, odd and hostile log text: never raise, keep what can be read."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from analyzer.ingest.logformats import PARSERS
+from analyzer.ingest.logformats.reader import LINE_CAP
+from analyzer.ingest.logs import LogRead, read_log
+
+FIXTURES = Path(__file__).parent / "fixtures" / "logs"
+SHARED_TMP = [HealthCheck.function_scoped_fixture]
+"""Examples overwrite the same file in tmp_path, which is what they should do."""
+
+
+def write(tmp_path: Path, data: bytes | str, name: str = "train.log") -> str:
+    path = tmp_path / name
+    if isinstance(data, str):
+        data = data.encode()
+    path.write_bytes(data)
+    return str(path)
+
+
+def points(read: LogRead) -> list[tuple[str, int | None, int, str, int]]:
+    """(tag, rank, step, repr(value), line) of every point, in line order."""
+    out = []
+    for s in read.series:
+        for step, value, line in zip(s.steps, s.values, s.positions, strict=True):
+            out.append((s.tag, s.rank, int(step), repr(float(value)), int(line)))
+    return sorted(out, key=lambda p: (p[4], p[0], p[2]))
+
+
+def test_carriage_return_runs_keep_the_last_state_and_the_nonfinite_ones(tmp_path: Path) -> None:
+    bar = "Epoch 0:  {p}%|#| {n}/4 [00:01<00:01, 3.1it/s, loss={v}, v_num=1]"
+    line = "\r".join(
+        bar.format(p=25 * n, n=n, v=v) for n, v in ((1, "1.5"), (2, "nan"), (3, "1.2"))
+    )
+    path = write(tmp_path, "header\n" + line + "\r\nnext\n")
+    (loss,) = read_log(path).series
+    assert loss.steps.tolist() == [2, 3]
+    assert loss.positions.tolist() == [2, 2]
+    assert math.isnan(loss.values[0])
+
+
+def test_record_glued_after_a_progress_bar_is_found(tmp_path: Path) -> None:
+    text = "  1%|1 | 7/500 [00:02<02:40,  3.07it/s]{'loss': nan, 'grad_norm': nan, 'epoch': 0.01}\n"
+    read = read_log(write(tmp_path, text))
+    assert {(t, step) for t, _, step, _, _ in points(read)} == {("loss", 7), ("grad_norm", 7)}
+
+
+def test_crlf_bom_and_backspaces(tmp_path: Path) -> None:
+    data = b"\xef\xbb\xbfstep 1 loss 2.0\r\nstep 2 loss 1.0\x08\x08\x08step 3 loss nan\r\n"
+    read = read_log(write(tmp_path, data))
+    assert [(p[2], p[4]) for p in points(read)] == [(1, 1), (2, 2), (3, 2)]
+
+
+def test_ansi_colours_are_dropped(tmp_path: Path) -> None:
+    read = read_log(write(tmp_path, "\x1b[32mstep 5 loss\x1b[0m nan\n"))
+    assert [(p[0], p[2]) for p in points(read)] == [("loss", 5)]
+
+
+def test_invalid_utf8_is_replaced_counted_and_located(tmp_path: Path) -> None:
+    data = b"step 1 loss 1.0\nstep 2 \xff\xfe loss 2.0\nstep 3 loss nan\n"
+    read = read_log(write(tmp_path, data))
+    assert [p[2] for p in points(read)] == [1, 2, 3]
+    (issue,) = read.issues
+    assert issue.kind == "bad_line" and issue.location.line == 2
+
+
+def test_many_bad_lines_are_summarised(tmp_path: Path) -> None:
+    read = read_log(write(tmp_path, b"\xff junk\n" * 500 + b"step 9 loss 1.0\n"))
+    bad = [i for i in read.issues if i.kind == "bad_line"]
+    assert len(bad) == 21 and "500 lines" in bad[-1].message
+    assert points(read)[0][4] == 501
+
+
+def test_long_line_is_cut_with_a_marker_and_reading_goes_on(tmp_path: Path) -> None:
+    data = "step 1 loss 1.0\n" + "x" * (LINE_CAP * 3) + " loss nan\nstep 3 loss nan\n"
+    read = read_log(write(tmp_path, data))
+    (issue,) = read.issues
+    assert issue.kind == "long_line" and issue.location.line == 2
+    assert [(p[2], p[4]) for p in points(read)] == [(1, 1), (3, 3)]
+
+
+def test_endless_line_without_newline_is_bounded(tmp_path: Path) -> None:
+    # Longer than one read chunk, so the cut happens while the line is still pending.
+    data = "step 1 loss 1.0\n" + "y" * (5 << 20)
+    read = read_log(write(tmp_path, data))
+    assert [i.kind for i in read.issues] == ["long_line"]
+    assert len(points(read)) == 1
+
+
+def test_endless_progress_bar_collapses(tmp_path: Path) -> None:
+    states = [
+        f"Epoch 0: 1%|#| {n}/99999 [00:01<9:00, 9.9it/s, loss=1.0, v_num=0]"
+        for n in range(1, 60001)
+    ]
+    read = read_log(
+        write(tmp_path, "\r".join(states) + "\rEpoch 0: 1%|#| 60001/99999 [, loss=nan]")
+    )
+    (loss,) = read.series
+    assert loss.steps.tolist() == [60001] and math.isnan(loss.values[-1])
+    assert loss.positions.tolist() == [1]
+    assert read.issues == ()
+
+
+def test_truncated_last_line_is_read(tmp_path: Path) -> None:
+    read = read_log(write(tmp_path, "iter 0: loss 4.2, time 1ms, mfu 1%\niter 10: loss nan, t"))
+    assert [(p[2], p[4]) for p in points(read)] == [(0, 1), (10, 2)]
+
+
+@pytest.mark.parametrize(
+    ("prefix", "rank"),
+    [("> ", None), (">> ", None), ("[rank3]: ", 3), ("[default2]:", 2), ("[1,5]<stdout>:", 5)],
+)
+def test_pasted_and_launcher_prefixes(tmp_path: Path, prefix: str, rank: int | None) -> None:
+    text = "".join(
+        f"{prefix}iter {n}: loss {v}, time 1ms, mfu 1%\n" for n, v in ((1, 2), (2, "nan"))
+    )
+    read = read_log(write(tmp_path, text))
+    assert [(p[1], p[2]) for p in points(read)] == [(rank, 1), (rank, 2)]
+    assert read.framework == "nanogpt"
+
+
+def test_srun_labels_are_ranks_and_cat_n_numbers_are_not(tmp_path: Path) -> None:
+    srun = "".join(f"{r}: iter {n}: loss 1.0, time 1ms, mfu 1%\n" for n in range(3) for r in (0, 1))
+    read = read_log(write(tmp_path, srun))
+    assert {p[1] for p in points(read)} == {0, 1}
+    numbered = "".join(f"{i + 1:6d}\titer {i}: loss 1.0, time 1ms, mfu 1%\n" for i in range(5))
+    read = read_log(write(tmp_path, numbered, "pasted.txt"))
+    assert [(p[1], p[2]) for p in points(read)] == [(None, i) for i in range(5)]
+
+
+def test_empty_unreadable_and_binary_files(tmp_path: Path) -> None:
+    assert [i.kind for i in read_log(write(tmp_path, b"")).issues] == ["empty_file"]
+    assert [i.kind for i in read_log(str(tmp_path)).issues] == ["unreadable"]
+    assert [i.kind for i in read_log(write(tmp_path, b"\x00" * 4096, "x.out")).issues] == [
+        "not_text"
+    ]
+    missing = read_log(str(tmp_path / "gone.log"))
+    assert missing.issues[0].kind == "unreadable" and missing.series == ()
+
+
+ADVERSARIAL = [
+    "1" * LINE_CAP,
+    "a" * LINE_CAP,
+    "nan" * (LINE_CAP // 3),
+    "loss: " * (LINE_CAP // 6),
+    "loss=" * (LINE_CAP // 5),
+    "{'" * (LINE_CAP // 2),
+    "{'a': " * (LINE_CAP // 6),
+    '"a": "' * (LINE_CAP // 6),
+    "1." * (LINE_CAP // 2),
+    "1e" * (LINE_CAP // 2),
+    "- a: " * (LINE_CAP // 5),
+    "iteration 1/ 2 |" + " |" * (LINE_CAP // 2 - 20),
+    "Epoch 0: " + "1/" * (LINE_CAP // 2 - 10),
+    "step " * (LINE_CAP // 5),
+    "a.b." * (LINE_CAP // 4),
+    "Error" * (LINE_CAP // 5),
+    '  File "' * (LINE_CAP // 8),
+    "| epoch 001 |" + " x" * (LINE_CAP // 2 - 10),
+    "     0/299 " + "1 " * (LINE_CAP // 2 - 10),
+    "loss " + " " * (LINE_CAP - 10) + "x",
+]
+
+
+@pytest.mark.timeout(60)
+def test_adversarial_long_lines_are_read_in_linear_time(tmp_path: Path) -> None:
+    # Each line alone would take minutes under a pattern that backtracks quadratically.
+    data = "\n".join(ADVERSARIAL * 3) + "\n"
+    read = read_log(write(tmp_path, data))
+    assert all(i.kind != "unreadable" for i in read.issues)
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(st.binary(max_size=2000))
+def test_any_bytes_never_raise(tmp_path: Path, data: bytes) -> None:
+    read = read_log(write(tmp_path, data))
+    for s in read.series:
+        assert len(s.steps) == len(s.values) == len(s.positions)
+
+
+LINES = st.sampled_from(
+    [
+        "iter 3: loss nan, time 1ms, mfu 1%",
+        "{'loss': 1.0, 'grad_norm': inf, 'epoch': 0.1}",
+        "Epoch 0:  50%|#| 2/4 [00:01<00:01, 3.1it/s, loss=nan, v_num=1]",
+        " iteration 10/ 100 | lm loss: 1.0E+00 | number of nan iterations: 2 |",
+        "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 4, reducing to 2",
+        "RuntimeError: Function 'MulBackward0' returned nan values in its 1th output.",
+        "[rank1]: step 4 loss -inf",
+        "Batch 3: Invalid loss, terminating training",
+        "step " + "7" * 4400 + " loss nan",
+        "step ٣٤ loss inf",
+    ]
+)
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    st.lists(st.one_of(LINES, st.text(max_size=80)), max_size=30),
+    st.sampled_from(["\n", "\r", "\r\n"]),
+)
+def test_any_text_never_raises(tmp_path: Path, lines: list[str], sep: str) -> None:
+    read_log(write(tmp_path, sep.join(lines)))
+
+
+FIXTURE_NAMES = sorted(p.name for p in FIXTURES.glob("*.*"))
+
+
+@settings(
+    max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(st.sampled_from(FIXTURE_NAMES), st.floats(0.0, 1.0))
+def test_a_cut_log_keeps_every_complete_line(tmp_path: Path, name: str, where: float) -> None:
+    data = (FIXTURES / name).read_bytes()
+    cut = data[: int(len(data) * where)]
+    whole = points(read_log(write(tmp_path, data, name)))
+    part = points(read_log(write(tmp_path, cut, "cut_" + name)))
+    complete = cut.count(b"\n")
+    kept = [p for p in whole if p[4] <= complete]
+    assert [p for p in part if p[4] <= complete] == kept
+
+
+RICH_BAR = "Epoch 3/9  ━━━━━━━━━━━━━━━━━━━━ 40/50 0:00:12 • 0:00:03 3.21it/s v_num: 0 loss: nan"
+ALL_LINES = [
+    line
+    for path in sorted(FIXTURES.glob("*.*"))
+    for line in path.read_text(encoding="utf-8").splitlines()
+    if line.strip()
+] + [RICH_BAR, "{'AP': 41.2, 'AP50': 60.1}"] * 5
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        # a Keras bar makes Keras the last parser; Lightning, earlier in the order, owns this bar
+        ["Epoch 1/10", "  1/1875 [>.....] - ETA: 1s - loss: 2.3", RICH_BAR],
+        # a metrics dict makes the Hugging Face parser the last one; detectron2 owns loss_dict
+        [
+            "{'AP': 41.2, 'AP50': 60.1}",
+            "FloatingPointError: Loss became infinite or NaN at iteration=66!",
+            "loss_dict = {'loss_cls': nan, 'loss_box_reg': 4.871}",
+        ],
+    ],
+)
+def test_order_wins_over_the_last_parser(tmp_path: Path, lines: list[str]) -> None:
+    read = read_log(write(tmp_path, "\n".join(lines) + "\n"))
+    first_bad = next(p for p in points(read) if p[3] in ("nan", "inf", "-inf"))
+    assert first_bad[4] == 3
+    assert first_bad[:3] in (("loss", None, 3 * 50 + 40), ("loss_cls", None, 66))
+
+
+def _summary(read: LogRead) -> tuple[object, ...]:
+    events = [(e.kind, e.step, e.location.line, sorted(e.detail.items())) for e in read.events]
+    return (points(read), repr(events), read.framework, read.notes)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=SHARED_TMP)
+@given(lines=st.lists(st.sampled_from(ALL_LINES), min_size=1, max_size=60))
+def test_trying_the_last_parser_first_changes_no_result(
+    tmp_path: Path, lines: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Oracle: the plain ordered scan, with the shortcut switched off for every parser.
+    path = write(tmp_path, "\n".join(lines) + "\n")
+    fast = _summary(read_log(path))
+    with monkeypatch.context() as patch:
+        for parser in PARSERS:
+            patch.setattr(parser, "repeats", False)
+        slow = _summary(read_log(path))
+    assert fast == slow
+
+
+def test_huge_numbers_never_raise(tmp_path: Path) -> None:
+    # Python refuses int() on thousands of digits, and numpy refuses steps past int64.
+    digits = "9" * 5000
+    text = (
+        f"step {digits} loss 1.0\n"
+        f"iteration {digits}/ 5 | lm loss: 1.0 |\n"
+        f"Epoch 1: 10%|#| 5/{digits} [00:01<00:09, loss=nan, v_num=0]\n"
+        "epoch 001:    100 / 1102 loss=9.6, num_updates=1e300\n"
+        f"RuntimeError: Function 'XBackward0' returned nan values in its {digits}th output.\n"
+        f"  1%|1 | {digits}/{digits} [00:02<02:40,  3.07it/s]{{'loss': nan}}\n"
+    )
+    read = read_log(write(tmp_path, text))
+    assert "bad_step" in {i.kind for i in read.issues}
+    for s in read.series:
+        assert all(-(2**63) <= int(step) < 2**63 for step in s.steps)
+
+
+STATE_LINES = st.sampled_from(
+    ['  "log_history": [', "    {", "    }", "  ],", '      "step": 10,', '      "loss": NaN,']
+)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=SHARED_TMP)
+@given(st.lists(st.one_of(STATE_LINES, st.text(max_size=40)), max_size=30))
+def test_any_trainer_state_never_raises(tmp_path: Path, lines: list[str]) -> None:
+    read_log(write(tmp_path, "{\n" + "\n".join(lines), "trainer_state.json"))
