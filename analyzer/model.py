@@ -10,6 +10,8 @@ treated as read-only; a record never changes after it is built.
     IngestIssue     damage met while reading: the file, the offset or line, a typed kind
     Run             everything read from one run folder
     Incident        the first non-finite value of a tag (or of the whole run)
+    Evidence        a fact a finding rests on, with its location
+    Finding         a ranked root cause (or symptom) with its evidence and fix
     RunResult       a run plus what the analysis found in it
     Report          the versioned result of one analysis
 """
@@ -26,6 +28,7 @@ import numpy.typing as npt
 
 if TYPE_CHECKING:
     from analyzer.ingest.ckpt.records import CheckpointHistory
+    from analyzer.replay.records import ReplayResult
 
 SCHEMA_VERSION = 1
 """Bumped whenever a field of the JSON report changes meaning or disappears."""
@@ -224,6 +227,54 @@ class Incident:
     """Where the value was seen: ``scalar``, ``histogram``, ``log`` or ``checkpoint``."""
 
 
+Confidence = Literal["low", "medium", "high"]
+CONFIDENCE_ORDER: dict[str, int] = {"low": 0, "medium": 1, "high": 2}
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One fact a finding rests on, and where it was seen."""
+
+    text: str
+    location: Location | None = None
+    step: int | None = None
+    subject: str | None = None
+    """The tensor, parameter, module or tag the fact is about."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A root cause (or a symptom of one) that a rule found in a run.
+
+    ``role`` is ``cause`` for a root cause, ``symptom`` for a mechanism that a cause
+    explains (exploding gradients, loss spikes) and ``warning`` for a risk in a run that
+    did not fail. ``rank_note`` says, for every finding but the first, why it ranked lower.
+    """
+
+    code: str
+    name: str
+    title: str
+    confidence: Confidence
+    role: str
+    evidence: tuple[Evidence, ...]
+    fix: str
+    score: float = 0.0
+    rank_note: str | None = None
+
+    @property
+    def is_failure(self) -> bool:
+        return self.role in ("cause", "symptom")
+
+
+@dataclass(frozen=True)
+class SkippedRule:
+    """A rule that could not run on a run, and the evidence it lacked."""
+
+    code: str
+    name: str
+    reason: str
+
+
 @dataclass(frozen=True)
 class RunResult:
     """One run and what the analysis found in it."""
@@ -234,6 +285,12 @@ class RunResult:
     layer_incident: Incident | None = None
     overflow_skips: tuple[int, ...] = ()
     """Steps a dynamic loss scaler skipped; their non-finite gradients are not incidents."""
+    findings: tuple[Finding, ...] = ()
+    """Ranked: the most likely root cause first."""
+    skipped_rules: tuple[SkippedRule, ...] = ()
+    replay: ReplayResult | None = None
+    replay_error: str | None = None
+    """Why the capture could not be replayed, when it could not."""
 
     @property
     def failed(self) -> bool:
