@@ -44,6 +44,12 @@ def _parser() -> argparse.ArgumentParser:
     analyze.add_argument("--log", action="append", default=[], metavar="FILE",
                          help="also read FILE as a text log (for logs whose names do not end "
                               "in .log/.txt/.out/.err); may be repeated")
+    analyze.add_argument("--no-replay", action="store_true",
+                         help="do not replay the runs' captured failing steps")
+    analyze.add_argument("--device", default="cpu",
+                         help="where to replay captured steps: cpu (default), cuda, cuda:N")
+    analyze.add_argument("--import-path", action="append", default=[], metavar="DIR",
+                         help="where to import a capture's model and loss factories from")
     analyze.add_argument("--no-checkpoints", action="store_true",
                          help="do not scan the runs' checkpoints")
     analyze.add_argument("--trust-pickle", action="store_true",
@@ -59,7 +65,32 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument("--json", action="store_true", help="print JSON instead of text")
     inspect.add_argument("--trust-pickle", action="store_true",
                          help="allow unpickling code; only for files you trust")
+    _replay_parser(sub)
+    sub.add_parser("rules", help="list the catalogue of root causes",
+                   description="List every rule: its stable code, name and title.")
+    explain = sub.add_parser("explain", help="print one rule's documentation",
+                             description="Print what a rule detects, why it produces NaN/Inf, "
+                                         "the evidence it uses, the fix and its false "
+                                         "positives.")
+    explain.add_argument("code", metavar="CODE", help="a rule code (NF101) or name")
     return parser
+
+
+def _replay_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from analyzer.replay import DTYPE_CHOICES
+
+    rp = sub.add_parser(
+        "replay", help="re-run a captured failing step and name the layer, op and line",
+        description="Replay the failing step saved by the flight recorder under "
+                    "instrumentation: module hooks, an aten-op trace and anomaly mode name "
+                    "the producer of the first non-finite value; float64 and repeated "
+                    "replays tell a mathematical fault from overflow and non-determinism.")
+    rp.add_argument("path", metavar="RUN_OR_CAPTURE")
+    rp.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
+    rp.add_argument("--dtype", default="as-run", choices=DTYPE_CHOICES)
+    rp.add_argument("--json", metavar="FILE", help="also write JSON to FILE ('-' for stdout)")
+    rp.add_argument("--import-path", action="append", default=[], metavar="DIR",
+                    help="where to import the capture's model and loss factories from")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -76,6 +107,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "analyze":
             return _analyze(args)
+        if args.command == "replay":
+            from analyzer.replay.command import replay_command
+
+            return replay_command(args.path, device=args.device, dtype=args.dtype,
+                                  json_file=args.json, import_paths=args.import_path)
+        if args.command == "rules":
+            return _rules()
+        if args.command == "explain":
+            return _explain(args.code)
         if args.command == "inspect":
             from analyzer.ingest.checkpoints import inspect_command
 
@@ -101,7 +141,9 @@ def _analyze(args: argparse.Namespace) -> int:
     progress = _ProgressBar(sys.stderr) if sys.stderr.isatty() else None
     report = analyze(args.paths, verify=not args.no_verify, jobs=args.jobs,
                      progress=progress, checkpoints=not args.no_checkpoints,
-                     trust_pickle=args.trust_pickle, logs=args.log)
+                     trust_pickle=args.trust_pickle, logs=args.log,
+                     replay=not args.no_replay, device=args.device,
+                     import_paths=args.import_path)
     if progress is not None:
         progress.close()
     if args.json == "-":
@@ -114,6 +156,27 @@ def _analyze(args: argparse.Namespace) -> int:
         if args.json:
             _write_json(args.json, to_json(report))
     return EXIT_FOUND if report.failed else EXIT_OK
+
+
+def _rules() -> int:
+    from analyzer.rules import RULES
+
+    width = max(len(r.name) for r in RULES)
+    for r in RULES:
+        print(f"{r.code}  {r.name.ljust(width)}  {r.role:<8} {r.title}")
+    print(f"\n{len(RULES)} rules; 'forensics explain CODE' prints one rule's documentation.")
+    return EXIT_OK
+
+
+def _explain(code: str) -> int:
+    from analyzer.errors import UsageError
+    from analyzer.rules import explain
+
+    text = explain(code)
+    if text is None:
+        raise UsageError(f"no rule {code!r}; 'forensics rules' lists them")
+    sys.stdout.write(text)
+    return EXIT_OK
 
 
 def _write_json(path: str, text: str) -> None:

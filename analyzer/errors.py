@@ -7,6 +7,11 @@ stops a command as a whole::
     ForensicsError              base of everything raised on purpose
      +-- UsageError             a path that does not exist, a bad option value
      +-- ReadError              a file that cannot be opened at all (permissions, a folder)
+     +-- CaptureError           a capture file missing, invalid or refused by weights_only
+     +-- ModelRebuildError      a capture's model, loss or optimizer cannot be rebuilt
+     +-- ReplayError            the captured step raised while being replayed
+
+The replay errors live in :mod:`analyzer.replay.errors`, beside the code that raises them.
 """
 
 from __future__ import annotations

@@ -9,10 +9,20 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from typing import Any
 
 from analyzer.ingest.tb import is_event_file
-from analyzer.model import Event, Incident, IngestIssue, Location, Report, Run, RunResult
+from analyzer.model import (
+    Event,
+    Finding,
+    Incident,
+    IngestIssue,
+    Location,
+    Report,
+    Run,
+    RunResult,
+)
 
 _MAX_LISTED = 8
 
@@ -43,6 +53,13 @@ def _run_dict(result: RunResult) -> dict[str, Any]:
         "overflow_skips": list(result.overflow_skips),
         "tags": {s.tag: len(s) for s in run.series} | {h.tag: len(h) for h in run.histograms},
         "events": [_event_dict(e) for e in run.events],
+        "findings": [_finding_dict(f) for f in result.findings],
+        "skipped_rules": [{"code": k.code, "name": k.name, "reason": k.reason}
+                          for k in result.skipped_rules],
+        "replay": result.replay.to_dict() if result.replay is not None else None,
+        "replay_error": result.replay_error,
+        "logs": [{"path": g.path, "framework": g.framework, "confidence": g.confidence,
+                  "notes": list(g.notes)} for g in run.logs],
         "checkpoints": run.checkpoints.to_dict() if run.checkpoints is not None else None,
         "captures": list(run.captures),
         "issues": [_issue_dict(i) for i in run.issues],
@@ -65,6 +82,16 @@ def _incident_dict(inc: Incident | None) -> dict[str, Any] | None:
         "location": _location_dict(inc.location),
         "decided_by": inc.decided_by,
         "origin": inc.origin,
+    }
+
+
+def _finding_dict(f: Finding) -> dict[str, Any]:
+    return {
+        "code": f.code, "name": f.name, "title": f.title, "confidence": f.confidence,
+        "role": f.role, "score": f.score, "rank_note": f.rank_note, "fix": f.fix,
+        "evidence": [{"text": e.text, "step": e.step, "subject": e.subject,
+                      "location": _location_dict(e.location) if e.location else None}
+                     for e in f.evidence],
     }
 
 
@@ -113,7 +140,7 @@ def _run_block(result: RunResult) -> str:
         last = "none" if inc.last_finite_step is None else str(inc.last_finite_step)
         lines.append(f"   FIRST NON-FINITE  step {inc.step}  {inc.tag} = {inc.kind}  "
                      f"(last finite step {last})")
-        lines.append(f"     at {inc.location}")
+        lines.append(f"     at {_shown(inc.location)}")
         if inc.decided_by and inc.decided_by != "earliest step":
             lines.append(f"     tie: {inc.decided_by}")
     lay = result.layer_incident
@@ -130,6 +157,9 @@ def _run_block(result: RunResult) -> str:
         after = "then a failure" if inc else "training recovered: normal for mixed precision"
         lines.append(f"   overflow skips: {_skips(result.overflow_skips)} ({after})")
     lines += _checkpoint_lines(run)
+    lines += _log_lines(run)
+    lines += _replay_lines(result)
+    lines += _finding_lines(result)
     restarts = [e for e in run.events if e.kind == "restart"]
     for e in restarts[:_MAX_LISTED]:
         lines.append(f"   restart: {e.message} at {e.location}")
@@ -138,6 +168,48 @@ def _run_block(result: RunResult) -> str:
     if len(run.issues) > _MAX_LISTED:
         lines.append(f"   ... and {len(run.issues) - _MAX_LISTED} more read issues (see --json)")
     return "\n".join(lines)
+
+
+def _log_lines(run: Run) -> list[str]:
+    out = []
+    for g in run.logs:
+        framework = f"{g.framework} ({g.confidence:.0%})" if g.framework else "unknown format"
+        out.append(f"   log: {g.path}: {framework}")
+        out += [f"     note: {n}" for n in g.notes]
+    return out
+
+
+def _replay_lines(result: RunResult) -> list[str]:
+    if result.replay is not None:
+        from analyzer.replay import brief_replay
+
+        return [f"   {brief_replay(result.replay)}"]
+    if result.replay_error:
+        return [f"   replay failed: {result.replay_error}"]
+    return []
+
+
+def _finding_lines(result: RunResult) -> list[str]:
+    if not result.findings:
+        return ["   no root cause found (see the skipped rules in --json)"] if result.failed \
+            else []
+    top, rest = result.findings[0], result.findings[1:]
+    label = "CAUSE" if top.role == "cause" else top.role.upper()
+    lines = [f"   {label}  {top.code} {top.name} ({top.confidence}): {top.title}"]
+    lines += [f"     - {e.text}" + (f"  [{_shown(e.location)}]" if e.location else "")
+              for e in top.evidence]
+    fix = top.fix.split("```")[0].strip().splitlines()
+    if fix:
+        lines.append(f"     fix: {fix[0]}  (forensics explain {top.code})")
+    for f in rest:
+        lines.append(f"   also {f.code} {f.name} ({f.confidence}, {f.role}): {f.rank_note}")
+    return lines
+
+
+def _shown(loc: Location) -> str:
+    """A location as the terminal shows it: relative to the working folder when inside it."""
+    rel = os.path.relpath(loc.file)
+    return str(Location(loc.file if rel.startswith("..") else rel, loc.offset, loc.line))
 
 
 def _count(n: int, noun: str) -> str:
@@ -174,16 +246,19 @@ def _skips(steps: tuple[int, ...]) -> str:
 
 
 def _summary(report: Report) -> str:
-    rows = [("run", "status", "first step", "tag", "kind", "last finite", "layer")]
+    rows = [("run", "status", "first step", "tag", "kind", "last finite", "layer", "cause")]
     for r in report.results:
         inc = r.incident
         if inc is None:
-            rows.append((r.run.name, "finite", "-", "-", "-", "-", "-"))
+            rows.append((r.run.name, "finite", "-", "-", "-", "-", "-", "-"))
         else:
             last = "-" if inc.last_finite_step is None else str(inc.last_finite_step)
-            layer = r.layer_incident.layer if r.layer_incident else None
+            layer = r.replay.layer if r.replay is not None and r.replay.layer else (
+                r.layer_incident.layer if r.layer_incident else None)
+            cause = next((f"{f.name} ({f.confidence})" for f in r.findings if f.is_failure),
+                         "-")
             rows.append((r.run.name, "FAILED", str(inc.step), inc.tag, inc.kind, last,
-                         layer or "-"))
+                         layer or "-", cause))
     widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
     table = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
              for row in rows]

@@ -1,0 +1,99 @@
+"""Replay a captured training step and name what made its first non-finite value.
+
+Importing this package does not import torch: the entry points below load the
+instrumentation on first call, so the CLI starts fast.
+
+    capture_folder(path)   the capture a run holds, or None (no torch needed)
+    load_capture(path)     read a capture folder (or a run folder holding one)
+    replay(path)           load and replay it: the library form of `forensics replay`
+    replay_step(...)       replay a step from live model/optimizer/batch objects
+    format_replay(result)  the terminal report; brief_replay(result) one line of it
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from analyzer.replay.discover import capture_folder
+from analyzer.replay.errors import CaptureError, ModelRebuildError, ReplayError
+from analyzer.replay.format import brief_replay, format_replay
+from analyzer.replay.records import (
+    BackwardReport,
+    ForwardReport,
+    ModuleFrame,
+    OpFault,
+    ParamGrad,
+    ParamUpdate,
+    PassOutcome,
+    ReplayResult,
+    TensorStat,
+    UpdateReport,
+    Verdict,
+)
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from analyzer.replay.loading import Capture
+    from analyzer.replay.state import Restorable
+
+DTYPE_CHOICES = ("as-run", "float64", "float32", "bfloat16", "float16")
+"""Values of ``--dtype``; kept here so the CLI can list them without importing torch."""
+
+
+def load_capture(path: str, *, import_paths: Sequence[str] = ()) -> Capture:
+    """Read a capture; see :func:`analyzer.replay.loading.load_capture`."""
+    from analyzer.replay.loading import load_capture as load
+
+    return load(path, import_paths=import_paths)
+
+
+def replay(path: str, *, device: str = "cpu", dtype: str = "as-run",
+           import_paths: Sequence[str] = ()) -> ReplayResult:
+    """Load the capture at ``path`` (a capture folder or a run folder) and replay it."""
+    from analyzer.replay.run import replay_capture
+
+    return replay_capture(path, device=device, dtype=dtype, import_paths=import_paths)
+
+
+def replay_step(model: nn.Module, inputs: Any, targets: Any, loss_fn: Any,
+                optimizer: torch.optim.Optimizer, *, scaler: Any = None,
+                autocast_dtype: torch.dtype | str | None = None, device: str = "cpu",
+                dtype: torch.dtype | str | None = None, grad_clip: float | None = None,
+                rng: Restorable | None = None, repeats: int = 2, expected: bool = True,
+                source: str = "<in-memory>", step: int | None = None,
+                notes: Sequence[str] = ()) -> ReplayResult:
+    """Replay a step from live objects; see :func:`analyzer.replay.step.replay_step`."""
+    from analyzer.replay.step import replay_step as run
+
+    return run(model, inputs, targets, loss_fn, optimizer, scaler=scaler,
+               autocast_dtype=autocast_dtype, device=device, dtype=dtype, grad_clip=grad_clip,
+               rng=rng, repeats=repeats, expected=expected, source=source, step=step,
+               notes=notes)
+
+
+__all__ = [
+    "DTYPE_CHOICES",
+    "BackwardReport",
+    "CaptureError",
+    "ForwardReport",
+    "ModelRebuildError",
+    "ModuleFrame",
+    "OpFault",
+    "ParamGrad",
+    "ParamUpdate",
+    "PassOutcome",
+    "ReplayError",
+    "ReplayResult",
+    "TensorStat",
+    "UpdateReport",
+    "Verdict",
+    "brief_replay",
+    "capture_folder",
+    "format_replay",
+    "load_capture",
+    "replay",
+    "replay_step",
+]

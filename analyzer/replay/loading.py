@@ -1,0 +1,262 @@
+"""Read a capture folder and rebuild the objects of the failing step.
+
+Every ``.pt`` file is opened with ``torch.load(weights_only=True)``; a file that
+needs more than that is refused, never loaded unsafely. The model, the loss and
+the optimizer are rebuilt from the import paths the capture records, which is
+the one place replay runs code named by the capture: it imports the modules the
+run itself used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import inspect
+import json
+import os
+import pickle
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from analyzer.capture import FORMAT_NAME, FORMAT_VERSION
+from analyzer.replay.discover import find_capture
+from analyzer.replay.errors import CaptureError, ModelRebuildError
+
+_DTYPES = ("float32", "float16", "bfloat16", "float64")
+_REQUIRED: dict[str, type | tuple[type, ...]] = {
+    "step": int, "trigger": dict, "model": dict, "loss": dict, "optimizer": dict,
+    "dtype": str, "amp": dict, "device": str, "mode": str,
+}
+
+
+@dataclass(frozen=True, eq=False)
+class Capture:
+    """A loaded capture: the failing step's objects, ready to run on the CPU.
+
+    ``history`` holds the steps to run before the failing one (every_n mode), each
+    a dict with ``step``, ``inputs``, ``targets``, ``rng`` and ``lr``.
+    """
+
+    path: str
+    meta: Mapping[str, Any]
+    step: int
+    model: nn.Module
+    loss_fn: Callable[[Any, Any], Any]
+    optimizer: torch.optim.Optimizer
+    scaler: Any
+    inputs: Any
+    targets: Any
+    rng: Mapping[str, Any] | None
+    history: tuple[Mapping[str, Any], ...] = ()
+
+    @property
+    def autocast_dtype(self) -> str | None:
+        value = self.meta.get("amp", {}).get("autocast_dtype")
+        return value if value in _DTYPES else None
+
+    @property
+    def grad_clip(self) -> float | None:
+        value = self.meta.get("grad_clip")
+        return float(value) if isinstance(value, int | float) else None
+
+    @property
+    def lr(self) -> float | None:
+        value = self.meta.get("lr")
+        return float(value) if isinstance(value, int | float) else None
+
+
+def read_meta(folder: str) -> dict[str, Any]:
+    path = os.path.join(folder, "meta.json")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            meta = json.load(fh)
+    except FileNotFoundError:
+        raise CaptureError(path, "missing") from None
+    except json.JSONDecodeError as exc:
+        raise CaptureError(path, f"line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CaptureError(path, f"unreadable: {exc}") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
+        raise CaptureError(path, f"not a {FORMAT_NAME} meta.json (format key)")
+    if meta.get("version") != FORMAT_VERSION:
+        raise CaptureError(path, f"capture version {meta.get('version')!r}; this replay "
+                                 f"reads version {FORMAT_VERSION}")
+    for key, kind in _REQUIRED.items():
+        if not isinstance(meta.get(key), kind):
+            raise CaptureError(path, f"key {key!r} is missing or not a {_kind_name(kind)}")
+    if meta["dtype"] not in _DTYPES:
+        raise CaptureError(path, f"dtype {meta['dtype']!r} is not one of {', '.join(_DTYPES)}")
+    return meta
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join({"dict": "JSON object", "str": "string", "int": "integer"}.get(
+        k.__name__, k.__name__) for k in kinds)
+
+
+def load_pt(folder: str, name: str, *, required: bool = True) -> Any:
+    path = os.path.join(folder, name)
+    if not os.path.exists(path):
+        if required:
+            raise CaptureError(path, "missing")
+        return None
+    try:
+        return torch.load(path, weights_only=True, map_location="cpu")
+    except pickle.UnpicklingError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CaptureError(path, "refused by torch.load(weights_only=True), and it is not "
+                                 f"loaded any other way: {first}") from None
+    except Exception as exc:  # torch reports a damaged archive as RuntimeError and kin
+        raise CaptureError(path, f"cannot be read: {type(exc).__name__}: {exc}") from None
+
+
+@contextlib.contextmanager
+def import_path(paths: Sequence[str]) -> Iterator[None]:
+    """Put ``paths`` first on sys.path while the capture's code is imported and run.
+
+    Bytecode caching is off meanwhile: importing must not write __pycache__
+    folders into a run folder being analysed.
+    """
+    added = [os.path.abspath(p) for p in paths if os.path.abspath(p) not in sys.path]
+    sys.path[:0] = added
+    no_bytecode = sys.dont_write_bytecode
+    sys.dont_write_bytecode = True
+    try:
+        yield
+    finally:
+        sys.dont_write_bytecode = no_bytecode
+        for p in added:
+            with contextlib.suppress(ValueError):
+                sys.path.remove(p)
+
+
+def resolve(target: str, *, separator: str = ":") -> Any:
+    """Import ``package.module:attr`` (or ``package.module.Class`` with separator '.')."""
+    if separator == ".":
+        module_name, _, attr = target.rpartition(".")
+    else:
+        module_name, _, attr = target.partition(":")
+    if not module_name or not attr:
+        raise ModelRebuildError(target, f"not of the form 'module{separator}name'")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or module_name
+        raise ModelRebuildError(target, f"module {missing!r} cannot be imported; add the "
+                                        "folder that holds it with --import-path",
+                                module=missing) from None
+    except Exception as exc:
+        raise ModelRebuildError(target, f"importing module {module_name!r} raised "
+                                        f"{type(exc).__name__}: {exc}",
+                                module=module_name) from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ModelRebuildError(target, f"module {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    return obj
+
+
+def build(spec: Any, what: str, meta_path: str) -> Any:
+    if not isinstance(spec, dict) or not isinstance(spec.get("factory"), str):
+        raise CaptureError(meta_path, f"key {what!r} needs a 'factory' string")
+    kwargs = spec.get("kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise CaptureError(meta_path, f"{what}.kwargs is not a JSON object")
+    factory = resolve(spec["factory"])
+    try:
+        return factory(**kwargs)
+    except Exception as exc:
+        raise ModelRebuildError(spec["factory"], f"calling it with {kwargs} raised "
+                                                 f"{type(exc).__name__}: {exc}") from None
+
+
+def restore_model(model: nn.Module, state: Mapping[str, Any], factory: str) -> None:
+    """Load ``state`` keeping its dtypes: a run that cast layers keeps them cast."""
+    tensors = dict(model.named_parameters()) | dict(model.named_buffers())
+    with torch.no_grad():
+        for name, value in state.items():
+            own = tensors.get(name)
+            if (isinstance(value, torch.Tensor) and own is not None
+                    and own.dtype != value.dtype and value.is_floating_point()):
+                own.data = own.data.to(value.dtype)
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        raise ModelRebuildError(factory, "state.pt does not fit the model the factory "
+                                         f"built: {str(exc).strip().splitlines()[-1]}") from None
+
+
+def build_optimizer(meta: Mapping[str, Any], model: nn.Module,
+                    state: Mapping[str, Any]) -> torch.optim.Optimizer:
+    spec = meta["optimizer"]
+    target = spec.get("class")
+    if not isinstance(target, str):
+        raise CaptureError("meta.json", "optimizer.class is missing")
+    cls = resolve(target, separator=".")
+    if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)):
+        raise ModelRebuildError(target, "is not a torch.optim.Optimizer subclass")
+    params = list(model.parameters())
+    saved = state.get("param_groups") or [{"params": list(range(len(params)))}]
+    try:
+        groups = [{"params": [params[i] for i in g["params"]]} for g in saved]
+    except (IndexError, KeyError, TypeError):
+        raise ModelRebuildError(target, "the saved optimizer state names parameters the "
+                                        f"model does not have ({len(params)} parameters)") from None
+    accepted = inspect.signature(cls).parameters
+    hyper = {k: v for k, v in (spec.get("hyperparameters") or {}).items()
+             if k in accepted and k != "params" and not isinstance(v, str)}
+    try:
+        optimizer = cls(groups, **hyper)
+        optimizer.load_state_dict(dict(state))
+    except Exception as exc:
+        raise ModelRebuildError(target, f"cannot restore its state: {type(exc).__name__}: "
+                                        f"{exc}") from None
+    return optimizer
+
+
+def load_capture(path: str, *, import_paths: Sequence[str] = ()) -> Capture:
+    """Load the capture at ``path``: a ``step_N`` folder, a ``capture`` folder, or a run.
+
+    Raises :class:`CaptureError` for a missing, invalid or unsafe file (naming it)
+    and :class:`ModelRebuildError` when the model, loss or optimizer cannot be
+    rebuilt (naming the module that cannot be imported).
+    """
+    folder = find_capture(path)
+    meta = read_meta(folder)
+    meta_path = os.path.join(folder, "meta.json")
+    state = load_pt(folder, "state.pt")
+    batch = load_pt(folder, "batch.pt")
+    if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
+        raise CaptureError(os.path.join(folder, "state.pt"), "holds no 'model' state dict")
+    if not isinstance(batch, dict) or "inputs" not in batch:
+        raise CaptureError(os.path.join(folder, "batch.pt"), "holds no 'inputs'")
+    rng = load_pt(folder, "rng.pt", required=False)
+    history: tuple[Mapping[str, Any], ...] = ()
+    if meta["mode"] == "every_n":
+        entries = load_pt(folder, "history.pt", required=False)
+        if isinstance(entries, dict) and isinstance(entries.get("steps"), list):
+            history = tuple(entries["steps"])
+    with import_path(import_paths):
+        model = build(meta["model"], "model", meta_path)
+        if not isinstance(model, nn.Module):
+            raise ModelRebuildError(meta["model"]["factory"],
+                                    f"returned {type(model).__name__}, not an nn.Module")
+        restore_model(model, state["model"], meta["model"]["factory"])
+        loss_fn = build(meta["loss"], "loss", meta_path)
+        if not callable(loss_fn):
+            raise ModelRebuildError(meta["loss"]["factory"], "did not return a callable")
+        optimizer = build_optimizer(meta, model, state.get("optimizer") or {})
+    scaler = None
+    if meta["amp"].get("grad_scaler") and isinstance(state.get("scaler"), dict):
+        scaler = torch.amp.GradScaler("cpu")
+        scaler.load_state_dict(state["scaler"])
+    return Capture(path=folder, meta=meta, step=meta["step"], model=model, loss_fn=loss_fn,
+                   optimizer=optimizer, scaler=scaler, inputs=batch["inputs"],
+                   targets=batch.get("targets"), rng=rng if isinstance(rng, dict) else None,
+                   history=history)

@@ -1,0 +1,249 @@
+"""The op-level trace: a dispatch mode that sees every aten op of the step.
+
+For each phase it keeps the first op whose floating inputs were all finite and
+whose output was not: that op made the first non-finite value. During backward
+it also remembers every autograd node that emitted a non-finite value, so that a
+bad parameter gradient can be traced to the node that fed it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_map
+
+from analyzer.replay.records import OpFault, Phase
+from analyzer.replay.stats import (
+    all_finite,
+    floating,
+    is_finite,
+    scalar_inputs_finite,
+    source_text,
+    stats_of,
+    user_frames_from_trace,
+    user_frames_live,
+)
+
+MODULE_KEY = "forensics_module"
+"""Key under which the forward pass writes the module name into a node's metadata."""
+
+
+def node_module(node: Any) -> str | None:
+    try:
+        value = node.metadata.get(MODULE_KEY)
+    except (AttributeError, RuntimeError):
+        return None
+    return value if isinstance(value, str) else None
+
+
+def node_source(node: Any) -> tuple[str, tuple[str, ...]] | None:
+    """The forward line that created ``node``, from the trace anomaly mode stored."""
+    try:
+        trace = node.metadata.get("traceback_")
+    except (AttributeError, RuntimeError):
+        return None
+    if not trace:
+        return None
+    return user_frames_from_trace(trace)
+
+
+def forward_op_of(node: Any) -> str | None:
+    """``SqrtBackward0`` -> ``sqrt``: the forward op an autograd node differentiates."""
+    if node is None:
+        return None
+    name = re.sub(r"Backward\d*$", "", type(node).__name__)
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower() or None
+
+
+def _widen(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        wide = torch.float64 if value.is_floating_point() else value.dtype
+        return value.detach().to("cpu", wide, copy=True)
+    if isinstance(value, torch.dtype) and value.is_floating_point:
+        return torch.float64
+    if isinstance(value, torch.device):
+        return torch.device("cpu")
+    return value
+
+
+def float64_finite(func: Any, args_kwargs: Any) -> bool | None:
+    """Run ``func`` again on its inputs widened to float64; is the result finite?
+
+    None when the op cannot run that way (an op without a float64 kernel).
+    """
+    args, kwargs = tree_map(_widen, args_kwargs)
+    try:
+        with torch.no_grad():
+            out = func(*args, **kwargs)
+    except Exception:  # any failure only means this piece of evidence is missing
+        return None
+    results = floating(out)
+    if func._schema.is_mutable:
+        results += floating(_written_args(func, args, kwargs))
+    return all_finite(results) if results else None
+
+
+def _written_args(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+    """The arguments an in-place or out= op writes into."""
+    written = []
+    for i, arg in enumerate(func._schema.arguments):
+        if arg.alias_info is None or not arg.alias_info.is_write:
+            continue
+        if arg.name in kwargs:
+            written.append(kwargs[arg.name])
+        elif i < len(args):
+            written.append(args[i])
+    return written
+
+
+def _clone_if(value: Any, ids: set[int]) -> Any:
+    if isinstance(value, torch.Tensor) and id(value) in ids:
+        return value.detach().clone()
+    return value
+
+
+def _narrow(value: Any, index: int) -> Any:
+    """Element ``index`` of every list argument of a foreach op."""
+    if isinstance(value, list | tuple) and value and all(
+            isinstance(v, torch.Tensor) for v in value):
+        return value[index] if index < len(value) else None
+    if isinstance(value, dict):
+        return {k: _narrow(v, index) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(_narrow(v, index) for v in value)
+    return value
+
+
+class OpTracer(TorchDispatchMode):
+    """Finds the first non-finite-producing aten op of each phase.
+
+    ``module_of`` names the module running now (forward); ``param_names`` maps a
+    parameter's storage address to its name (update). Set ``phase`` before each
+    phase; set ``paused`` while the replay's own bookkeeping runs tensors ops.
+    """
+
+    def __init__(self, module_of: Callable[[], str | None],
+                 param_names: dict[int, str] | None = None) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.module_of = module_of
+        self.param_names = param_names or {}
+        self.phase: Phase = "forward"
+        self.paused = False
+        self.counts: dict[Phase, int] = {"forward": 0, "backward": 0, "update": 0}
+        self.producers: dict[Phase, OpFault] = {}
+        self.first_bad: dict[Phase, OpFault] = {}
+        self.bad_nodes: list[Any] = []
+        self._bad_node_ids: set[int] = set()
+
+    def fault(self, phase: Phase) -> OpFault | None:
+        return self.producers.get(phase) or self.first_bad.get(phase)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = kwargs or {}
+        if self.paused:
+            return func(*args, **kwargs)
+        phase = self.phase
+        self.counts[phase] += 1
+        ordinal = self.counts[phase]
+        searching = phase not in self.producers
+        mutable = bool(func._schema.is_mutable)
+        before = None
+        if searching and mutable:
+            # An in-place op overwrites its input: keep a copy of what it writes into.
+            ok = all_finite(floating((args, kwargs)))
+            written = {id(t) for t in floating(_written_args(func, args, kwargs))}
+            keep = ok or phase not in self.first_bad  # else it cannot be recorded anyway
+            before = (ok, tree_map(lambda v: _clone_if(v, written), (args, kwargs))
+                      if keep else (args, kwargs))
+        out = func(*args, **kwargs)
+        results = floating(out) + (floating(_written_args(func, args, kwargs)) if mutable else [])
+        if not results or all_finite(results):
+            return out
+        node = torch._C._current_autograd_node() if phase == "backward" else None
+        if node is not None and id(node) not in self._bad_node_ids:
+            self._bad_node_ids.add(id(node))
+            self.bad_nodes.append(node)
+        if searching:
+            self._record(func, args, kwargs, out, before, node, phase, ordinal)
+        return out
+
+    def _record(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
+                before: tuple[bool, Any] | None, node: Any, phase: Phase,
+                ordinal: int) -> None:
+        index = self._bad_element(out, args)
+        in_args: Any = (args, kwargs)
+        if before is not None:
+            inputs_ok, in_tensors = before
+            in_args = in_tensors
+        else:
+            inputs_ok = all_finite(floating(in_args))
+        inputs_ok = inputs_ok and scalar_inputs_finite((args, kwargs))
+        if not inputs_ok and phase in self.first_bad:
+            return
+        wide = float64_finite(func, in_args) if inputs_ok else None
+        if index is not None:
+            in_args = _narrow(in_args, index)
+            out = _narrow(out, index)
+        outputs = out if out is not None else _written_args(func, args, kwargs)
+        if index is not None and out is None:
+            outputs = _narrow(outputs, index)
+        fault = OpFault(
+            phase=phase,
+            op=str(func.overloadpacket.__name__) + "." + func._overloadname,
+            ordinal=ordinal,
+            inputs=stats_of(in_args),
+            outputs=stats_of(outputs),
+            inputs_finite=inputs_ok,
+            module=self._module(phase, node),
+            autograd_node=type(node).__name__ if node is not None else None,
+            parameter=self._parameter(outputs) if phase == "update" else None,
+            forward_op=forward_op_of(node),
+            float64_finite=wide,
+            **self._where(phase, node),
+        )
+        if inputs_ok:
+            self.producers[phase] = fault
+        else:
+            self.first_bad[phase] = fault
+
+    def _module(self, phase: Phase, node: Any) -> str | None:
+        if phase == "forward":
+            return self.module_of()
+        if node is not None:
+            return node_module(node)
+        return None
+
+    def _where(self, phase: Phase, node: Any) -> dict[str, Any]:
+        found = None
+        if phase == "forward":
+            found = user_frames_live()
+        elif node is not None:
+            found = node_source(node)
+        elif phase == "update":
+            found = user_frames_live()
+        if found is None:
+            return {}
+        return {"source": found[0], "stack": found[1], "source_line": source_text(found[0])}
+
+    def _bad_element(self, out: Any, args: tuple[Any, ...]) -> int | None:
+        """For a foreach op, the index of the first list element that went bad."""
+        lists = [v for v in (out, *args) if isinstance(v, list | tuple) and v
+                 and all(isinstance(t, torch.Tensor) for t in v)]
+        if not lists:
+            return None
+        for i, t in enumerate(lists[0]):
+            if not is_finite(t):
+                return i
+        return None
+
+    def _parameter(self, outputs: Any) -> str | None:
+        for t in floating(outputs):
+            name = self.param_names.get(t.untyped_storage().data_ptr())
+            if name is not None:
+                return name
+        return None

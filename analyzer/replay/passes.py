@@ -1,0 +1,208 @@
+"""One training step, run plainly or under full instrumentation.
+
+The step is the recorded one: zero_grad, forward (under autocast when the run
+used it), loss, backward (through the grad scaler when there was one), optional
+clipping, optimizer step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from analyzer.replay.backward import GradWatch
+from analyzer.replay.errors import ReplayError
+from analyzer.replay.forward import ForwardRecorder
+from analyzer.replay.ops import OpTracer
+from analyzer.replay.records import (
+    BackwardReport,
+    ForwardReport,
+    OpFault,
+    ParamUpdate,
+    PassOutcome,
+    Phase,
+    UpdateReport,
+)
+from analyzer.replay.state import StepConfig, TrainState, dtype_name
+from analyzer.replay.stats import all_finite, floating, stats_of, tensor_stat
+from analyzer.replay.update import explain
+
+
+def forward(state: TrainState, inputs: Any, targets: Any,
+            call_loss: Callable[[Any, Any], Any], config: StepConfig) -> Any:
+    state.optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(config.device_type, dtype=config.autocast_dtype,
+                        enabled=config.autocast_dtype is not None):
+        model = state.model
+        outputs = model(*inputs) if isinstance(inputs, list | tuple) else model(inputs)
+        return call_loss(outputs, targets)
+
+
+def backward(state: TrainState, loss: Any) -> None:
+    if state.scaler is not None:
+        state.scaler.scale(loss).backward()
+    else:
+        loss.backward()
+
+
+def update(state: TrainState, config: StepConfig) -> None:
+    if config.grad_clip is not None:
+        if state.scaler is not None:
+            state.scaler.unscale_(state.optimizer)
+        torch.nn.utils.clip_grad_norm_(state.model.parameters(), config.grad_clip)
+    if state.scaler is not None:
+        state.scaler.step(state.optimizer)
+        state.scaler.update()
+    else:
+        state.optimizer.step()
+
+
+def _grads(state: TrainState) -> list[torch.Tensor]:
+    return [p.grad for p in state.model.parameters() if p.grad is not None]
+
+
+def _digest(h: Any, tensors: Sequence[torch.Tensor]) -> None:
+    for t in tensors:
+        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+
+
+def plain_pass(label: str, state: TrainState, inputs: Any, targets: Any, loss_fn: Any,
+               config: StepConfig) -> PassOutcome:
+    """Run the step without instrumentation; say where it first went non-finite."""
+    h = hashlib.sha1()
+    phase: Phase | None = None
+    loss_value: float | None = None
+    error = None
+    try:
+        loss = forward(state, inputs, targets, loss_fn, config)
+        loss_value = float(loss.detach().double())
+        _digest(h, [loss])
+        if not all_finite([loss]):
+            phase = "forward"
+        backward(state, loss)
+        grads = _grads(state)
+        _digest(h, grads)
+        if phase is None and not all_finite(grads):
+            phase = "backward"
+        update(state, config)
+        params = list(state.model.parameters())
+        _digest(h, params)
+        if phase is None and not all_finite(params):
+            phase = "update"
+    except Exception as exc:  # a pass that raises is evidence, not a crash of the replay
+        error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    autocast = dtype_name(config.autocast_dtype)
+    return PassOutcome(label=label, device=config.device,
+                       dtype=_param_dtype(state), autocast=autocast, loss=loss_value,
+                       phase=phase, fingerprint=h.hexdigest()[:16], error=error)
+
+
+def _param_dtype(state: TrainState) -> str:
+    dtypes = sorted({dtype_name(p.dtype) or "" for p in state.model.parameters()})
+    return "+".join(dtypes) or "none"
+
+
+@dataclass(frozen=True)
+class Instrumented:
+    forward: ForwardReport
+    forward_op: OpFault | None
+    backward: BackwardReport
+    update: UpdateReport
+
+    @property
+    def observed(self) -> Phase | None:
+        """The first phase whose loss, gradients or parameters came out non-finite.
+
+        This is what a plain pass can see too, so it is what repeated passes are
+        compared by; a value masked inside a phase does not show here.
+        """
+        if not self.forward.finite:
+            return "forward"
+        if not self.backward.finite:
+            return "backward"
+        if self.update.ran and not self.update.finite:
+            return "update"
+        return None
+
+
+def _batch_names(inputs: Any, targets: Any) -> tuple[str, ...]:
+    bad = []
+    ins = list(inputs) if isinstance(inputs, list | tuple) else [inputs]
+    for i, t in enumerate(ins):
+        if not all_finite(floating(t)):
+            bad.append(f"inputs[{i}]" if len(ins) > 1 else "inputs")
+    if not all_finite(floating(targets)):
+        bad.append("targets")
+    return tuple(bad)
+
+
+def instrumented_pass(state: TrainState, inputs: Any, targets: Any, loss_fn: Any,
+                      config: StepConfig) -> Instrumented:
+    """The step under module hooks, the op trace, anomaly mode and gradient hooks."""
+    model = state.model
+    names = {p.untyped_storage().data_ptr(): n for n, p in model.named_parameters()}
+    recorder: ForwardRecorder | None = None
+    tracer = OpTracer(lambda: recorder.current() if recorder else None, names)
+    recorder = ForwardRecorder(model, loss_fn, pause=lambda on: setattr(tracer, "paused", on))
+    bad_inputs = _batch_names(inputs, targets)
+    batch = stats_of(inputs)
+    with warnings.catch_warnings():
+        # anomaly mode warns that it is on, and again for each node it blames
+        warnings.simplefilter("ignore")
+        with torch.autograd.detect_anomaly(check_nan=False), tracer:
+            try:
+                with recorder:
+                    loss = forward(state, inputs, targets, recorder.call_loss, config)
+            except Exception as exc:
+                raise ReplayError("forward", exc) from exc
+            fwd = recorder.report(loss, bad_inputs, batch)
+            watch = GradWatch(model, loss, tracer)
+            tracer.phase = "backward"
+            try:
+                with watch:
+                    backward(state, loss)
+            except Exception as exc:
+                raise ReplayError("backward", exc) from exc
+            bwd = watch.report()
+            tracer.phase = "update"
+            upd = _update_pass(state, config, fwd, bwd, tracer)
+    return Instrumented(fwd, tracer.fault("forward"), bwd, upd)
+
+
+def _update_pass(state: TrainState, config: StepConfig, fwd: ForwardReport,
+                 bwd: BackwardReport, tracer: OpTracer) -> UpdateReport:
+    if not (fwd.finite and bwd.finite):
+        where = "forward" if not fwd.finite else "backward"
+        return UpdateReport(ran=False, op=None, params=(),
+                            note=f"not run: the step was already non-finite in {where}")
+    named = list(state.model.named_parameters())
+    tracer.paused = True
+    before = {n: p.detach().clone() for n, p in named}
+    grads = {n: p.grad.detach().clone() if p.grad is not None else None for n, p in named}
+    scale_before = state.scaler.get_scale() if state.scaler is not None else None
+    tracer.paused = False
+    try:
+        update(state, config)
+    except Exception as exc:
+        raise ReplayError("update", exc) from exc
+    tracer.paused = True
+    try:
+        params = []
+        for name, p in named:
+            if all_finite([p]) or not all_finite([before[name]]):
+                continue
+            stat = tensor_stat(p)
+            params.append(ParamUpdate(name, stat.kind or "?",
+                                      explain(state.optimizer, p, before[name], grads[name])))
+        skipped = (scale_before is not None and state.scaler is not None
+                   and state.scaler.get_scale() < scale_before)
+    finally:
+        tracer.paused = False
+    return UpdateReport(ran=True, op=tracer.fault("update"), params=tuple(params),
+                        skipped_by_scaler=skipped)
+

@@ -1,0 +1,130 @@
+"""The state one replay pass starts from, and fresh copies of it.
+
+Every pass (instrumented, plain, float64) starts from its own copy of the model,
+optimizer and scaler, made the same way: a deep copy of the model cast to the
+pass's device and dtype, and a new optimizer of the same class that loads the
+original's state dict, which casts the optimizer state to match the parameters.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch import nn
+
+from analyzer.replay.stats import is_finite
+
+_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16,
+           "float32": torch.float32, "float64": torch.float64}
+
+
+def dtype_of(name: str | None) -> torch.dtype | None:
+    return None if name is None else _DTYPES[name]
+
+
+def dtype_name(dtype: torch.dtype | None) -> str | None:
+    return None if dtype is None else str(dtype).removeprefix("torch.")
+
+
+@dataclass
+class StepConfig:
+    """How the step runs: where, in which dtype, with which mixed-precision tools."""
+
+    device: str = "cpu"
+    dtype: torch.dtype | None = None
+    autocast_dtype: torch.dtype | None = None
+    grad_scaler: bool = False
+    grad_clip: float | None = None
+
+    @property
+    def device_type(self) -> str:
+        return torch.device(self.device).type
+
+
+class Restorable(Protocol):
+    def restore(self) -> None: ...
+
+
+@dataclass
+class RngState:
+    """Random states restored before every pass, so dropout draws the same masks."""
+
+    torch_cpu: torch.Tensor | None = None
+    cuda: list[torch.Tensor] = field(default_factory=list)
+    numpy: Any = None
+    python: Any = None
+
+    @classmethod
+    def now(cls) -> RngState:
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
+        return cls(torch.get_rng_state(), cuda, np.random.get_state(), random.getstate())
+
+    def restore(self) -> None:
+        if self.torch_cpu is not None:
+            torch.set_rng_state(self.torch_cpu)
+        if self.cuda and torch.cuda.is_available() and len(self.cuda) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(self.cuda)
+        if self.numpy is not None:
+            np.random.set_state(self.numpy)
+        if self.python is not None:
+            random.setstate(self.python)
+
+
+@dataclass
+class TrainState:
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scaler: Any = None
+
+
+def _cast(value: Any, device: str, dtype: torch.dtype | None) -> Any:
+    if isinstance(value, torch.Tensor):
+        if dtype is not None and value.is_floating_point():
+            return value.to(device=device, dtype=dtype)
+        return value.to(device=device)
+    if isinstance(value, list | tuple):
+        return type(value)(_cast(v, device, dtype) for v in value)
+    if isinstance(value, dict):
+        return {k: _cast(v, device, dtype) for k, v in value.items()}
+    return value
+
+
+def cast_batch(value: Any, config: StepConfig) -> Any:
+    return _cast(value, config.device, config.dtype)
+
+
+def clone_state(state: TrainState, config: StepConfig) -> TrainState:
+    """A fresh model, optimizer and scaler for one pass, on the pass's device and dtype."""
+    model = copy.deepcopy(state.model).to(config.device)
+    if config.dtype is not None:
+        model = model.to(config.dtype)
+    index = {id(p): i for i, p in enumerate(state.model.parameters())}
+    params = list(model.parameters())
+    groups = []
+    for group in state.optimizer.param_groups:
+        groups.append({"params": [params[index[id(p)]] for p in group["params"]]})
+    optimizer = type(state.optimizer)(groups, **state.optimizer.defaults)
+    # load_state_dict keeps tensors that already have the right dtype and device:
+    # without the copy, a pass would update the moments of the original in place.
+    optimizer.load_state_dict(copy.deepcopy(state.optimizer.state_dict()))
+    scaler = None
+    if config.grad_scaler and state.scaler is not None:
+        scaler = torch.amp.GradScaler(config.device_type)
+        scaler.load_state_dict(state.scaler.state_dict())
+    return TrainState(model, optimizer, scaler)
+
+
+def nonfinite_state(state: TrainState) -> list[str]:
+    """Parameters and optimizer state already non-finite before the step starts."""
+    bad = [n for n, p in state.model.named_parameters() if not is_finite(p)]
+    names = {id(p): n for n, p in state.model.named_parameters()}
+    for param, slots in state.optimizer.state.items():
+        for key, value in slots.items():
+            if isinstance(value, torch.Tensor) and not is_finite(value):
+                bad.append(f"optimizer state {key} of {names.get(id(param), '?')}")
+    return bad

@@ -1,0 +1,92 @@
+"""The catalogue of root causes and the engine that ranks them.
+
+Rules are registered here by explicit import, one module per family. Codes are stable and
+never reused: NF1xx mathematical faults, NF2xx gradients and optimisation, NF3xx reduced
+precision, NF4xx data, NF5xx the system around the model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from analyzer.model import CONFIDENCE_ORDER, Finding, RunResult, SkippedRule
+from analyzer.rules import data, gradients, loss, numerics, optimizer, precision, schedule, system
+from analyzer.rules.base import SECTIONS, Rule
+from analyzer.rules.evidence import RunEvidence
+
+RULES: tuple[Rule, ...] = (
+    *numerics.RULES,
+    *gradients.RULES,
+    *schedule.RULES,
+    *optimizer.RULES,
+    *loss.RULES,
+    *precision.RULES,
+    *data.RULES,
+    *system.RULES,
+)
+RULES = tuple(sorted(RULES, key=lambda r: r.code))
+BY_CODE: dict[str, Rule] = {r.code: r for r in RULES}
+BY_NAME: dict[str, Rule] = {r.name: r for r in RULES}
+_ROLE_ORDER = {"cause": 0, "symptom": 1, "warning": 2}
+
+__all__ = ["BY_CODE", "RULES", "SECTIONS", "Rule", "RunEvidence", "evaluate", "explain",
+           "find_rule"]
+
+
+def find_rule(code_or_name: str) -> Rule | None:
+    return BY_CODE.get(code_or_name.upper()) or BY_NAME.get(code_or_name.lower())
+
+
+def explain(code_or_name: str) -> str | None:
+    """A rule's documentation, as ``forensics explain`` prints it."""
+    r = find_rule(code_or_name)
+    if r is None:
+        return None
+    return f"{r.code} {r.name}: {r.title}  [{r.role}, {r.status}]\n\n{r.docs}\n"
+
+
+def evaluate(result: RunResult, siblings: Mapping[str, Mapping[str, Any]] | None = None
+             ) -> tuple[tuple[Finding, ...], tuple[SkippedRule, ...]]:
+    """Every rule over one run: ranked findings, and the rules skipped for lack of evidence."""
+    ev = RunEvidence(result, siblings or {})
+    findings: list[Finding] = []
+    skipped: list[SkippedRule] = []
+    for r in RULES:
+        if r.needs and not any(ev.has(n) for n in r.needs):
+            skipped.append(SkippedRule(r.code, r.name, ev.missing_reason(r.needs)))
+            continue
+        try:
+            findings.extend(r.check(r, ev))
+        except Exception as exc:  # a rule's bug must not hide the other rules' findings
+            skipped.append(SkippedRule(r.code, r.name,
+                                       f"the rule failed: {type(exc).__name__}: {exc}"))
+    return rank(findings), tuple(skipped)
+
+
+def _key(f: Finding) -> tuple[int, int, float, str]:
+    return (_ROLE_ORDER.get(f.role, 9), -CONFIDENCE_ORDER[f.confidence], -f.score, f.code)
+
+
+def rank(findings: list[Finding]) -> tuple[Finding, ...]:
+    """Causes before symptoms before warnings, then by confidence and score; every finding
+    after the first says why it ranked lower."""
+    ordered = sorted(findings, key=_key)
+    if not ordered:
+        return ()
+    top = ordered[0]
+    out = [top]
+    for f in ordered[1:]:
+        out.append(replace(f, rank_note=_why_lower(f, top)))
+    return tuple(out)
+
+
+def _why_lower(f: Finding, top: Finding) -> str:
+    if f.role != top.role:
+        return f"a {f.role}, not a root cause: {top.name} explains it"
+    if f.confidence != top.confidence:
+        return f"lower confidence ({f.confidence} against {top.confidence})"
+    if f.score < top.score:
+        return f"same confidence, weaker evidence (score {f.score:.2f} against {top.score:.2f})"
+    return f"as likely as {top.name} on this evidence; listed after it by code"

@@ -1,0 +1,206 @@
+"""The evidence rules read, derived once per run from what the analysis found.
+
+Scalar views merge a tag's points from every file and keep one value per step (the last
+written: a resumed run overwrites the steps it repeats), in step order.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from analyzer.locate import is_loss_scale_tag, layer_from_tag, tag_priority
+from analyzer.model import Event, Incident, Location, RunResult, Series
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+_LR = re.compile(r"(^|[/_\-])(lr|learning[_ ]?rate)([/_\-]|$)", re.IGNORECASE)
+_VALIDATION = re.compile(r"val|test|eval", re.IGNORECASE)
+_WEIGHT = re.compile(r"^(weight_norm|weight_norms|param_norm|weights?)(/|$)", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Curve:
+    """One scalar over steps: unique steps ascending, the tag it came from, where to look."""
+
+    tag: str
+    steps: IntArray
+    values: FloatArray
+    source: Series
+
+    def __len__(self) -> int:
+        return int(self.steps.shape[0])
+
+    def before(self, step: int | None) -> Curve:
+        """The points strictly before ``step`` (all of them when step is None)."""
+        if step is None:
+            return self
+        keep = self.steps < step
+        return Curve(self.tag, self.steps[keep], self.values[keep], self.source)
+
+    def location_at(self, step: int) -> Location:
+        hits = np.flatnonzero(self.source.steps == step)
+        return self.source.location(int(hits[-1]) if hits.size else 0)
+
+
+def merge(series: list[Series]) -> Curve | None:
+    if not series:
+        return None
+    steps = np.concatenate([s.steps for s in series])
+    values = np.concatenate([s.values for s in series])
+    order = np.argsort(steps, kind="stable")
+    steps, values = steps[order], values[order]
+    last = np.r_[steps[1:] != steps[:-1], True]  # the last value written for each step
+    return Curve(series[0].tag, steps[last], values[last], series[0])
+
+
+@dataclass
+class RunEvidence:
+    """What a run offers the rules. Built once per run; parts are computed on first use."""
+
+    result: RunResult
+    siblings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """env.json contents of the healthy runs beside this one, by run name."""
+
+    @property
+    def incident(self) -> Incident | None:
+        return self.result.incident
+
+    @property
+    def failed(self) -> bool:
+        return self.result.incident is not None
+
+    @property
+    def failure_step(self) -> int | None:
+        return self.result.incident.step if self.result.incident else None
+
+    def _best(self, pick: list[Series]) -> Curve | None:
+        if not pick:
+            return None
+        by_tag: dict[str, list[Series]] = {}
+        for s in pick:
+            by_tag.setdefault(s.tag, []).append(s)
+        tag = max(by_tag, key=lambda t: (sum(len(s) for s in by_tag[t]), t))
+        return merge(by_tag[tag])
+
+    def _train(self, pred: Any) -> list[Series]:
+        return [s for s in self.result.run.series
+                if pred(s.tag) and not _VALIDATION.search(s.tag) and len(s)]
+
+    @cached_property
+    def loss(self) -> Curve | None:
+        return self._best(self._train(lambda t: tag_priority(t) == 0))
+
+    @cached_property
+    def grad_norm(self) -> Curve | None:
+        return self._best(self._train(lambda t: tag_priority(t) == 1))
+
+    @cached_property
+    def lr(self) -> Curve | None:
+        return self._best(self._train(lambda t: bool(_LR.search(t.rsplit("/", 1)[-1]))
+                                      or t.lower() in ("lr", "learning_rate")))
+
+    @cached_property
+    def loss_scale(self) -> Curve | None:
+        return self._best(self._train(is_loss_scale_tag))
+
+    def _per_layer(self, pred: Any) -> dict[str, Curve]:
+        groups: dict[str, list[Series]] = {}
+        for s in self.result.run.series:
+            layer = layer_from_tag(s.tag)
+            if layer is not None and pred(s.tag):
+                groups.setdefault(s.tag, []).append(s)
+        out: dict[str, Curve] = {}
+        for tag, parts in groups.items():
+            curve = merge(parts)
+            if curve is not None:
+                out[tag] = curve
+        return out
+
+    @cached_property
+    def layer_grad_norms(self) -> dict[str, Curve]:
+        return self._per_layer(lambda t: tag_priority(t) == 2)
+
+    @cached_property
+    def layer_weight_norms(self) -> dict[str, Curve]:
+        return self._per_layer(lambda t: bool(_WEIGHT.search(t)))
+
+    def events(self, kind: str) -> list[Event]:
+        return [e for e in self.result.run.events if e.kind == kind]
+
+    @cached_property
+    def capture_meta(self) -> dict[str, Any] | None:
+        for folder in self.result.run.captures:
+            meta = _read_json(os.path.join(folder, "meta.json"))
+            if meta is not None:
+                return meta
+        return None
+
+    @cached_property
+    def env(self) -> dict[str, Any] | None:
+        env = _read_json(os.path.join(self.result.run.path, "env.json"))
+        if env is None and self.capture_meta is not None:
+            captured = self.capture_meta.get("env")
+            env = captured if isinstance(captured, dict) else None
+        return env
+
+    @property
+    def replay(self) -> Any:
+        return self.result.replay
+
+    def has(self, need: str) -> bool:
+        """Whether one kind of evidence is present; the names rules declare in ``needs``."""
+        checks = {
+            "loss": lambda: self.loss is not None,
+            "grad_norm": lambda: self.grad_norm is not None,
+            "lr": lambda: self.lr is not None,
+            "loss_scale": lambda: (self.loss_scale is not None
+                                   or bool(self.events("overflow_skip"))
+                                   or bool(self.result.overflow_skips)),
+            "layer_norms": lambda: bool(self.layer_grad_norms or self.layer_weight_norms),
+            "replay": lambda: self.replay is not None,
+            "capture": lambda: self.capture_meta is not None,
+            "anomaly_log": lambda: any("function" in e.detail for e in self.events("nonfinite")),
+            "checkpoints": lambda: self.result.run.checkpoints is not None,
+            "env": lambda: self.env is not None,
+            "siblings": lambda: self.env is not None and bool(self.siblings),
+            "ranks": lambda: len({s.rank for s in self.result.run.series
+                                  if s.rank is not None}) > 1,
+        }
+        return bool(checks[need]())
+
+    def missing_reason(self, needs: tuple[str, ...]) -> str:
+        reasons = {
+            "loss": "no loss series",
+            "grad_norm": "no total gradient-norm series",
+            "lr": "no learning-rate series",
+            "loss_scale": "no loss-scale series or overflow messages",
+            "layer_norms": "no per-layer gradient or weight norms",
+            "replay": (f"no replay ({self.result.replay_error})" if self.result.replay_error
+                       else "no replay: the run has no capture of the failing step"),
+            "capture": "no capture of the failing step",
+            "anomaly_log": "no autograd anomaly message in the logs",
+            "checkpoints": "no checkpoints",
+            "env": "no env.json",
+            "siblings": "no healthy run with an env.json beside this one to compare with",
+            "ranks": "no per-rank series",
+        }
+        return "; ".join(reasons[n] for n in needs)
+
+
+def _read_json(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

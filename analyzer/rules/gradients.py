@@ -1,0 +1,253 @@
+"""Gradients that grow without bound: the symptom, bad initialisation, recurrent nets,
+and clipping that hides a design fault."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+
+from analyzer.model import Evidence, Finding
+from analyzer.rules.base import Rule, rule
+from analyzer.rules.evidence import Curve, RunEvidence
+from analyzer.rules.signals import Growth, growth
+
+BAD_INIT_NORM = 1e5
+"""A gradient norm above this in the first steps points at initialisation."""
+EARLY_STEPS = 3
+RECOVERED_NORM = 1e3
+"""An early burst after which the norm falls below this did not doom the run."""
+_RECURRENT = re.compile(r"(^|[._])(rnn|lstm|gru|recurrent|cell)([._\d]|$)", re.IGNORECASE)
+
+
+def gradient_growth(ev: RunEvidence) -> tuple[Curve, Growth] | None:
+    """Exponential growth of the total gradient norm (else the loss) before the failure."""
+    for curve in (ev.grad_norm, ev.loss):
+        if curve is None:
+            continue
+        before = curve.before(ev.failure_step)
+        g = growth(before.steps, before.values)
+        if g is not None and g.decades >= 2:
+            return before, g
+    return None
+
+
+def growth_evidence(curve: Curve, g: Growth) -> list[Evidence]:
+    return [
+        Evidence(f"{curve.tag} grew {g.decades:.1f} orders of magnitude from step "
+                 f"{g.onset_step} to {g.end_step}, doubling every {g.doubling_steps:.3g} steps "
+                 f"(log-linear fit over {g.points} points, R² {g.r2:.2f})",
+                 location=curve.location_at(g.onset_step), step=g.onset_step,
+                 subject=curve.tag),
+    ]
+
+
+@rule("NF201", "exploding-gradients", "exploding gradients", role="symptom",
+      needs=("grad_norm", "loss"))
+def exploding_gradients(r: Rule, ev: RunEvidence) -> list[Finding]:
+    """
+    ## What it detects
+    The gradient norm (or, without one, the loss) rising exponentially in the steps before
+    the failure, until it overflows. Reported with the onset step and the doubling time from
+    a least-squares fit of log10(norm) against the step.
+
+    ## Why it produces NaN/Inf
+    Backpropagation multiplies Jacobians layer by layer and step by step; when their
+    spectral radius stays above 1 the product grows geometrically, passes float32's
+    ~3.4e38 and becomes Inf, and Inf - Inf or 0·Inf then gives NaN.
+
+    ## Evidence
+    The total gradient-norm series (or the loss series) before the first non-finite step:
+    at least two orders of magnitude of log-linear growth with R² >= 0.8.
+
+    ## Fix
+    Find the cause the growth is a symptom of (learning rate, initialisation, a recurrent
+    net on long sequences); meanwhile clip the gradient norm and log it:
+    ```python
+    total = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
+    writer.add_scalar("train/grad_norm", total, step)
+    ```
+
+    ## Known false positives
+    Early training where the gradient norm legitimately rises from a tiny value for a few
+    steps; the rule asks for two orders of magnitude before the failure.
+    """
+    if not ev.failed:
+        return []
+    found = gradient_growth(ev)
+    if found is None:
+        return []
+    curve, g = found
+    confidence = "high" if g.decades >= 4 and g.r2 >= 0.9 else "medium"
+    return [r.finding(confidence, growth_evidence(curve, g), min(1.0, g.decades / 8))]
+
+
+@rule("NF204", "bad-initialisation", "bad initialisation: huge gradients from the start",
+      needs=("grad_norm",))
+def bad_initialisation(r: Rule, ev: RunEvidence) -> list[Finding]:
+    """
+    ## What it detects
+    A gradient norm above 1e5 within the first logged steps, before the optimizer has had
+    time to do damage: the weights were too large (or too small) from the start.
+
+    ## Why it produces NaN/Inf
+    Weights drawn with too large a scale make activations and gradients grow by a constant
+    factor per layer; the first updates are then huge, push the weights further out, and the
+    run overflows within a few steps.
+
+    ## Evidence
+    The total gradient-norm series: a value above 1e5 at one of the first three logged
+    steps, and no return below 1e3 between then and the failure.
+
+    ## Fix
+    Use an initialisation scaled to the layer's fan-in and nonlinearity, and check the
+    first step's gradient norm:
+    ```python
+    for m in model.modules():
+        if isinstance(m, torch.nn.Linear):
+            torch.nn.init.kaiming_normal_(m.weight, nonlinearity="relu")
+            torch.nn.init.zeros_(m.bias)
+    ```
+
+    ## Known false positives
+    Losses summed (not averaged) over very large batches or sequences have large gradient
+    norms by construction; compare with the loss's own scale.
+    """
+    curve = ev.grad_norm
+    if curve is None or not ev.failed:
+        return []
+    first = curve.before(ev.failure_step)
+    head = first.values[:EARLY_STEPS]
+    big = np.flatnonzero(np.isfinite(head) & (head > BAD_INIT_NORM))
+    if not big.size:
+        return []
+    k = int(big[0])
+    step, value = int(first.steps[k]), float(first.values[k])
+    later = first.values[k + 1:]
+    if (np.isfinite(later) & (later < RECOVERED_NORM)).any():
+        return []  # the norm came back to a sane scale: the early burst did not cause the failure
+    evidence = [Evidence(f"{curve.tag} = {value:.3g} at step {step}, the "
+                         f"{_ordinal(k + 1)} logged step (threshold {BAD_INIT_NORM:.0e}), and "
+                         f"it never fell below {RECOVERED_NORM:.0e} before the failure",
+                         location=curve.location_at(step), step=step, subject=curve.tag)]
+    score = min(1.0, 0.6 + 0.1 * math.log10(value / BAD_INIT_NORM))
+    return [r.finding("high" if k == 0 else "medium", evidence, score)]
+
+
+@rule("NF206", "exploding-rnn", "exploding recurrent network on long sequences",
+      needs=("layer_norms", "replay"))
+def exploding_rnn(r: Rule, ev: RunEvidence) -> list[Finding]:
+    """
+    ## What it detects
+    A recurrent layer (RNN, LSTM, GRU) whose gradients or weights run away first, or that a
+    replay names as the producer of the first non-finite value.
+
+    ## Why it produces NaN/Inf
+    Backpropagation through time multiplies the same recurrent Jacobian once per time step;
+    with a spectral radius above 1 the gradient grows like radius^length, so long sequences
+    overflow even at a modest learning rate.
+
+    ## Evidence
+    Per-layer gradient or weight norms where a recurrent layer grows fastest or goes
+    non-finite first, or a replay whose producing module is recurrent.
+
+    ## Fix
+    Clip gradients every step, shorten the backpropagation window, or use gated cells:
+    ```python
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
+    # truncated BPTT: detach the hidden state between chunks of the sequence
+    hidden = hidden.detach()
+    # prefer nn.LSTM/nn.GRU over nn.RNN(nonlinearity="relu")
+    ```
+
+    ## Known false positives
+    A model whose only layer happens to be recurrent fails there whatever the cause; check
+    the learning rate too.
+    """
+    if not ev.failed:
+        return []
+    evidence: list[Evidence] = []
+    replay = ev.replay
+    layer = replay.layer if replay is not None else None
+    if layer and _RECURRENT.search(layer):
+        evidence.append(Evidence(f"replay names recurrent module {layer} as the producer "
+                                 f"({replay.phase})", step=replay.step, subject=layer))
+    fastest = _fastest_layer(ev)
+    if fastest is not None and _RECURRENT.search(fastest[0]):
+        name, g, curve = fastest
+        evidence.append(Evidence(f"{curve.tag} grows fastest of all layers: "
+                                 f"{g.decades:.1f} orders of magnitude from step "
+                                 f"{g.onset_step}", location=curve.location_at(g.onset_step),
+                                 step=g.onset_step, subject=name))
+    inc = ev.result.layer_incident
+    if inc is not None and inc.layer and _RECURRENT.search(inc.layer):
+        evidence.append(Evidence(f"first non-finite layer tag: {inc.tag} at step {inc.step}",
+                                 location=inc.location, step=inc.step, subject=inc.layer))
+    if not evidence:
+        return []
+    return [r.finding("high" if len(evidence) >= 2 else "medium", evidence,
+                      0.5 + 0.2 * len(evidence))]
+
+
+def _fastest_layer(ev: RunEvidence) -> tuple[str, Growth, Curve] | None:
+    best: tuple[str, Growth, Curve] | None = None
+    for tag, curve in {**ev.layer_grad_norms, **ev.layer_weight_norms}.items():
+        before = curve.before(ev.failure_step)
+        g = growth(before.steps, before.values)
+        if g is not None and (best is None or g.decades > best[1].decades):
+            best = (tag, g, before)
+    return best
+
+
+@rule("NF205", "frequent-clipping", "gradient clipping on most steps", role="symptom",
+      needs=("capture",))
+def frequent_clipping(r: Rule, ev: RunEvidence) -> list[Finding]:
+    """
+    ## What it detects
+    A run that clips its gradient norm on most steps: the total norm before clipping is
+    above `max_norm` more often than not.
+
+    ## Why it produces NaN/Inf
+    Clipping bounds the update, not the forward pass: a model whose raw gradients are
+    always too large has a scale problem (initialisation, depth, learning rate) that
+    clipping only hides until activations or the loss overflow.
+
+    ## Evidence
+    The `grad_clip` recorded in the capture and the total gradient-norm series (logged
+    before clipping): the share of steps above the threshold.
+
+    ## Fix
+    Treat the cause rather than clipping harder: lower the learning rate, fix the
+    initialisation, add normalisation layers or residual scaling:
+    ```python
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    clipped += int(norm > max_norm)   # log the share of clipped steps
+    ```
+
+    ## Known false positives
+    The first few hundred steps of large models often clip; the rule looks at the share
+    over the whole run.
+    """
+    meta = ev.capture_meta or {}
+    clip = meta.get("grad_clip")
+    curve = ev.grad_norm
+    if not isinstance(clip, int | float) or curve is None or len(curve) < 10:
+        return []
+    values = curve.before(ev.failure_step).values
+    values = values[np.isfinite(values)]
+    if values.shape[0] < 10:
+        return []
+    share = float((values > clip).mean())
+    if share < 0.5:
+        return []
+    evidence = [Evidence(f"{curve.tag} was above max_norm={clip:g} on {share:.0%} of "
+                         f"{values.shape[0]} logged steps", subject=curve.tag)]
+    return [r.finding("medium" if share > 0.8 else "low", evidence, share)]
+
+
+def _ordinal(n: int) -> str:
+    return {1: "first", 2: "second", 3: "third"}.get(n, f"{n}th")
+
+
+RULES = (exploding_gradients, bad_initialisation, exploding_rnn, frequent_clipping)

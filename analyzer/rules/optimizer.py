@@ -1,0 +1,77 @@
+"""The optimizer's own arithmetic: Adam's epsilon lost in low precision."""
+
+from __future__ import annotations
+
+from analyzer.model import Evidence, Finding
+from analyzer.rules.base import Rule, rule
+from analyzer.rules.evidence import RunEvidence
+
+_HALF_TINY = {"float16": 6e-8, "bfloat16": 9.2e-41}
+"""Smallest positive (subnormal) values: an eps below them rounds to 0."""
+
+
+@rule("NF207", "adam-eps-too-small", "Adam's eps too small for the parameters' dtype",
+      needs=("replay", "checkpoints"))
+def adam_eps_too_small(r: Rule, ev: RunEvidence) -> list[Finding]:
+    """
+    ## What it detects
+    An Adam-family update that divides by sqrt(v) + eps where eps rounds to zero in the
+    parameters' dtype (1e-8 in float16, whose smallest positive value is ~6e-8) and the
+    second moment v is zero or tiny for some elements.
+
+    ## Why it produces NaN/Inf
+    The update is lr·m/(sqrt(v)+eps). With eps = 0 in float16 and v = 0 for a parameter
+    whose gradient was 0 (or underflowed), the step is m/0: Inf, or 0/0 = NaN, written
+    straight into the weights while the forward and backward passes look healthy.
+
+    ## Evidence
+    A replay whose forward and backward stay finite and whose optimizer step makes
+    parameters non-finite, with the reason (eps rounding to 0, zeros in exp_avg_sq); the
+    optimizer's eps and the dtype from the capture; Adam state in checkpoints with
+    exp_avg_sq at or below eps².
+
+    ## Fix
+    Keep optimizer state and master weights in float32 (use autocast instead of a half
+    model), or raise eps to something the dtype can hold:
+    ```python
+    model = model.float()                       # master weights in float32
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, eps=1e-8)
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = loss_fn(model(x), y)
+    # a pure-fp16 model needs eps >= 1e-4 (and care)
+    ```
+
+    ## Known false positives
+    Parameters that never receive gradient (frozen by accident) also have v = 0; in
+    float32 that is harmless because eps survives.
+    """
+    replay = ev.replay
+    if replay is None or not ev.failed:
+        return []
+    update = replay.update
+    params = tuple(update.params)
+    meta = ev.capture_meta or {}
+    opt = meta.get("optimizer") or {}
+    hyper = opt.get("hyperparameters", {}) if isinstance(opt, dict) else {}
+    eps = hyper.get("eps") if isinstance(hyper, dict) else None
+    dtype = str(meta.get("dtype", ""))
+    adam = isinstance(opt, dict) and "adam" in str(opt.get("class", "")).lower()
+    eps_reasons = [p for p in params if "eps" in p.reason or "exp_avg_sq" in p.reason]
+    if replay.phase != "update" or not (eps_reasons or adam):
+        return []
+    evidence = [Evidence(f"replay of step {replay.step}: forward and backward finite; the "
+                         f"optimizer step made {len(params)} parameter(s) non-finite",
+                         step=replay.step, subject=params[0].name if params else None)]
+    for p in (eps_reasons or list(params))[:3]:
+        evidence.append(Evidence(f"{p.name}: {p.reason}", step=replay.step, subject=p.name))
+    tiny = _HALF_TINY.get(dtype)
+    rounds = isinstance(eps, int | float) and tiny is not None and eps < tiny
+    if isinstance(eps, int | float):
+        evidence.append(Evidence(f"{opt.get('class', 'optimizer')} eps={eps:g} with {dtype} "
+                                 "parameters" + (" (rounds to 0)" if rounds else ""),
+                                 subject="optimizer"))
+    confidence = "high" if eps_reasons and (rounds or dtype in _HALF_TINY) else "medium"
+    return [r.finding(confidence, evidence, 0.6 + 0.2 * bool(eps_reasons) + 0.2 * rounds)]
+
+
+RULES = (adam_eps_too_small,)
