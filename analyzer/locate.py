@@ -36,7 +36,7 @@ _STAT = {
 _NOT_LAYER = {"total", "all", "global", "overall", "model", "sum"}
 _PARAM_SUFFIX = re.compile(
     r"\.(weight\w*|bias\w*|gamma|beta|scale|running_mean|running_var|in_proj_\w+)$")
-_KIND_ORDER: dict[str, int] = {"nan": 0, "+inf": 1, "-inf": 2, "nan-or-inf": 3}
+_KINDS = ("nan", "+inf", "-inf", "nan-or-inf")
 
 
 def tag_priority(tag: str) -> int:
@@ -171,7 +171,7 @@ def event_incident(event: Event) -> Incident | None:
         decided_by = f"the line names no step; the last step logged before it is {after}"
     tag = str(event.detail.get("tag", "loss"))
     kind = str(event.detail.get("kind", "nan-or-inf"))
-    if kind not in _KIND_ORDER:
+    if kind not in _KINDS:
         kind = "nan-or-inf"
     return Incident(step=step, tag=tag, kind=cast(NonFiniteKind, kind), last_finite_step=None,
                     location=event.location, layer=layer_from_tag(tag), decided_by=decided_by,
@@ -211,9 +211,12 @@ def tag_incidents(run: Run, skips: frozenset[int] = frozenset()) -> list[Inciden
 _ORIGIN_ORDER = {"scalar": 0, "log": 1, "histogram": 2, "checkpoint": 3}
 
 
-def _rank(inc: Incident) -> tuple[int, int, int, int, str]:
-    return (inc.step, tag_priority(inc.tag), _ORIGIN_ORDER.get(inc.origin, 9),
-            _KIND_ORDER.get(inc.kind, 9), inc.tag)
+def _rank(inc: Incident) -> tuple[int, int, int, str, int, str]:
+    """Earliest step; then what the tag measures; then scalars before other sources; then
+    the order the values were written in (the same step's tags in one file), then name."""
+    file, position = _position(inc)
+    return (inc.step, tag_priority(inc.tag), _ORIGIN_ORDER.get(inc.origin, 9), file, position,
+            inc.tag)
 
 
 def run_incident(incidents: list[Incident]) -> Incident | None:
@@ -231,7 +234,7 @@ def run_incident(incidents: list[Incident]) -> Incident | None:
     elif tied[1].origin != first.origin:
         rule = f"{len(tied)} tags at step {first.step}: scalars before histograms"
     else:
-        rule = f"{len(tied)} tags of equal priority at step {first.step}: NaN first, then name"
+        rule = f"{len(tied)} tags of equal priority at step {first.step}: the one written first"
     return replace(first, decided_by=rule)
 
 

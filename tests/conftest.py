@@ -43,3 +43,30 @@ def summary_run(tmp_path: object) -> Callable[..., str]:
         return write_summary_run(folder, values, start=start)
 
     return make
+
+
+SAMPLE_RUNS = os.path.join(ROOT, "sample_runs")
+
+
+def scenarios() -> dict[str, dict]:  # type: ignore[type-arg]
+    """Each sample run's scenario.json, by run folder name."""
+    import json
+
+    out = {}
+    if os.path.isdir(SAMPLE_RUNS):
+        for name in sorted(os.listdir(SAMPLE_RUNS)):
+            path = os.path.join(SAMPLE_RUNS, name, "scenario.json")
+            if os.path.isfile(path):
+                with open(path, encoding="utf-8") as fh:
+                    out[name] = json.load(fh)
+    return out
+
+
+@pytest.fixture(scope="session")
+def sample_report():  # type: ignore[no-untyped-def]
+    """The full analysis of sample_runs/ (replay and rules included), computed once."""
+    from analyzer.api import analyze
+
+    if not scenarios():
+        pytest.skip("sample_runs/ holds no scenario runs")
+    return analyze(SAMPLE_RUNS)

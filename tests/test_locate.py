@@ -24,7 +24,8 @@ def _series(tag: str, values: list[float], steps: list[int] | None = None) -> Se
 
 
 def _oracle(tags: dict[str, list[float]]) -> tuple[int, str, str, int | None] | None:
-    """Brute force: walk every point; earliest step, then loss > grad > other, NaN first."""
+    """Brute force: walk every point; earliest step, then loss > grad > other, then name
+    (all tags here are written at the same offsets, so the file order ties too)."""
     found = []
     for tag, values in tags.items():
         for i, v in enumerate(values):
@@ -35,12 +36,11 @@ def _oracle(tags: dict[str, list[float]]) -> tuple[int, str, str, int | None] | 
                     if math.isfinite(values[j]):
                         last = j
                         break
-                found.append((i, tag_priority(tag), ["nan", "+inf", "-inf"].index(kind), tag,
-                              kind, last))
+                found.append((i, tag_priority(tag), tag, kind, last))
                 break
     if not found:
         return None
-    step, _, _, tag, kind, last = min(found)
+    step, _, tag, kind, last = min(found)
     return step, tag, kind, last
 
 
