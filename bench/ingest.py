@@ -46,7 +46,7 @@ def ours_frame(run: str, verify: bool) -> object:
 
 
 def ours_first(run: str, verify: bool) -> int | None:
-    result = analyzer.analyze(run, verify=verify).results[0]
+    result = analyzer.analyze(run, verify=verify, replay=False, rules=False).results[0]
     return result.incident.step if result.incident else None
 
 

@@ -47,6 +47,9 @@ class Curve:
         keep = self.steps < step
         return Curve(self.tag, self.steps[keep], self.values[keep], self.source)
 
+    def tail(self, n: int) -> Curve:
+        return Curve(self.tag, self.steps[-n:], self.values[-n:], self.source)
+
     def location_at(self, step: int) -> Location:
         hits = np.flatnonzero(self.source.steps == step)
         return self.source.location(int(hits[-1]) if hits.size else 0)

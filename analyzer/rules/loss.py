@@ -11,6 +11,9 @@ from analyzer.rules.signals import robust_z
 
 SPIKE_Z = 6.0
 WINDOW = 50
+TAIL = 2000
+"""Only the last logged values before the failure are scored: spikes long before it are
+history, not a lead-up."""
 
 
 @rule("NF208", "loss-spike", "loss spikes before the failure", role="symptom",
@@ -49,6 +52,7 @@ def loss_spike(r: Rule, ev: RunEvidence) -> list[Finding]:
     before = curve.before(ev.failure_step)
     if len(before) < 15:
         return []
+    before = before.tail(TAIL)
     z = robust_z(before.values, WINDOW)
     spikes = np.flatnonzero(z > SPIKE_Z)
     if not spikes.size:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -88,16 +89,24 @@ def _breakpoint(x: npt.NDArray[np.float64], y: npt.NDArray[np.float64]) -> int:
     return int(cuts[best])
 
 
-def robust_z(values: npt.NDArray[np.float64], window: int = 50) -> npt.NDArray[np.float64]:
-    """Each value's distance from the median of the ``window`` values before it, in MADs."""
-    z = np.zeros(values.shape[0])
-    for i in range(values.shape[0]):
-        past = values[max(0, i - window): i]
-        past = past[np.isfinite(past)]
-        if past.shape[0] < 10 or not math.isfinite(values[i]):
-            continue
-        med = float(np.median(past))
-        mad = float(np.median(np.abs(past - med))) * 1.4826
-        if mad > 0:
-            z[i] = (values[i] - med) / mad
+def robust_z(values: npt.NDArray[np.float64], window: int = 50,
+             min_history: int = 10) -> npt.NDArray[np.float64]:
+    """Each value's distance from the median of the ``window`` values before it, in MADs
+    (scaled to a standard deviation for normal data). Values with fewer than
+    ``min_history`` finite predecessors, or a zero MAD, score 0."""
+    n = values.shape[0]
+    z = np.zeros(n)
+    if n <= min_history:
+        return z
+    padded = np.concatenate((np.full(window, np.nan), values.astype(np.float64)))
+    past = np.lib.stride_tricks.sliding_window_view(padded[:-1], window)[:n]
+    past = np.where(np.isfinite(past), past, np.nan)
+    enough = np.sum(np.isfinite(past), axis=1) >= min_history
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN windows score 0 below
+        med = np.nanmedian(past, axis=1)
+        mad = np.nanmedian(np.abs(past - med[:, None]), axis=1) * 1.4826
+        score = (values - med) / mad
+    ok = enough & np.isfinite(score) & (mad > 0)
+    z[ok] = score[ok]
     return z
