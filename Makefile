@@ -32,8 +32,18 @@ lint: setup
 	$(BIN)/ruff check analyzer app tests bench
 	$(BIN)/mypy analyzer
 
+# Each benchmark prints its own figures and ratios; see docs/performance.md.
 bench: setup
 	$(BIN)/python bench/ingest.py
+	$(BIN)/python bench/logs.py
+	$(BIN)/python bench/checkpoints.py
+	$(BIN)/python bench/replay.py
+	$(BIN)/python bench/capture.py
+
+# Regenerate the sample runs (real training, seeded, CPU) and the rules page scored on them.
+samples: setup
+	$(BIN)/python -m analyzer.scenarios sample_runs
+	$(BIN)/python -m analyzer.rules.docs sample_runs > docs/rules.md
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache .mypy_cache
