@@ -8,7 +8,6 @@ of the same folder give the same document.
 from __future__ import annotations
 
 import json
-import math
 import os
 from typing import Any
 
@@ -22,6 +21,7 @@ from analyzer.model import (
     Report,
     Run,
     RunResult,
+    json_safe,
 )
 
 _MAX_LISTED = 8
@@ -97,23 +97,12 @@ def _finding_dict(f: Finding) -> dict[str, Any]:
 
 def _event_dict(event: Event) -> dict[str, Any]:
     return {"kind": event.kind, "step": event.step, "message": event.message,
-            "location": _location_dict(event.location), "detail": _jsonable(event.detail)}
+            "location": _location_dict(event.location), "detail": json_safe(event.detail)}
 
 
 def _issue_dict(issue: IngestIssue) -> dict[str, Any]:
     return {"kind": issue.kind, "message": issue.message,
             "location": _location_dict(issue.location)}
-
-
-def _jsonable(value: Any) -> Any:
-    """JSON has no NaN or Inf: write them as the strings a reader expects."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    return value
 
 
 def format_text(report: Report) -> str:

@@ -23,6 +23,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from analyzer.model import json_safe
+
 Phase = Literal["forward", "backward", "update"]
 Role = Literal["finite", "producer", "pass-through", "absorbs", "bad-parameters"]
 VerdictKind = Literal["math-fault", "range-overflow", "not-reproducible", "bad-input", "finite",
@@ -284,11 +286,11 @@ class ReplayResult:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict: non-finite floats become the strings 'nan', 'inf', '-inf'."""
         data = {"schema": "nan-forensics-replay", "schema_version": REPLAY_SCHEMA_VERSION}
-        body = _jsonable(dataclasses.asdict(self))
+        body = json_safe(dataclasses.asdict(self))
         assert isinstance(body, dict)
         data.update(body)
         data["layer"] = self.layer
-        data["op"] = _jsonable(dataclasses.asdict(self.op)) if self.op is not None else None
+        data["op"] = json_safe(dataclasses.asdict(self.op)) if self.op is not None else None
         return data
 
 
@@ -302,13 +304,3 @@ def _model_layer(name: str | None) -> str | None:
     if name is None or name.startswith(LOSS_NAME):
         return None
     return name
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    return value
