@@ -58,3 +58,29 @@ def test_replay_layer_matches_scenario(sample_report) -> None:  # type: ignore[n
             continue
         assert result.replay.phase == expected["phase"], name
         assert result.replay_error is None
+
+
+def test_checkpoints_alone_name_the_first_bad_save_and_layer() -> None:
+    import os
+
+    from analyzer.api import analyze
+    from tests.conftest import SAMPLE_RUNS
+
+    checked = 0
+    for name, scenario in SCENARIOS.items():
+        folder = os.path.join(SAMPLE_RUNS, name, "checkpoints")
+        failed_at = scenario["expected"]["first_nonfinite_step"]
+        after = [s for s in scenario.get("checkpoints", []) if failed_at is not None
+                 and s >= failed_at]
+        if not after or not os.path.isdir(folder):
+            continue
+        (result,) = analyze(folder, replay=False).results
+        inc = result.incident
+        if inc is None:  # saved after the failure, but before non-finite values reached it
+            continue
+        assert inc.origin == "checkpoint", name
+        assert inc.step in after, name
+        assert inc.layer is not None and inc.last_finite_step is not None
+        assert inc.last_finite_step < failed_at
+        checked += 1
+    assert checked >= 2
