@@ -232,7 +232,8 @@ def run_incident(incidents: list[Incident]) -> Incident | None:
         rule = (f"{len(tied)} tags at step {first.step}: loss before total gradient norm "
                 "before per-layer gradients before other tags")
     elif tied[1].origin != first.origin:
-        rule = f"{len(tied)} tags at step {first.step}: scalars before histograms"
+        rule = (f"{len(tied)} tags at step {first.step}: event-file scalars before log lines "
+                "before histograms before checkpoints")
     else:
         rule = f"{len(tied)} tags of equal priority at step {first.step}: the one written first"
     return replace(first, decided_by=rule)

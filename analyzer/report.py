@@ -187,11 +187,19 @@ def _finding_lines(result: RunResult) -> list[str]:
     lines = [f"   {label}  {top.code} {top.name} ({top.confidence}): {top.title}"]
     lines += [f"     - {e.text}" + (f"  [{_shown(e.location)}]" if e.location else "")
               for e in top.evidence]
-    fix = top.fix.split("```")[0].strip().splitlines()
-    if fix:
-        lines.append(f"     fix: {fix[0]}  (forensics explain {top.code})")
+    lines += _fix_lines(top)
     for f in rest:
         lines.append(f"   also {f.code} {f.name} ({f.confidence}, {f.role}): {f.rank_note}")
+    return lines
+
+
+def _fix_lines(top: Finding) -> list[str]:
+    """The fix's first sentence and its code snippet, indented under the cause."""
+    prose, _, rest = top.fix.partition("```")
+    first = " ".join(prose.split()).split(". ")[0].rstrip(":.")
+    lines = [f"     fix: {first}  (forensics explain {top.code})"]
+    code = rest.split("```")[0].split("\n", 1)[-1] if rest else ""
+    lines += [f"       {line}" for line in code.rstrip().splitlines()]
     return lines
 
 
@@ -242,8 +250,9 @@ def _summary(report: Report) -> str:
             rows.append((r.run.name, "finite", "-", "-", "-", "-", "-", "-"))
         else:
             last = "-" if inc.last_finite_step is None else str(inc.last_finite_step)
-            layer = r.replay.layer if r.replay is not None and r.replay.layer else (
-                r.layer_incident.layer if r.layer_incident else None)
+            layer = r.layer_incident.layer if r.layer_incident else None
+            if r.replay is not None and r.replay.phase is not None:
+                layer = r.replay.layer or "(loss fn)"
             cause = next((f"{f.name} ({f.confidence})" for f in r.findings if f.is_failure),
                          "-")
             rows.append((r.run.name, "FAILED", str(inc.step), inc.tag, inc.kind, last,
