@@ -75,7 +75,7 @@ def _breakpoint(x: npt.NDArray[np.float64], y: npt.NDArray[np.float64]) -> int:
         vy = syy - sy * sy / k
         with np.errstate(divide="ignore", invalid="ignore"):
             fit = np.where(vx > 0, cov * cov / vx, 0.0)
-        return np.maximum(vy - fit, 0.0)
+        return np.asarray(np.maximum(vy - fit, 0.0), dtype=np.float64)
 
     whole = float(sse(np.array([0]), np.array([n]))[0])
     cuts = np.arange(2, n - MIN_POINTS + 1)
