@@ -1,68 +1,33 @@
-"""The flight recorder: keeps what a replay needs and writes it on the first bad step.
-
-A training loop adds it in three lines::
-
-    recorder = FlightRecorder(run_dir, model, optimizer, model_factory=..., loss_factory=...)
-    for step, (x, y) in enumerate(loader):
-        with recorder.step(step, x, y) as rec:
-            ...                      # the loop's own forward, backward and update
-            rec.loss(loss)
-
-Entering ``step`` keeps the state at the start of the step (model, optimizer and
-GradScaler state, RNG states, the batch, the learning rate). Leaving it checks the
-loss, and optionally the gradients and parameters, for NaN/Inf. The first time one
-is non-finite it writes ``capture/step_<N>/`` (format in docs/capture.md) and stops
-recording. Nothing it does raises into the loop: a failure is warned about once and
-kept in :attr:`FlightRecorder.errors`.
-
-``torch`` is imported inside functions so that importing this module stays cheap.
-"""
+"""The flight recorder itself: keeps each step's state, writes the first bad step."""
 
 from __future__ import annotations
 
 import contextlib
-import importlib
-import json
 import os
-import platform
-import random
 import shutil
 import tempfile
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
+
+from analyzer.capture.env import environment, write_env
+from analyzer.capture.format import (
+    CAPTURE_DIR,
+    ENV_FILE,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    Factory,
+    Mode,
+    class_path,
+    dtype_name,
+    hparams_json,
+    write_json,
+)
+from analyzer.capture.rng import raw_rng, safe_rng
 
 if TYPE_CHECKING:
     import torch
-
-FORMAT_NAME = "nan-forensics-capture"
-FORMAT_VERSION = 1
-ENV_FILE = "env.json"
-CAPTURE_DIR = "capture"
-
-Mode = Literal["every_step", "every_n"]
-_DTYPE_NAMES = ("float32", "float16", "bfloat16", "float64")
-
-
-@dataclass(frozen=True)
-class Factory:
-    """An importable ``module:function`` and the JSON keyword arguments to call it with."""
-
-    path: str
-    kwargs: Mapping[str, Any] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"factory": self.path, "kwargs": dict(self.kwargs)}
-
-    def build(self) -> Any:
-        module_name, _, attr = self.path.partition(":")
-        if not module_name or not attr:
-            raise ValueError(f"factory {self.path!r} is not of the form 'module:function'")
-        target: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            target = getattr(target, part)
-        return target(**dict(self.kwargs))
 
 
 @dataclass
@@ -84,143 +49,6 @@ class _StepInputs:
     targets: Any
     rng: tuple[Any, ...]
     lr: float
-
-
-# --------------------------------------------------------------------------- environment
-
-
-def environment(seed: int | None = None) -> dict[str, Any]:
-    """A snapshot of the software and numerics settings a run's numbers depend on."""
-    import numpy as np
-    import torch
-
-    config = torch.__config__.show()
-    cuda_ok = torch.cuda.is_available()
-    env: dict[str, Any] = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "cudnn": _cudnn_version(),
-        "numpy": np.__version__,
-        "blas": _config_value(config, "BLAS_INFO"),
-        "lapack": _config_value(config, "LAPACK_INFO") or _config_value(config, "BLAS_INFO"),
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "num_threads": torch.get_num_threads(),
-        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
-        "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
-        "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
-        "tf32_matmul": bool(torch.backends.cuda.matmul.allow_tf32),
-        "tf32_cudnn": bool(torch.backends.cudnn.allow_tf32),
-        "float32_matmul_precision": torch.get_float32_matmul_precision(),
-        "default_dtype": str(torch.get_default_dtype()).removeprefix("torch."),
-        "anomaly_detection": torch.is_anomaly_enabled(),
-        "cuda_available": cuda_ok,
-        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-        if cuda_ok
-        else [],
-        "seed": seed,
-    }
-    return env
-
-
-def _cudnn_version() -> int | None:
-    import torch
-
-    backend: Any = torch.backends.cudnn
-    return backend.version() if backend.is_available() else None
-
-
-def _config_value(config: str, key: str) -> str | None:
-    # torch.__config__.show() prints "BLAS_INFO=mkl, BUILD_TYPE=..." on one line.
-    marker = key + "="
-    start = config.find(marker)
-    if start < 0:
-        return None
-    value = config[start + len(marker) :].split(",", 1)[0].strip()
-    return value or None
-
-
-def write_env(run_dir: str | os.PathLike[str], seed: int | None = None) -> str | None:
-    """Write ``env.json`` into ``run_dir``; return its path, or None if it could not."""
-    try:
-        os.makedirs(run_dir, exist_ok=True)
-        path = os.path.join(run_dir, ENV_FILE)
-        _write_json(path, {"format": "nan-forensics-env", "version": 1, **environment(seed)})
-        return path
-    except Exception as exc:  # the run matters more than its environment record
-        warnings.warn(f"flight recorder: could not write {ENV_FILE}: {exc}", stacklevel=2)
-        return None
-
-
-# --------------------------------------------------------------------------- rng
-
-
-def _raw_rng(cuda: bool) -> tuple[Any, ...]:
-    """The RNG states as their libraries return them: cheap, taken before every step."""
-    import numpy as np
-    import torch
-
-    cuda_states = list(torch.cuda.get_rng_state_all()) if cuda else []
-    return random.getstate(), np.random.get_state(), torch.get_rng_state(), cuda_states
-
-
-def _safe_rng(raw: tuple[Any, ...]) -> dict[str, Any]:
-    """Raw RNG states as tensors and plain lists, so that ``weights_only`` loading opens them."""
-    import numpy as np
-    import torch
-
-    (version, keys, gauss), np_state, torch_state, cuda_states = raw
-    bit_generator, key, pos, has_gauss, cached = np_state
-    return {
-        "torch": torch_state,
-        "cuda": cuda_states,
-        "numpy": {
-            "bit_generator": str(bit_generator),
-            "key": torch.from_numpy(np.asarray(key, dtype=np.int64)),
-            "pos": int(pos),
-            "has_gauss": int(has_gauss),
-            "gauss": float(cached),
-        },
-        "python": [int(version), [int(k) for k in keys], gauss],
-    }
-
-
-def rng_state() -> dict[str, Any]:
-    """RNG states of python, numpy and torch (CPU and every CUDA device), weights_only-safe."""
-    import torch
-
-    return _safe_rng(_raw_rng(torch.cuda.is_available()))
-
-
-def restore_rng(state: Mapping[str, Any]) -> None:
-    """Set the RNG states saved by :func:`rng_state` (as loaded from ``rng.pt``)."""
-    import numpy as np
-    import torch
-
-    torch.set_rng_state(state["torch"])
-    if state.get("cuda") and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(list(state["cuda"]))
-    np_state = state.get("numpy")
-    if np_state:
-        np.random.set_state(
-            {
-                "bit_generator": np_state["bit_generator"],
-                "state": {
-                    "key": np.asarray(np_state["key"].numpy(), dtype=np.uint32),
-                    "pos": int(np_state["pos"]),
-                },
-                "has_gauss": int(np_state["has_gauss"]),
-                "gauss": float(np_state["gauss"]),
-            }
-        )
-    py_state = state.get("python")
-    if py_state:
-        random.setstate((int(py_state[0]), tuple(int(k) for k in py_state[1]), py_state[2]))
-
-
-# --------------------------------------------------------------------------- the recorder
 
 
 class FlightRecorder:
@@ -350,7 +178,7 @@ class FlightRecorder:
                 step=step,
                 inputs=_detach(inputs),
                 targets=_detach(targets),
-                rng=_raw_rng(self._cuda),
+                rng=raw_rng(self._cuda),
                 lr=float(self.optimizer.param_groups[0]["lr"]),
             )
 
@@ -403,13 +231,13 @@ class FlightRecorder:
                 {"inputs": current.inputs, "targets": current.targets},
                 os.path.join(tmp, "batch.pt"),
             )
-            torch.save(_safe_rng(current.rng), os.path.join(tmp, "rng.pt"))
+            torch.save(safe_rng(current.rng), os.path.join(tmp, "rng.pt"))
             if self.mode == "every_n":
                 torch.save(
                     {"steps": [_history_entry(h) for h in self._history]},
                     os.path.join(tmp, "history.pt"),
                 )
-            _write_json(os.path.join(tmp, "meta.json"), self._meta(current, trigger))
+            write_json(os.path.join(tmp, "meta.json"), self._meta(current, trigger))
             if os.path.exists(final):
                 shutil.rmtree(final)
             os.replace(tmp, final)
@@ -424,7 +252,7 @@ class FlightRecorder:
         if self._env is None:
             self._env = environment(self.seed)
         params = list(self.model.parameters())
-        dtype = _dtype_name(params[0].dtype) if params else "float32"
+        dtype = dtype_name(params[0].dtype) if params else "float32"
         device = str(params[0].device) if params else "cpu"
         meta: dict[str, Any] = {
             "format": FORMAT_NAME,
@@ -434,8 +262,8 @@ class FlightRecorder:
             "model": self.model_factory.to_json(),
             "loss": self.loss_factory.to_json(),
             "optimizer": {
-                "class": _class_path(self.optimizer),
-                "hyperparameters": _jsonable(
+                "class": class_path(self.optimizer),
+                "hyperparameters": hparams_json(
                     {k: v for k, v in self.optimizer.param_groups[0].items() if k != "params"}
                 ),
                 "param_groups": len(self.optimizer.param_groups),
@@ -444,7 +272,7 @@ class FlightRecorder:
             "grad_clip": self.grad_clip,
             "dtype": dtype,
             "amp": {
-                "autocast_dtype": _dtype_name(self.autocast_dtype) if self.autocast_dtype else None,
+                "autocast_dtype": dtype_name(self.autocast_dtype) if self.autocast_dtype else None,
                 "device_type": device.split(":")[0],
                 "grad_scaler": self.scaler is not None,
             },
@@ -461,9 +289,6 @@ class FlightRecorder:
             meta["every_n"] = self.every_n
             meta["history_steps"] = [h.step for h in self._history]
         return meta
-
-
-# --------------------------------------------------------------------------- internals
 
 
 def _copy_into(previous: Any, new: Any) -> Any:
@@ -562,7 +387,7 @@ def _history_entry(h: _StepInputs) -> dict[str, Any]:
         "step": h.step,
         "inputs": h.inputs,
         "targets": h.targets,
-        "rng": _safe_rng(h.rng),
+        "rng": safe_rng(h.rng),
         "lr": h.lr,
     }
 
@@ -594,68 +419,3 @@ def _float_or_none(value: Any) -> float | str | None:
         return None
     # JSON has no NaN/Infinity; the strings keep the meta.json strict JSON.
     return x if x == x and abs(x) != float("inf") else repr(x)
-
-
-def _dtype_name(dtype: Any) -> str:
-    name = str(dtype).removeprefix("torch.")
-    return {"half": "float16", "float": "float32", "double": "float64"}.get(name, name)
-
-
-def _class_path(obj: Any) -> str:
-    cls = type(obj)
-    # Prefer the public alias (torch.optim.Adam) over the defining module (torch.optim.adam).
-    public = cls.__module__.rsplit(".", 1)[0]
-    with contextlib.suppress(ImportError):
-        if getattr(importlib.import_module(public), cls.__qualname__, None) is cls:
-            return f"{public}.{cls.__qualname__}"
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
-def _jsonable(value: Any) -> Any:
-    """Optimizer hyperparameters as JSON: tuples become lists, tensors numbers."""
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, bool | int | str) or value is None:
-        return value
-    if isinstance(value, float):
-        return value if value == value and abs(value) != float("inf") else repr(value)
-    if hasattr(value, "item") and getattr(value, "numel", lambda: 0)() == 1:
-        return _jsonable(value.item())
-    return repr(value)
-
-
-def _write_json(path: str, data: Mapping[str, Any]) -> None:
-    with open(path, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=2, sort_keys=False, allow_nan=False)
-        fh.write("\n")
-
-
-def read_meta(capture_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """Load and check a capture's ``meta.json`` (raises ValueError on a foreign file)."""
-    path = os.path.join(capture_dir, "meta.json")
-    with open(path, encoding="utf-8") as fh:
-        meta = json.load(fh)
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
-        raise ValueError(f"{path}: not a {FORMAT_NAME} meta.json")
-    if meta.get("version") != FORMAT_VERSION:
-        raise ValueError(
-            f"{path}: capture version {meta.get('version')!r}, this reader knows {FORMAT_VERSION}"
-        )
-    return meta
-
-
-__all__ = [
-    "CAPTURE_DIR",
-    "ENV_FILE",
-    "FORMAT_NAME",
-    "FORMAT_VERSION",
-    "Factory",
-    "FlightRecorder",
-    "environment",
-    "read_meta",
-    "restore_rng",
-    "rng_state",
-    "write_env",
-]

@@ -1,0 +1,98 @@
+"""The capture format: its name and version, factories, meta.json helpers."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+FORMAT_NAME = "nan-forensics-capture"
+
+
+FORMAT_VERSION = 1
+
+
+ENV_FILE = "env.json"
+
+
+CAPTURE_DIR = "capture"
+
+
+Mode = Literal["every_step", "every_n"]
+
+
+_DTYPE_NAMES = ("float32", "float16", "bfloat16", "float64")
+
+
+@dataclass(frozen=True)
+class Factory:
+    """An importable ``module:function`` and the JSON keyword arguments to call it with."""
+
+    path: str
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"factory": self.path, "kwargs": dict(self.kwargs)}
+
+    def build(self) -> Any:
+        module_name, _, attr = self.path.partition(":")
+        if not module_name or not attr:
+            raise ValueError(f"factory {self.path!r} is not of the form 'module:function'")
+        target: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            target = getattr(target, part)
+        return target(**dict(self.kwargs))
+
+
+def dtype_name(dtype: Any) -> str:
+    name = str(dtype).removeprefix("torch.")
+    return {"half": "float16", "float": "float32", "double": "float64"}.get(name, name)
+
+
+def class_path(obj: Any) -> str:
+    cls = type(obj)
+    # Prefer the public alias (torch.optim.Adam) over the defining module (torch.optim.adam).
+    public = cls.__module__.rsplit(".", 1)[0]
+    with contextlib.suppress(ImportError):
+        if getattr(importlib.import_module(public), cls.__qualname__, None) is cls:
+            return f"{public}.{cls.__qualname__}"
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def hparams_json(value: Any) -> Any:
+    """Optimizer hyperparameters as JSON: tuples become lists, tensors numbers."""
+    if isinstance(value, Mapping):
+        return {str(k): hparams_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [hparams_json(v) for v in value]
+    if isinstance(value, bool | int | str) or value is None:
+        return value
+    if isinstance(value, float):
+        return value if value == value and abs(value) != float("inf") else repr(value)
+    if hasattr(value, "item") and getattr(value, "numel", lambda: 0)() == 1:
+        return hparams_json(value.item())
+    return repr(value)
+
+
+def write_json(path: str, data: Mapping[str, Any]) -> None:
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=2, sort_keys=False, allow_nan=False)
+        fh.write("\n")
+
+
+def read_meta(capture_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """Load and check a capture's ``meta.json`` (raises ValueError on a foreign file)."""
+    path = os.path.join(capture_dir, "meta.json")
+    with open(path, encoding="utf-8") as fh:
+        meta = json.load(fh)
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
+        raise ValueError(f"{path}: not a {FORMAT_NAME} meta.json")
+    if meta.get("version") != FORMAT_VERSION:
+        raise ValueError(
+            f"{path}: capture version {meta.get('version')!r}, this reader knows {FORMAT_VERSION}"
+        )
+    return meta
