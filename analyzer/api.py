@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING
@@ -45,14 +45,22 @@ def analyze(paths: str | list[str], *, verify: bool = True, jobs: int = 1,
             progress: Progress | None = None, checkpoints: bool = True,
             trust_pickle: bool = False, logs: Sequence[str] = (), replay: bool = True,
             device: str = "cpu", import_paths: Sequence[str] = (),
-            rules: bool = True) -> Report:
+            rules: bool = True, status: Callable[[str], None] | None = None) -> Report:
     """Read every run below ``paths``, locate its first non-finite values, replay its
-    captured failing step (when it has one) and rank the root causes."""
+    captured failing step (when it has one) and rank the root causes.
+
+    ``status`` is told, in a few words, what slow step comes next (a replay).
+    """
     runs = read(paths, verify=verify, jobs=jobs, progress=progress, checkpoints=checkpoints,
                 trust_pickle=trust_pickle, logs=logs)
     results = [locate(r) for r in runs]
     if replay:
-        results = [with_replay(r, device=device, import_paths=import_paths) for r in results]
+        replayed = []
+        for k, r in enumerate(results):
+            if status is not None and r.run.captures:
+                status(f"replaying {r.run.name} ({k + 1}/{len(results)})")
+            replayed.append(with_replay(r, device=device, import_paths=import_paths))
+        results = replayed
     if rules:
         results = with_findings(results)
     return Report(results=tuple(results), tool_version=tool_version())

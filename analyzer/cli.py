@@ -143,7 +143,8 @@ def _analyze(args: argparse.Namespace) -> int:
                      progress=progress, checkpoints=not args.no_checkpoints,
                      trust_pickle=args.trust_pickle, logs=args.log,
                      replay=not args.no_replay, device=args.device,
-                     import_paths=args.import_path)
+                     import_paths=args.import_path,
+                     status=progress.note if progress is not None else None)
     if progress is not None:
         progress.close()
     if args.json == "-":
@@ -209,9 +210,15 @@ class _ProgressBar:
         self.stream.flush()
         self.shown = True
 
+    def note(self, message: str) -> None:
+        """Say which slow step runs now, on the same line."""
+        self.stream.write(f"\r{message[:70]:<70}")
+        self.stream.flush()
+        self.shown = True
+
     def close(self) -> None:
         if self.shown:
-            self.stream.write("\r" + " " * 60 + "\r")
+            self.stream.write("\r" + " " * 72 + "\r")
             self.stream.flush()
 
 
