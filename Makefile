@@ -28,6 +28,10 @@ test: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 0; fi; exit $$rc
 
+# The dashboard on the sample runs, served on 127.0.0.1 only.
+app: setup
+	$(BIN)/forensics app sample_runs/
+
 lint: setup
 	$(BIN)/ruff check analyzer app tests bench
 	$(BIN)/mypy analyzer

@@ -20,6 +20,8 @@ _EXPORTS = {
     "ReadError": "analyzer.errors",
     "UsageError": "analyzer.errors",
     "EventFile": "analyzer.ingest.tb",
+    "RunFiles": "analyzer.ingest.discover",
+    "find_runs": "analyzer.ingest.discover",
     "read_event_file": "analyzer.ingest.tb",
     "layer_from_tag": "analyzer.locate",
     "locate": "analyzer.locate",
@@ -47,10 +49,12 @@ __all__ = [
     "ReadError",
     "Report",
     "Run",
+    "RunFiles",
     "RunResult",
     "Series",
     "UsageError",
     "analyze",
+    "find_runs",
     "incidents",
     "layer_from_tag",
     "locate",
@@ -63,6 +67,7 @@ __all__ = [
 if TYPE_CHECKING:
     from analyzer.api import analyze, incidents, read, scalars, tool_version
     from analyzer.errors import ForensicsError, ReadError, UsageError
+    from analyzer.ingest.discover import RunFiles, find_runs
     from analyzer.ingest.tb import EventFile, read_event_file
     from analyzer.locate import layer_from_tag, locate
     from analyzer.model import (

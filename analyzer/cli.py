@@ -66,6 +66,13 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument("--trust-pickle", action="store_true",
                          help="allow unpickling code; only for files you trust")
     _replay_parser(sub)
+    app = sub.add_parser(
+        "app", help="browse runs in the dashboard (Streamlit, on 127.0.0.1 only)",
+        description="Serve the Streamlit dashboard on 127.0.0.1, headless, with usage "
+                    "statistics off, on the runs below PATH.")
+    app.add_argument("path", nargs="?", default="sample_runs", metavar="PATH")
+    app.add_argument("--port", type=int, default=8501)
+    app.add_argument("--open", action="store_true", help="open the dashboard in a web browser")
     sub.add_parser("rules", help="list the catalogue of root causes",
                    description="List every rule: its stable code, name and title.")
     explain = sub.add_parser("explain", help="print one rule's documentation",
@@ -112,6 +119,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return replay_command(args.path, device=args.device, dtype=args.dtype,
                                   json_file=args.json, import_paths=args.import_path)
+        if args.command == "app":
+            from analyzer.dashboard import launch
+
+            return launch(args.path, port=args.port, open_browser=args.open)
         if args.command == "rules":
             return _rules()
         if args.command == "explain":

@@ -1,0 +1,1 @@
+"""The NaN Forensics dashboard: ``forensics app [PATH]`` runs ``streamlit_app.py``."""

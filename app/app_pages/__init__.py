@@ -1,0 +1,1 @@
+"""The dashboard's pages; UI only, fed by :mod:`app.data`."""

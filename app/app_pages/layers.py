@@ -1,0 +1,89 @@
+"""Layers: per-layer gradient and weight norms over steps, and the checkpoints' view."""
+
+from __future__ import annotations
+
+import os
+
+import pandas as pd
+import streamlit as st
+
+from app import charts, data, ui, views
+
+st.title("Layers")
+sel, result = ui.load_selected()
+ui.headline(sel, result)
+ui.page_links(sel.ref.name, "layers")
+
+run = result.run
+roles = data.tag_roles(sel.ref.path, sel.ref.digest, tuple(run.tags()))
+lay = result.layer_incident
+producer = result.replay.layer if result.replay is not None else None
+if lay is not None:
+    st.markdown(f"First layer whose logged values went non-finite: **{lay.layer}** "
+                f"(`{lay.tag}` = {lay.kind} at step {lay.step}).")
+    if lay.decided_by and lay.decided_by != "earliest step":
+        st.caption(lay.decided_by)
+if producer:
+    st.markdown(f"Replay names **{producer}** as the layer that produced the first "
+                "non-finite value.")
+highlight = st.query_params.get("layer") or views.failing_layer(result)
+first_step = result.incident.step if result.incident else None
+
+families = [("layer grad", "Gradient norm per parameter"),
+            ("layer weight", "Weight norm per parameter")]
+drawn = False
+for role, title in families:
+    grid = views.layer_grid(run, roles.tags(role), roles.layers)
+    if grid.empty:
+        continue
+    drawn = True
+    st.plotly_chart(charts.layer_heatmap(grid, f"{title} (log10)", highlight, first_step),
+                    key=f"heatmap_{role}")
+if not drawn:
+    st.info("This run logged no per-layer norms (tags such as grad_norm/<param> or "
+            "weight_norm/<param>).")
+
+firsts = [i for i in result.tag_incidents if i.layer is not None]
+if firsts:
+    st.subheader("First non-finite step of each per-layer tag")
+    st.dataframe(pd.DataFrame([{"layer": i.layer, "tag": i.tag, "step": i.step,
+                                "value": i.kind, "last finite": i.last_finite_step,
+                                "where": views.where(i.location, run.path)} for i in firsts]),
+                 hide_index=True, key="layers_firsts")
+
+st.header("Checkpoints")
+history = run.checkpoints
+if history is None or not history.saves:
+    st.info("This run has no checkpoints.")
+else:
+    bad = history.first_nonfinite
+    if bad is None:
+        st.markdown(f"{len(history.saves)} saves; every saved tensor is finite.")
+    else:
+        save = history.saves[bad]
+        st.markdown(f"First non-finite save: **step {save.step}** "
+                    f"(`{os.path.basename(save.path)}`, {save.nonfinite_tensors} non-finite "
+                    f"tensors); layers: {', '.join(history.nonfinite_layers) or '-'}.")
+    steps = [s.step for s in history.saves]
+    labels = [f"step {s.step}" if s.step is not None else os.path.basename(s.path)
+              for s in history.saves]
+    counts: dict[str, dict[str, int]] = {}
+    for label, scan in zip(labels, history.scans, strict=False):
+        for layer_stats in scan.layers:
+            counts.setdefault(layer_stats.layer, {})[label] = layer_stats.stats.nonfinite
+    if counts:
+        st.subheader("Non-finite values per layer and save")
+        st.dataframe(pd.DataFrame.from_dict(counts, orient="index", columns=labels)
+                     .rename_axis("layer"), key="ckpt_counts")
+    if history.layers:
+        st.subheader("Weight-norm growth per layer")
+        st.plotly_chart(charts.checkpoint_norms(steps, {g.layer: list(g.norms)
+                                                        for g in history.layers}, bad),
+                        key="ckpt_norms")
+        st.dataframe(pd.DataFrame([{"layer": g.layer, "growth over finite saves": g.growth,
+                                    "growth over the last interval": g.last_growth}
+                                   for g in history.layers]), hide_index=True,
+                     key="ckpt_growth")
+    st.dataframe(pd.DataFrame([{"step": s.step, "file": os.path.basename(s.path),
+                                "non-finite tensors": s.nonfinite_tensors, "loss scale": s.scale}
+                               for s in history.saves]), hide_index=True, key="ckpt_saves")

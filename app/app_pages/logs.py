@@ -1,0 +1,100 @@
+"""Logs: the first line that reports a non-finite value, in its context, beside what the
+other sources logged at the same step."""
+
+from __future__ import annotations
+
+import os
+
+import pandas as pd
+import streamlit as st
+
+from app import data, ui, views
+
+st.title("Logs")
+sel, result = ui.load_selected()
+ui.headline(sel, result)
+ui.page_links(sel.ref.name, "logs")
+
+run = result.run
+if not run.logs:
+    st.info("This run has no text logs.")
+    st.stop()
+
+hits = views.log_hits(result)
+logs = [log.path for log in run.logs]
+wanted_file = st.query_params.get("file")
+wanted_line = ui.int_param("line")
+target: views.LogHit | None
+if wanted_file in logs and wanted_line is not None:
+    target = views.LogHit(wanted_file, wanted_line, views.step_at_line(run, wanted_file,
+                                                                       wanted_line),
+                          "the line the link points at")
+elif hits:
+    target = hits[0]
+else:
+    target = None
+    for path in logs:
+        line = data.first_mention(path, sel.ref.digest)
+        if line is not None:
+            target = views.LogHit(path, line, views.step_at_line(run, path, line),
+                                  "the log reader recognised no non-finite value in this log; "
+                                  "this is the first line that mentions NaN or Inf, found by "
+                                  "a text search")
+            break
+
+for log in run.logs:
+    kind = f"{log.framework} format" if log.framework else "format not recognised"
+    st.caption(f"`{os.path.basename(log.path)}`: {kind}"
+               + (f"; {'; '.join(log.notes)}" if log.notes else ""))
+
+if target is None:
+    st.info(f"No line of {', '.join(os.path.basename(p) for p in logs)} reports a non-finite "
+            "value.")
+    st.stop()
+
+if len(hits) > 1:
+    st.caption("First non-finite line of each log: " + "; ".join(
+        f"{os.path.basename(h.file)}:{h.line} (step {h.step})" for h in hits))
+radius = st.slider("Lines of context", 2, 60, 8, key="logs_radius")
+first = max(1, target.line - radius)
+lines = data.log_lines(target.file, first, target.line + radius, sel.ref.digest)
+step_text = f", step {target.step}" if target.step is not None else ""
+st.subheader(f"{os.path.basename(target.file)}:{target.line}{step_text}")
+st.caption(target.what)
+st.code("\n".join(f"{'>' if n == target.line else ' '} {n:>6} | {text}" for n, text in lines)
+        or "(the line could not be read)", language=None)
+
+step = target.step
+if step is None and result.incident is not None:
+    step = result.incident.step
+    st.caption(f"The line names no step the log reader recognised; below is the run's first "
+               f"non-finite step, {step}.")
+if step is None:
+    st.caption("The line names no step, so the other sources cannot be lined up with it.")
+    st.stop()
+
+st.subheader(f"Step {step} in the other sources")
+seen = views.views_at(run, step)
+if seen:
+    st.dataframe(pd.DataFrame(views.view_rows(seen, run.path, step)), hide_index=True,
+                 key="logs_views")
+else:
+    st.caption(f"No series has a value at step {step}.")
+events = [e for e in run.events if views.event_step(e) == step]
+if events:
+    st.dataframe(pd.DataFrame([{"event": e.kind, "message": e.message,
+                                "where": views.where(e.location, run.path)} for e in events]),
+                 hide_index=True, key="logs_events")
+history = run.checkpoints
+if history is not None:
+    saves = [s for s in history.saves if s.step is not None and s.step <= step]
+    if saves:
+        s = saves[-1]
+        st.markdown(f"Checkpoint: the last save at or before step {step} is step {s.step} "
+                    f"(`{os.path.basename(s.path)}`), {s.nonfinite_tensors} non-finite tensors.")
+if result.replay is not None and result.replay.step is not None:
+    r = result.replay
+    st.markdown(f"Replay of step {r.step}: verdict **{r.verdict.kind}**, "
+                f"{r.phase or 'every phase finite'}"
+                + (f", layer {r.layer}" if r.layer else ""))
+ui.link("timeline", f"Step {step} on the timeline", sel.ref.name, step=step)

@@ -1,0 +1,132 @@
+"""Replay: the captured failing step run again under instrumentation, in memory."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+from app import data, ui
+
+st.title("Replay")
+sel, result = ui.load_selected()
+ui.headline(sel, result)
+ui.page_links(sel.ref.name, "replay")
+
+
+def _stats(stats: Any) -> str:
+    return "; ".join(s.brief() for s in stats) or "-"
+
+
+def show_op(op: Any) -> None:
+    st.markdown(f"Op **aten.{op.op}** (op #{op.ordinal} of {op.phase})"
+                + (f" in module **{op.module}**" if op.module else "")
+                + (f", autograd node `{op.autograd_node}`" if op.autograd_node else "")
+                + (f", differentiating aten.{op.forward_op}" if op.forward_op else "")
+                + (f", parameter `{op.parameter}`" if op.parameter else ""))
+    if op.source:
+        st.caption(f"source line `{op.source}`")
+        if op.source_line:
+            st.code(op.source_line.strip(), language="python")
+    st.dataframe(pd.DataFrame([{"": "in", "tensor": s.brief()} for s in op.inputs]
+                              + [{"": "out", "tensor": s.brief()} for s in op.outputs]),
+                 hide_index=True)
+    if not op.inputs_finite:
+        st.caption("No op turned finite inputs into a non-finite output: this is the first op "
+                   "whose output was non-finite, so a non-finite input or constant came first.")
+
+
+def show(r: Any) -> None:
+    v = r.verdict
+    st.info(f"**Verdict: {v.kind}**: {v.summary}")
+    if v.hypothesis:
+        st.markdown(f"**Why:** {v.hypothesis}")
+    if v.next_check:
+        st.markdown(f"**Next:** {v.next_check}")
+    for note in r.notes:
+        st.caption(note)
+    if r.phase is None:
+        st.markdown("Every phase stayed finite in the instrumented pass.")
+    else:
+        st.markdown(f"First non-finite value in **{r.phase}**, layer "
+                    f"**{r.layer or 'none (the loss function or no module)'}**.")
+        if r.op is not None:
+            show_op(r.op)
+    fwd = r.forward
+    st.subheader("Module frames around the producer")
+    centre = fwd.producer or fwd.first_nonfinite
+    if fwd.window:
+        st.dataframe(pd.DataFrame([{
+            "": "▶" if centre is not None and f.index == centre.index else "",
+            "#": f.index, "module": f.name, "type": f.type, "call": f.call, "role": f.role,
+            "output": _stats(f.outputs), "non-finite params": ", ".join(f.bad_params)}
+            for f in fwd.window]), hide_index=True, key="replay_frames")
+    else:
+        st.markdown("No module of the forward pass produced a non-finite value.")
+    st.caption(f"{fwd.frames} module calls in the forward pass; batch: {_stats(fwd.batch)}"
+               + (f"; non-finite batch: {', '.join(fwd.bad_inputs)}" if fwd.bad_inputs else ""))
+    bwd = r.backward
+    st.subheader("Backward and update")
+    if not bwd.ran:
+        st.markdown("Backward did not complete.")
+    elif bwd.finite:
+        st.markdown("Backward: every gradient finite.")
+    else:
+        first = bwd.first_param
+        st.markdown(f"Backward: {len(bwd.bad_params)} parameters with non-finite gradients"
+                    + (f"; first `{first.name}` in {first.module or '?'}" if first else ""))
+        if bwd.origin is not None and r.phase != "backward":
+            show_op(bwd.origin)
+    u = r.update
+    st.markdown(f"Update: {u.note or 'not run'}" if not u.ran else
+                "Update: every parameter finite after the step" if u.finite else
+                f"Update: {len(u.params)} parameters non-finite after the step")
+    st.subheader("Differential passes")
+    st.dataframe(pd.DataFrame([{"pass": p.label, "device": p.device, "dtype": p.dtype,
+                                "autocast": p.autocast, "loss": p.loss,
+                                "first non-finite phase": p.phase or "finite",
+                                "fingerprint": p.fingerprint, "error": p.error}
+                               for p in r.passes]), hide_index=True, key="replay_passes")
+    with st.expander("As text (forensics replay)"):
+        st.code(data.format_replay(r), language=None)
+
+
+capture = data.capture_of(result)
+if capture is None:
+    st.info("This run has no capture of its failing step (capture/step_<N>/), so there is "
+            "nothing to replay. The flight recorder in analyzer.capture saves one.")
+    st.stop()
+
+st.caption(f"Capture: `{os.path.relpath(capture, sel.ref.path)}`")
+left, mid, right = st.columns([2, 2, 3])
+device = left.selectbox("Device", data.replay_devices(), key="replay_device")
+dtype = mid.selectbox("Precision", data.dtype_choices(), key="replay_dtype",
+                      help="as-run replays in the run's own dtype and autocast; another "
+                           "dtype casts the model and the batch and turns autocast off.")
+done: dict[str, tuple[str, str]] = st.session_state.setdefault("replays_run", {})
+right.write("")
+if right.button("Replay the captured step", type="primary", key="replay_button"):
+    with st.status(f"Replaying {sel.ref.name} on {device} in {dtype}", expanded=True) as status:
+        st.write("Loading the capture and rebuilding the model, then three passes: "
+                 "instrumented, plain, and float64.")
+        outcome = data.replay(capture, sel.ref.digest, device, dtype)
+        status.update(label=f"Replay finished in {outcome.seconds:.1f} s"
+                      if outcome.error is None else "Replay failed",
+                      state="complete" if outcome.error is None else "error", expanded=False)
+    done[sel.ref.path] = (device, dtype)
+
+chosen = done.get(sel.ref.path)
+if chosen is not None:
+    outcome = data.replay(capture, sel.ref.digest, *chosen)
+    st.header(f"Replay on {chosen[0]}, {chosen[1]}")
+    if outcome.error:
+        st.error(outcome.error)
+    else:
+        show(outcome.result)
+elif result.replay is not None:
+    st.header("Replay made by the analysis (cpu, as-run)")
+    show(result.replay)
+elif result.replay_error:
+    st.warning(f"The analysis could not replay this capture: {result.replay_error}")

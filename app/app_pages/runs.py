@@ -1,0 +1,71 @@
+"""Runs: every run below the folder, its status, first non-finite step and top cause."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app import data, ui
+
+st.title("Runs")
+refs = ui.all_refs()
+bar = st.progress(0.0, text=f"Analysing {len(refs)} runs")
+
+
+def _progress(done: int, total: int) -> None:
+    bar.progress(done / total, text=f"Analysed {done} of {total} runs")
+
+
+table = data.runs_table(refs, _progress)
+bar.empty()
+
+failed = int((table["status"] == "failed").sum())
+st.caption(f"{len(table)} runs: {failed} failed, {int((table['status'] == 'finite').sum())} "
+           f"finite, {int((table['status'] == 'unreadable').sum())} unreadable; "
+           f"{int(table['issues'].sum())} read issues. Pick a row to open the run.")
+
+left, mid, right, far = st.columns([3, 2, 3, 2])
+needle = left.text_input("Run name contains", key="runs_filter_name")
+statuses = mid.multiselect("Status", ["failed", "finite", "unreadable"],
+                           default=["failed", "finite", "unreadable"], key="runs_filter_status")
+causes = sorted(c for c in table["cause"].dropna().unique())
+picked_causes = right.multiselect("Top cause", causes, key="runs_filter_cause")
+only_issues = far.toggle("Only runs with read issues", key="runs_filter_issues")
+
+shown = table[table["status"].isin(statuses)]
+if needle:
+    shown = shown[shown["run"].str.contains(needle, case=False, regex=False)]
+if picked_causes:
+    shown = shown[shown["cause"].isin(picked_causes)]
+if only_issues:
+    shown = shown[shown["issues"] > 0]
+
+columns = {
+    "run": st.column_config.TextColumn("run", pinned=True),
+    "status": st.column_config.TextColumn("status"),
+    "first_step": st.column_config.NumberColumn("first non-finite step", format="%d"),
+    "tag": st.column_config.TextColumn("tag"),
+    "kind": st.column_config.TextColumn("value"),
+    "last_finite": st.column_config.NumberColumn("last finite step", format="%d"),
+    "layer": st.column_config.TextColumn("layer"),
+    "cause": st.column_config.TextColumn("top cause"),
+    "confidence": st.column_config.TextColumn("confidence"),
+    "replay": st.column_config.TextColumn("replay"),
+    "sources": st.column_config.TextColumn("sources found"),
+    "issues": st.column_config.NumberColumn("read issues", format="%d"),
+    "first_issue": st.column_config.TextColumn("first read issue"),
+}
+event = st.dataframe(shown, hide_index=True, column_config=columns, on_select="rerun",
+                     selection_mode="single-row", key="runs_table")
+rows = event.selection.rows if event is not None else []
+if rows:
+    name = str(shown.iloc[rows[0]]["run"])
+    st.subheader(name)
+    row = shown.iloc[rows[0]]
+    if row["status"] == "failed":
+        st.markdown(f"First non-finite at **step {int(row['first_step'])}** in `{row['tag']}`; "
+                    f"top cause **{row['cause'] or 'none ranked'}**.")
+    cols = st.columns(5)
+    for col, page in zip(cols, ["timeline", "layers", "findings", "replay", "logs"],
+                         strict=True):
+        with col:
+            ui.link(page, page.capitalize(), name)

@@ -1,0 +1,49 @@
+"""Timeline: loss, gradient norm, learning rate and loss scale over steps, with the failure,
+the growth onset, overflow skips, restarts and checkpoints marked."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from app import charts, data, ui, views
+
+st.title("Timeline")
+sel, result = ui.load_selected()
+ui.headline(sel, result)
+ui.page_links(sel.ref.name, "timeline")
+
+run = result.run
+roles = data.tag_roles(sel.ref.path, sel.ref.digest, tuple(run.tags()))
+panels = {role: views.curves(run, roles.tags(role)) for role in views.TIMELINE_ROLES}
+others = [t for t in run.tags() if roles.roles.get(t) not in views.TIMELINE_ROLES]
+extra = st.multiselect("More tags", others, key="timeline_more_tags",
+                       help="Plot other logged tags in a panel of their own.")
+if extra:
+    panels["other tags"] = views.curves(run, extra)
+missing = [role for role in views.TIMELINE_ROLES if not panels[role]]
+if missing:
+    st.caption(f"Not logged by this run: {', '.join(missing)}.")
+
+growth = data.growth_onset(sel.ref.path, sel.ref.digest, data.siblings_of(sel.ref, sel.refs))
+marks = views.markers(result, growth)
+focus = ui.int_param("step")
+if any(panels.values()):
+    st.plotly_chart(charts.timeline(panels, marks, focus), key="timeline_chart")
+else:
+    st.info("This run logged no scalars to plot.")
+
+if marks:
+    st.subheader("Marked steps")
+    st.dataframe(pd.DataFrame([{"step": m.step, "mark": m.kind, "what": m.text} for m in marks])
+                 .sort_values(["step", "mark"], kind="stable"), hide_index=True,
+                 key="timeline_marks")
+
+if focus is not None:
+    st.subheader(f"Step {focus} in every source")
+    seen = views.views_at(run, focus)
+    if seen:
+        st.dataframe(pd.DataFrame(views.view_rows(seen, run.path, focus)), hide_index=True,
+                     key="timeline_focus")
+    else:
+        st.caption(f"No source logged a value at step {focus}.")

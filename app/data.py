@@ -1,0 +1,400 @@
+"""The dashboard's one door to the analyzer: discovery, analysis, replay and rule docs.
+
+Every ``st.cache_data`` of the app lives here. A run is cached under its folder and a
+fingerprint of its files (path, size and modification time of each event file, log,
+checkpoint and capture file), so a run whose files change is analysed again on the next
+rerun while the others stay cached. The folder listing itself is trusted for a few seconds
+only, which is how new and changed files are noticed.
+
+The analysis is the one ``forensics analyze`` makes: read, locate, replay the capture,
+then the rules, which compare a failed run with the healthy runs beside it. Findings are
+therefore keyed by the run and by a digest of its healthy siblings' environments.
+
+Nothing here writes into an analysed folder: the analyzer only reads, and a replay runs
+in memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+from analyzer.errors import ForensicsError
+from analyzer.model import RunResult
+from app.views import Growth, RunRow, TagRoles, run_row
+
+ENV_ROOT = "FORENSICS_RUNS"
+DEFAULT_ROOT = "sample_runs"
+LISTING_TTL_S = 3.0
+
+
+@dataclass(frozen=True)
+class RunRef:
+    """A run found below the root: its display name, folder and files' fingerprint."""
+
+    name: str
+    path: str
+    digest: str
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """The analysis of one run, or why it could not be made."""
+
+    result: RunResult | None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Siblings:
+    """Environments (env.json) of the healthy runs beside a run, hashed by ``digest``."""
+
+    digest: str
+    envs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Facts:
+    failed: bool
+    env: Mapping[str, Any] | None
+
+
+@dataclass(frozen=True)
+class ReplayOutcome:
+    """A replay's result (an ``analyzer.replay.ReplayResult``), or why it failed."""
+
+    result: Any
+    error: str | None = None
+    seconds: float = 0.0
+
+
+def _siblings_hash(siblings: Siblings) -> str:
+    return siblings.digest
+
+
+_BY_DIGEST: dict[str | type[Any], Callable[[Any], Any]] = {Siblings: _siblings_hash}
+
+
+def runs_root(argv: list[str] | None = None) -> str:
+    """The folder to browse: ``--runs PATH`` after ``--`` on the command line, else the
+    ``FORENSICS_RUNS`` environment variable, else ``sample_runs``."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--runs")
+    known, _ = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    return str(known.runs or os.environ.get(ENV_ROOT) or DEFAULT_ROOT)
+
+
+def _digest(parts: list[str]) -> str:
+    h = hashlib.sha1(usedforsecurity=False)
+    for part in parts:
+        h.update(part.encode("utf-8", "surrogateescape") + b"\n")
+    return h.hexdigest()
+
+
+def _stat_line(path: str) -> str:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return f"{path}\0missing"
+    return f"{path}\0{info.st_size}\0{info.st_mtime_ns}"
+
+
+def _capture_files(folders: tuple[str, ...]) -> list[str]:
+    out: list[str] = []
+    for folder in folders:
+        for sub, _, files in os.walk(folder):
+            out += [os.path.join(sub, f) for f in files]
+    return out
+
+
+@st.cache_data(ttl=LISTING_TTL_S, show_spinner=False)
+def list_runs(root: str) -> list[RunRef] | str:
+    """Every run below ``root`` with its fingerprint, or a message saying why there is none."""
+    from analyzer import find_runs
+
+    try:
+        found = find_runs([root])
+    except ForensicsError as exc:
+        return str(exc)
+    except OSError as exc:
+        return f"{root}: cannot be listed: {exc.strerror or exc}"
+    if not found:
+        return f"no runs (folders with event files, logs or checkpoints) found under {root}"
+    refs = []
+    for rf in found:
+        files = sorted([*rf.event_files, *rf.log_files, *rf.checkpoint_files,
+                        *_capture_files(rf.capture_dirs), os.path.join(rf.path, "env.json")])
+        refs.append(RunRef(rf.name, rf.path, _digest([_stat_line(f) for f in files])))
+    return refs
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def _located(path: str, digest: str) -> Loaded:
+    """Read and locate one run, with the replay of its capture: everything but the rules.
+
+    Reading is cheap next to a replay, so the replays are cached apart, without a bound
+    (they hold no tensors), and a run evicted from here is read again but not replayed.
+    """
+    from analyzer.api import analyze
+
+    try:
+        report = analyze(path, replay=False, rules=False)
+    except ForensicsError as exc:
+        return Loaded(None, str(exc))
+    except Exception as exc:  # one damaged run must not take the whole dashboard down
+        return Loaded(None, f"the analysis of {path} failed: {type(exc).__name__}: {exc}")
+    result = next((r for r in report.results if r.run.path == path), None)
+    if result is None:
+        return Loaded(None, f"{path}: the analysis found no run in this folder")
+    capture = capture_of(result)
+    if capture is None:
+        return Loaded(result)
+    done = _analysis_replay(capture, digest)
+    return Loaded(replace(result, replay=done.result, replay_error=done.error))
+
+
+@st.cache_data(max_entries=100_000, show_spinner=False)
+def _analysis_replay(capture: str, digest: str) -> ReplayOutcome:
+    """The replay ``forensics analyze`` makes: on the CPU, in the dtype the run used."""
+    return replay(capture, digest, "cpu", "as-run")
+
+
+@st.cache_data(max_entries=100_000, show_spinner=False)
+def _facts(path: str, digest: str) -> _Facts | None:
+    from analyzer.rules.evidence import RunEvidence
+
+    result = _located(path, digest).result
+    if result is None:
+        return None
+    return _Facts(result.failed, RunEvidence(result).env)
+
+
+def siblings_of(ref: RunRef, refs: list[RunRef]) -> Siblings:
+    """The healthy runs in the same parent folder as ``ref``, which the rules compare with."""
+    return _siblings_by_run([ref], refs)[ref.path]
+
+
+def _siblings_by_run(wanted: list[RunRef], refs: list[RunRef]) -> dict[str, Siblings]:
+    groups: dict[str, list[RunRef]] = {}
+    for r in refs:
+        groups.setdefault(os.path.dirname(os.path.abspath(r.path)), []).append(r)
+    healthy: dict[str, dict[str, tuple[RunRef, Mapping[str, Any]]]] = {}
+    out = {}
+    for ref in wanted:
+        parent = os.path.dirname(os.path.abspath(ref.path))
+        if parent not in healthy:
+            healthy[parent] = {}
+            for r in groups.get(parent, []):
+                facts = _facts(r.path, r.digest)
+                if facts is not None and not facts.failed and facts.env is not None:
+                    healthy[parent][r.name] = (r, facts.env)
+        others = {n: v for n, v in healthy[parent].items() if v[0].path != ref.path}
+        key = _digest([f"{n}\0{r.digest}" for n, (r, _) in sorted(others.items())])
+        out[ref.path] = Siblings(key, {n: env for n, (_, env) in others.items()})
+    return out
+
+
+@st.cache_data(max_entries=48, show_spinner=False, hash_funcs=_BY_DIGEST)
+def _full(path: str, digest: str, siblings: Siblings) -> Loaded:
+    """The located run with the rules' ranked findings and skipped rules."""
+    from analyzer.rules import evaluate
+
+    loaded = _located(path, digest)
+    if loaded.result is None:
+        return loaded
+    try:
+        findings, skipped = evaluate(loaded.result, siblings.envs)
+    except Exception as exc:  # the rest of the analysis is still worth showing
+        return Loaded(loaded.result, f"the rules failed: {type(exc).__name__}: {exc}")
+    return Loaded(replace(loaded.result, findings=findings, skipped_rules=skipped))
+
+
+def load(ref: RunRef, refs: list[RunRef]) -> Loaded:
+    """The full analysis of one run, cached by its files' and its siblings' fingerprints."""
+    return _full(ref.path, ref.digest, siblings_of(ref, refs))
+
+
+@st.cache_data(max_entries=100_000, show_spinner=False, hash_funcs=_BY_DIGEST)
+def _row(path: str, name: str, digest: str, siblings: Siblings) -> RunRow:
+    loaded = _full(path, digest, siblings)
+    return run_row(name, loaded.result, loaded.error)
+
+
+_TABLE_KEY = "_runs_table"
+
+
+def runs_table(refs: list[RunRef],
+               progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:
+    """One row per run, from small cached summaries.
+
+    The last table a session built is kept with a digest of every run's fingerprint, so a
+    rerun with unchanged files costs nothing; otherwise each run is a cache lookup, and
+    only changed runs are analysed again.
+    """
+    key = _digest([f"{r.name}\0{r.path}\0{r.digest}" for r in refs])
+    held = st.session_state.get(_TABLE_KEY)
+    if held is not None and held[0] == key:
+        return held[1]
+    for i, ref in enumerate(refs):  # the expensive part, once per run and fingerprint
+        _facts(ref.path, ref.digest)
+        if progress is not None:
+            progress(i + 1, len(refs))
+    siblings = _siblings_by_run(refs, refs)
+    # Backwards: the runs read last are still in the cache of located runs.
+    rows = [_row(r.path, r.name, r.digest, siblings[r.path]) for r in reversed(refs)]
+    table = pd.DataFrame([r.as_dict() for r in reversed(rows)], columns=RunRow.columns())
+    st.session_state[_TABLE_KEY] = (key, table)
+    return table
+
+
+_MENTION_LIMIT = 64 << 20
+"""Bytes of a log searched for a NaN or Inf by text when its reader recognised none."""
+
+
+@st.cache_data(max_entries=256, show_spinner=False)
+def first_mention(path: str, digest: str) -> int | None:
+    """The first line that mentions NaN or Inf as a word, by a plain text search."""
+    import re
+
+    word = re.compile(r"(?<![\w.])[-+]?(nan|inf|infinity)(?![\w])", re.IGNORECASE)
+    read = 0
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            for number, text in enumerate(fh, start=1):
+                if word.search(text):
+                    return number
+                read += len(text)
+                if read > _MENTION_LIMIT:
+                    return None
+    except OSError:
+        return None
+    return None
+
+
+def _clip(text: str, keep: int = 1000) -> str:
+    """Long lines (progress bars rewrite one line thousands of times) keep both ends."""
+    return text if len(text) <= 2 * keep else f"{text[:keep]} [...] {text[-keep:]}"
+
+
+@st.cache_data(max_entries=256, show_spinner=False)
+def log_lines(path: str, first: int, last: int, digest: str) -> list[tuple[int, str]]:
+    """Lines ``first``..``last`` (1-based, inclusive) of a text file, read lazily."""
+    out: list[tuple[int, str]] = []
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            for number, text in enumerate(fh, start=1):
+                if number > last:
+                    break
+                if number >= first:
+                    out.append((number, _clip(text.rstrip("\r\n"))))
+    except OSError:
+        return []
+    return out
+
+
+@st.cache_data(max_entries=48, show_spinner=False)
+def tag_roles(path: str, digest: str, tags: tuple[str, ...]) -> TagRoles:
+    """Which tags are the loss, the total gradient norm, the learning rate, the loss scale,
+    and which are per-layer gradient or weight norms (and of which layer)."""
+    import re
+
+    from analyzer.locate import is_loss_scale_tag, layer_from_tag, tag_priority
+
+    lr = re.compile(r"(^|[/_\-])(lr|learning[_ ]?rate)([/_\-]|$)", re.IGNORECASE)
+    weight = re.compile(r"^(weight_norm|weight_norms|param_norm|weights?)(/|$)", re.IGNORECASE)
+    roles: dict[str, str] = {}
+    layers: dict[str, str] = {}
+    for tag in tags:
+        layer = layer_from_tag(tag)
+        if is_loss_scale_tag(tag):
+            roles[tag] = "loss scale"
+        elif tag_priority(tag) == 0:
+            roles[tag] = "loss"
+        elif tag_priority(tag) == 1:
+            roles[tag] = "grad norm"
+        elif lr.search(tag.rsplit("/", 1)[-1]) or tag.lower() in ("lr", "learning_rate"):
+            roles[tag] = "learning rate"
+        elif layer is not None and tag_priority(tag) == 2:
+            roles[tag] = "layer grad"
+        elif layer is not None and weight.search(tag):
+            roles[tag] = "layer weight"
+        if layer is not None:
+            layers[tag] = layer
+    return TagRoles(roles, layers)
+
+
+@st.cache_data(max_entries=48, show_spinner=False, hash_funcs=_BY_DIGEST)
+def growth_onset(path: str, digest: str, siblings: Siblings) -> Growth | None:
+    """Where the gradient norm (else the loss) began its exponential run-up to the failure,
+    as the exploding-gradients rule dates it."""
+    from analyzer.rules.evidence import RunEvidence
+    from analyzer.rules.gradients import gradient_growth
+
+    result = _full(path, digest, siblings).result
+    if result is None or result.incident is None:
+        return None
+    found = gradient_growth(RunEvidence(result))
+    if found is None:
+        return None
+    curve, g = found
+    return Growth(curve.tag, g.onset_step, g.end_step, g.decades, g.doubling_steps)
+
+
+@st.cache_data(show_spinner=False)
+def rule_docs(code: str) -> str | None:
+    """The documentation of a rule, as ``forensics explain`` prints it."""
+    try:
+        from analyzer.rules import explain
+    except ImportError:
+        return None
+    return explain(code)
+
+
+@st.cache_data(show_spinner=False)
+def replay_devices() -> list[str]:
+    """``cpu``, and ``cuda`` when this machine has a usable CUDA device."""
+    import torch
+
+    return ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
+
+
+def dtype_choices() -> tuple[str, ...]:
+    from analyzer.replay import DTYPE_CHOICES
+
+    return DTYPE_CHOICES
+
+
+def capture_of(result: RunResult) -> str | None:
+    """The capture a replay reads: the run's earliest, as ``forensics analyze`` takes it."""
+    return result.run.captures[0] if result.run.captures else None
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def replay(capture: str, digest: str, device: str, dtype: str) -> ReplayOutcome:
+    """Replay a captured step in memory, kept under the run's fingerprint."""
+    from analyzer.replay import replay as run_replay
+
+    start = time.monotonic()
+    try:
+        result = run_replay(capture, device=device, dtype=dtype)
+    except ForensicsError as exc:
+        return ReplayOutcome(None, str(exc), time.monotonic() - start)
+    except Exception as exc:  # a capture that breaks the replay is reported, not raised
+        return ReplayOutcome(None, f"the replay failed: {type(exc).__name__}: {exc}",
+                             time.monotonic() - start)
+    return ReplayOutcome(result, None, time.monotonic() - start)
+
+
+def format_replay(result: Any) -> str:
+    from analyzer.replay import format_replay as fmt
+
+    return fmt(result)

@@ -1,0 +1,27 @@
+"""Entry script of the dashboard: ``streamlit run app/streamlit_app.py -- --runs PATH``.
+
+It sets up the page, puts the run picker in the sidebar and hands over to the page chosen
+in the navigation; the pages live in ``app_pages/`` and hold UI only.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# Streamlit puts this script's own folder on sys.path; the app imports itself as the
+# ``app`` package from the folder above, ahead of any other ``app`` the path may hold.
+_ABOVE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if sys.path[:1] != [_ABOVE]:
+    sys.path.insert(0, _ABOVE)
+
+import streamlit as st  # noqa: E402
+
+from app import ui  # noqa: E402
+
+st.set_page_config(page_title="NaN Forensics", page_icon=":material/troubleshoot:",
+                   layout="wide")
+page = st.navigation([st.Page(path, title=title, icon=icon, default=path == ui.PAGES[0][0])
+                      for path, title, icon in ui.PAGES])
+ui.sidebar()
+page.run()

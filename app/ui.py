@@ -1,0 +1,140 @@
+"""Pieces of UI every page shares: the run picker, the run's headline, links between pages.
+
+The chosen run lives in the session (the sidebar picker's key) and in the URL's ``run``
+query parameter, so that a link such as ``/timeline?run=NAME&step=24`` opens that run at
+that step, and the address bar can be shared.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import streamlit as st
+
+from analyzer.model import RunResult
+from analyzer.replay.records import LOSS_NAME
+from app import data
+from app.views import failing_layer
+
+PAGES: list[tuple[str, str, str]] = [
+    ("app_pages/runs.py", "Runs", ":material/table_rows:"),
+    ("app_pages/timeline.py", "Timeline", ":material/timeline:"),
+    ("app_pages/layers.py", "Layers", ":material/stacks:"),
+    ("app_pages/findings.py", "Findings", ":material/fact_check:"),
+    ("app_pages/replay.py", "Replay", ":material/replay:"),
+    ("app_pages/logs.py", "Logs", ":material/article:"),
+]
+PAGE = {title.lower(): path for path, title, _ in PAGES}
+RUN_KEY = "run"
+
+
+@dataclass(frozen=True)
+class Selected:
+    ref: data.RunRef
+    refs: list[data.RunRef]
+
+
+def _refs() -> list[data.RunRef] | str:
+    return data.list_runs(os.path.abspath(data.runs_root()))
+
+
+def _keep_run_in_url() -> None:
+    st.query_params[RUN_KEY] = st.session_state[RUN_KEY]
+
+
+def sidebar() -> None:
+    """The folder being browsed and the run picker, on every page."""
+    root = data.runs_root()
+    refs = _refs()
+    if isinstance(refs, str):
+        st.sidebar.caption(f"Runs below `{root}`")
+        st.sidebar.warning(refs)
+        return
+    names = [r.name for r in refs]
+    st.sidebar.caption(f"{len(names)} run{'' if len(names) == 1 else 's'} below `{root}`")
+    wanted = st.query_params.get(RUN_KEY)
+    if wanted in names and wanted != st.session_state.get(RUN_KEY):
+        st.session_state[RUN_KEY] = wanted
+    if st.session_state.get(RUN_KEY) not in names:
+        st.session_state[RUN_KEY] = names[0]
+    st.sidebar.selectbox("Run", names, key=RUN_KEY,
+                         on_change=_keep_run_in_url)
+    st.query_params[RUN_KEY] = st.session_state[RUN_KEY]
+
+
+def all_refs() -> list[data.RunRef]:
+    refs = _refs()
+    if isinstance(refs, str):
+        st.info(refs)
+        st.stop()
+    return refs
+
+
+def selected() -> Selected:
+    refs = all_refs()
+    name = st.session_state.get(RUN_KEY)
+    ref = next((r for r in refs if r.name == name), refs[0])
+    return Selected(ref, refs)
+
+
+def load_selected() -> tuple[Selected, RunResult]:
+    """The chosen run, analysed; the page stops with the reason when it cannot be."""
+    sel = selected()
+    with st.spinner(f"Analysing {sel.ref.name}: reading its files, replaying its capture, "
+                    "running the rules", show_time=True):
+        loaded = data.load(sel.ref, sel.refs)
+    if loaded.result is None:
+        st.error(f"{sel.ref.name}: {loaded.error}")
+        st.stop()
+    if loaded.error:
+        st.warning(loaded.error)
+    return sel, loaded.result
+
+
+def int_param(name: str) -> int | None:
+    raw = st.query_params.get(name)
+    try:
+        return int(raw) if raw is not None else None
+    except ValueError:
+        return None
+
+
+def link(page: str, label: str, run: str, **params: object) -> None:
+    query = {RUN_KEY: run} | {k: str(v) for k, v in params.items() if v is not None}
+    st.page_link(PAGE[page], label=label, query_params=query)
+
+
+def headline(sel: Selected, result: RunResult) -> None:
+    """The run's verdict in one line: step, tag, layer, cause; the same on every page."""
+    inc = result.incident
+    parts = [f"**{sel.ref.name}**"]
+    if inc is None:
+        parts.append("every logged value is finite")
+    else:
+        last = "none" if inc.last_finite_step is None else inc.last_finite_step
+        parts.append(f"first non-finite at **step {inc.step}** (`{inc.tag}` = {inc.kind}, "
+                     f"last finite step {last})")
+    layer = failing_layer(result)
+    if layer == LOSS_NAME:
+        parts.append("made in the **loss function**")
+    elif layer:
+        parts.append(f"layer **{layer}**")
+    if result.findings:
+        top = result.findings[0]
+        what = "cause" if top.is_failure else "warning"
+        parts.append(f"{what} **{top.name}** ({top.confidence} confidence)")
+    elif inc is not None:
+        parts.append("no ranked cause")
+    if result.run.issues:
+        parts.append(f"{len(result.run.issues)} read issues")
+    st.markdown(" · ".join(parts))
+
+
+def page_links(run: str, here: str) -> None:
+    cols = st.columns(len(PAGES) - 1)
+    others = [title for _, title, _ in PAGES[1:]]
+    for col, title in zip(cols, others, strict=True):
+        with col:
+            if title.lower() != here:
+                link(title.lower(), title, run)

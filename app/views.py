@@ -1,0 +1,362 @@
+"""What the pages show, computed from the analyzer's records: plain values, no Streamlit.
+
+The data module calls the analyzer and caches; this module only reshapes records into
+rows, curves and grids, so that it can be tested without a running app.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+
+import numpy as np
+import numpy.typing as npt
+
+from analyzer.model import Event, Location, Run, RunResult, Series
+from analyzer.replay.records import LOSS_NAME
+
+FloatArray = npt.NDArray[np.float64]
+TIMELINE_ROLES = ("loss", "grad norm", "learning rate", "loss scale")
+
+
+@dataclass(frozen=True)
+class TagRoles:
+    """What each tag measures (see ``data.tag_roles``) and the layer a per-layer tag names."""
+
+    roles: Mapping[str, str]
+    layers: Mapping[str, str]
+
+    def tags(self, role: str) -> list[str]:
+        return sorted(t for t, r in self.roles.items() if r == role)
+
+
+@dataclass(frozen=True)
+class Growth:
+    """The exponential run-up of a curve before the failure."""
+
+    tag: str
+    onset_step: int
+    end_step: int
+    decades: float
+    doubling_steps: float
+
+
+@dataclass(frozen=True)
+class RunRow:
+    """One line of the runs table."""
+
+    run: str
+    status: str
+    first_step: int | None
+    tag: str | None
+    kind: str | None
+    last_finite: int | None
+    layer: str | None
+    cause: str | None
+    confidence: str | None
+    replay: str | None
+    sources: str
+    issues: int
+    first_issue: str | None
+
+    @classmethod
+    def columns(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def _plural(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def sources_text(run: Run) -> str:
+    """What a run offered the analysis, in a few words."""
+    events = sum(1 for f in run.files if "tfevents" in os.path.basename(f))
+    parts = [_plural(events, "event file")] if events else []
+    for log in run.logs:
+        kind = f" ({log.framework})" if log.framework else ""
+        parts.append(f"{os.path.basename(log.path)}{kind}")
+    if run.checkpoints is not None and run.checkpoints.saves:
+        parts.append(_plural(len(run.checkpoints.saves), "checkpoint"))
+    if run.captures:
+        parts.append(_plural(len(run.captures), "capture"))
+    return ", ".join(parts) or "nothing readable"
+
+
+def failing_layer(result: RunResult) -> str | None:
+    """The layer to blame: the replay's producer when the replay found one (``(loss)`` when
+    the loss function made the value), else the first layer whose logged values went
+    non-finite."""
+    r = result.replay
+    if r is not None and r.phase is not None:
+        if r.layer:
+            return str(r.layer)
+        if r.op is not None and (r.op.module or "").startswith(LOSS_NAME):
+            return LOSS_NAME
+    return result.layer_incident.layer if result.layer_incident else None
+
+
+def replay_brief(result: RunResult) -> str | None:
+    r = result.replay
+    if r is None:
+        return f"failed: {result.replay_error}" if result.replay_error else None
+    if r.phase is None:
+        return f"all finite ({r.verdict.kind})"
+    op = f" {r.op.op}" if r.op is not None else ""
+    where = f" in {r.op.module}" if r.op is not None and r.op.module else ""
+    return f"{r.phase}{op}{where}: {r.verdict.kind}"
+
+
+def run_row(name: str, result: RunResult | None, error: str | None) -> RunRow:
+    if result is None:
+        return RunRow(name, "unreadable", None, None, None, None, None, None, None, None,
+                      "", 0, error)
+    inc = result.incident
+    top = result.findings[0] if result.findings else None
+    issues = result.run.issues
+    return RunRow(
+        run=name,
+        status="failed" if inc is not None else "finite",
+        first_step=inc.step if inc else None,
+        tag=inc.tag if inc else None,
+        kind=inc.kind if inc else None,
+        last_finite=inc.last_finite_step if inc else None,
+        layer=failing_layer(result),
+        cause=(top.name if top.is_failure else f"warning: {top.name}") if top else None,
+        confidence=top.confidence if top else None,
+        replay=replay_brief(result),
+        sources=sources_text(result.run),
+        issues=len(issues),
+        first_issue=str(issues[0]) if issues else error,
+    )
+
+
+@dataclass(frozen=True)
+class Curve:
+    """One tag of one source file, in step order, with its non-finite points apart."""
+
+    label: str
+    tag: str
+    source: str
+    steps: npt.NDArray[np.int64]
+    values: FloatArray
+
+    @property
+    def bad(self) -> npt.NDArray[np.bool_]:
+        return np.asarray(~np.isfinite(self.values), dtype=bool)
+
+
+def source_name(path: str) -> str:
+    """A short name for a source file: ``events`` for event files, else the file name."""
+    name = os.path.basename(path)
+    return "events" if "tfevents" in name else name
+
+
+def where(loc: Location | None, run_path: str) -> str:
+    """A location with its file relative to the run's folder."""
+    if loc is None:
+        return ""
+    try:
+        rel = os.path.relpath(loc.file, run_path)
+    except ValueError:
+        rel = loc.file
+    return str(Location(loc.file if rel.startswith("..") else rel, loc.offset, loc.line))
+
+
+def curves(run: Run, tags: list[str]) -> list[Curve]:
+    """Every series of these tags, one curve per source file, labelled by tag and file."""
+    out = []
+    many = len({s.source for s in run.series if s.tag in tags}) > 1
+    for s in run.series:
+        if s.tag not in tags or not len(s):
+            continue
+        order = np.argsort(s.steps, kind="stable")
+        label = f"{s.tag} ({source_name(s.source)})" if many else s.tag
+        out.append(Curve(label, s.tag, s.source, s.steps[order], s.values[order]))
+    return out
+
+
+def log_scale(curves_: list[Curve]) -> bool:
+    """A log axis when every finite value is positive and they span two decades or more."""
+    vals = np.concatenate([c.values[np.isfinite(c.values)] for c in curves_] or [np.zeros(0)])
+    if vals.size < 2 or (vals <= 0).any():
+        return False
+    return bool(vals.max() / vals.min() >= 100.0)
+
+
+@dataclass(frozen=True)
+class Marker:
+    """A step worth a mark on the timeline: the failure, a skip, a restart, a save."""
+
+    kind: str
+    step: int
+    text: str
+
+
+def event_step(event: Event) -> int | None:
+    if event.step is not None:
+        return event.step
+    after = event.detail.get("after_step")
+    return after if isinstance(after, int) else None
+
+
+def markers(result: RunResult, growth: Growth | None) -> list[Marker]:
+    run = result.run
+    out = []
+    if result.incident is not None:
+        inc = result.incident
+        out.append(Marker("first non-finite", inc.step, f"{inc.tag} = {inc.kind}"))
+        if inc.last_finite_step is not None:
+            out.append(Marker("last finite", inc.last_finite_step, f"{inc.tag} still finite"))
+    if growth is not None:
+        out.append(Marker("growth onset", growth.onset_step,
+                          f"{growth.tag} rose {growth.decades:.1f} decades from here, doubling "
+                          f"every {growth.doubling_steps:.3g} steps"))
+    out += [Marker("overflow skip", s, "the loss scaler skipped this step")
+            for s in result.overflow_skips]
+    for e in run.events:
+        step = event_step(e)
+        if step is not None and e.kind in ("restart", "error", "min_loss_scale"):
+            out.append(Marker(e.kind.replace("_", " "), step,
+                              f"{e.message} ({where(e.location, run.path)})"))
+    if run.checkpoints is not None:
+        bad = run.checkpoints.first_nonfinite
+        for i, save in enumerate(run.checkpoints.saves):
+            if save.step is not None:
+                state = "non-finite" if bad is not None and i >= bad else "finite"
+                out.append(Marker("checkpoint", save.step,
+                                  f"{os.path.basename(save.path)}: {state}"))
+    return out
+
+
+@dataclass(frozen=True)
+class Grid:
+    """Per-layer values over steps: rows are tags, columns steps."""
+
+    tags: list[str]
+    layers: list[str]
+    steps: npt.NDArray[np.int64]
+    values: FloatArray
+    logged: npt.NDArray[np.bool_]
+    """True where the tag has a point at that step; the other cells are NaN fillers."""
+
+    @property
+    def empty(self) -> bool:
+        return not self.tags
+
+    @property
+    def nonfinite(self) -> npt.NDArray[np.bool_]:
+        return np.asarray(self.logged & ~np.isfinite(self.values), dtype=bool)
+
+
+def layer_grid(run: Run, tags: list[str], layer_of: Mapping[str, str]) -> Grid:
+    """A grid of the last value logged per step of each per-layer tag, NaN where none was."""
+    chosen = [s for s in run.series if s.tag in tags and len(s)]
+    if not chosen:
+        return Grid([], [], np.zeros(0, dtype=np.int64), np.zeros((0, 0)),
+                    np.zeros((0, 0), dtype=bool))
+    steps = np.unique(np.concatenate([s.steps for s in chosen]))
+    order = sorted({s.tag for s in chosen}, key=lambda t: (_first_position(chosen, t), t))
+    grid = np.full((len(order), steps.size), np.nan)
+    logged = np.zeros(grid.shape, dtype=bool)
+    for s in chosen:
+        row, cols = order.index(s.tag), np.searchsorted(steps, s.steps)
+        grid[row, cols] = s.values
+        logged[row, cols] = True
+    return Grid(order, [layer_of.get(t, t) for t in order], steps, grid, logged)
+
+
+def _first_position(series: list[Series], tag: str) -> int:
+    """Tags in the order the run logged them, which is usually the order of the model."""
+    return min(int(s.positions[0]) for s in series if s.tag == tag)
+
+
+@dataclass(frozen=True)
+class LogHit:
+    """The first line of a log that reports a non-finite value."""
+
+    file: str
+    line: int
+    step: int | None
+    what: str
+
+
+def log_hits(result: RunResult) -> list[LogHit]:
+    """Per log file, its first line that shows a non-finite value, earliest step first."""
+    hits: dict[str, LogHit] = {}
+    for inc in result.tag_incidents:
+        loc = inc.location
+        if loc.line is None:
+            continue
+        hit = LogHit(loc.file, loc.line, inc.step, f"{inc.tag} = {inc.kind}")
+        held = hits.get(loc.file)
+        if held is None or (hit.line < held.line):
+            hits[loc.file] = hit
+    for e in result.run.events:
+        if e.kind in ("nonfinite", "error") and e.location.line is not None:
+            held = hits.get(e.location.file)
+            if held is None or e.location.line < held.line:
+                hits[e.location.file] = LogHit(e.location.file, e.location.line,
+                                               event_step(e), e.message)
+    return sorted(hits.values(), key=lambda h: (h.step is None, h.step or 0, h.file))
+
+
+def step_at_line(run: Run, file: str, line: int) -> int | None:
+    """The step a log line reports, from the series read out of that line."""
+    for s in run.series:
+        if s.source == file and s.position_unit == "line":
+            hit = np.flatnonzero(s.positions == line)
+            if hit.size:
+                return int(s.steps[hit[0]])
+    for e in run.events:
+        if e.location.file == file and e.location.line == line:
+            return event_step(e)
+    return None
+
+
+def num(value: float | None) -> str:
+    """A number for a table cell; NaN and Inf spelled out (a blank cell would hide them)."""
+    if value is None:
+        return ""
+    if math.isnan(value):
+        return "nan"
+    if math.isinf(value):
+        return "+inf" if value > 0 else "-inf"
+    return f"{value:.6g}"
+
+
+@dataclass(frozen=True)
+class View:
+    """What one source logged for one tag at a step, and at the step before."""
+
+    source: str
+    tag: str
+    before: float | None
+    at: float | None
+    where: Location | None
+
+
+def views_at(run: Run, step: int) -> list[View]:
+    """Every source's value of every tag at ``step`` (and the last one before it)."""
+    out = []
+    for s in run.series:
+        at = np.flatnonzero(s.steps == step)
+        if not at.size:
+            continue
+        earlier = np.flatnonzero(s.steps < step)
+        before = float(s.values[earlier[-1]]) if earlier.size else None
+        i = int(at[-1])
+        out.append(View(source_name(s.source), s.tag, before, float(s.values[i]),
+                        s.location(i)))
+    out.sort(key=lambda v: (math.isfinite(v.at if v.at is not None else 0.0), v.source, v.tag))
+    return out
+
+
+def view_rows(seen: list[View], run_path: str, step: int) -> list[dict[str, str]]:
+    """Rows of the table that lines the sources up at one step."""
+    return [{"source": v.source, "tag": v.tag, "step before": num(v.before),
+             f"step {step}": num(v.at), "where": where(v.where, run_path)} for v in seen]

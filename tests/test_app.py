@@ -1,0 +1,375 @@
+"""The dashboard under Streamlit's AppTest, on a copy of the sample runs.
+
+Expectations come from each run's scenario.json, what the run is known to have died of.
+The copy keeps the tests away from a regeneration of sample_runs/ and shows that the app
+writes nothing into the folders it analyses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+ENTRY = ROOT / "app" / "streamlit_app.py"
+SAMPLES = ROOT / "sample_runs"
+PAGES = ["timeline", "layers", "findings", "replay", "logs"]
+TIMEOUT = 300.0
+
+pytest.importorskip("streamlit")
+pytest.importorskip("plotly")
+
+from streamlit.testing.v1 import AppTest  # noqa: E402
+
+
+def scenarios(root: Path) -> dict[str, dict[str, Any]]:
+    out = {}
+    for path in sorted(root.glob("*/scenario.json")):
+        out[path.parent.name] = json.loads(path.read_text())
+    return out
+
+
+def tree(root: Path) -> dict[str, tuple[int, int]]:
+    """Every file below root with its size and modification time."""
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    if not any(SAMPLES.glob("*/scenario.json")):
+        pytest.skip("sample_runs/ holds no scenario (make samples)")
+    root = tmp_path_factory.mktemp("app") / "runs"
+    shutil.copytree(SAMPLES, root, ignore=shutil.ignore_patterns("__pycache__"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FORENSICS_RUNS", str(root))
+        yield root
+
+
+def texts(at: AppTest) -> str:
+    """Everything the page shows as text, one element per line."""
+    parts: list[str] = []
+    for kind in ("title", "header", "subheader", "markdown", "caption", "info", "warning",
+                 "success", "code", "text"):
+        parts += [str(e.value) for e in at.get(kind)]
+    for frame in at.dataframe:
+        parts.append(frame.value.to_string())
+    return "\n".join(parts)
+
+
+def frame_with(at: AppTest, column: str) -> Any:
+    """The first table on the page that has this column."""
+    for frame in at.dataframe:
+        if column in frame.value.columns:
+            return frame.value
+    raise AssertionError(f"no table with a column {column!r}")
+
+
+def no_error(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+
+
+def open_app(run: str | None = None) -> AppTest:
+    at = AppTest.from_file(str(ENTRY), default_timeout=TIMEOUT)
+    if run is not None:
+        at.query_params["run"] = run  # as a link to the run does
+    return at.run()
+
+
+def test_runs_table(runs: Path) -> None:
+    at = open_app()
+    no_error(at)
+    table = at.dataframe[0].value.set_index("run")
+    expected = scenarios(runs)
+    assert set(expected) <= set(table.index)
+    for name, sc in expected.items():
+        row = table.loc[name]
+        step = sc["expected"]["first_nonfinite_step"]
+        if step is None:
+            assert row["status"] == "finite", name
+        else:
+            assert row["status"] == "failed", name
+            assert int(row["first_step"]) == step, name
+            assert isinstance(row["cause"], str) and row["cause"], name
+            assert "capture" in row["sources"], name
+
+
+def test_runs_table_filters(runs: Path) -> None:
+    at = open_app()
+    at.text_input(key="runs_filter_name").input("healthy").run()
+    no_error(at)
+    assert list(at.dataframe[0].value["run"]) == ["healthy_control"]
+    at.text_input(key="runs_filter_name").input("").run()
+    at.multiselect(key="runs_filter_status").set_value(["finite"]).run()
+    shown = set(at.dataframe[0].value["run"])
+    healthy = {n for n, sc in scenarios(runs).items()
+               if sc["expected"]["first_nonfinite_step"] is None}
+    assert shown == healthy
+
+
+def _check_page(at: AppTest, page: str, name: str, sc: dict[str, Any]) -> None:
+    exp = sc["expected"]
+    step = exp["first_nonfinite_step"]
+    shown = texts(at)
+    assert f"**{name}**" in shown, page
+    if step is None:
+        assert "every logged value is finite" in shown, page
+    else:
+        assert f"step {step}**" in shown, page
+    if page == "timeline":
+        assert at.get("plotly_chart"), name
+        if step is not None:
+            marks = frame_with(at, "mark")
+            firsts = marks[marks["mark"] == "first non-finite"]
+            assert list(firsts["step"]) == [step], name
+    elif page == "layers":
+        if exp["layer"] is not None:
+            assert f"**{exp['layer']}**" in shown, name
+        assert at.get("plotly_chart"), name
+    elif page == "findings":
+        if exp["cause"] is not None:
+            assert f"**{exp['cause']}**" in shown, name
+        elif not any("**" in m.value and "`NF" in m.value for m in at.markdown):
+            assert "No findings are available for this run" in shown, name
+    elif page == "replay":
+        if sc.get("capture"):
+            assert f"Verdict: {exp['verdict']}" in shown, name
+            assert f"**{exp['phase']}**" in shown, name
+            op = exp["op"].split("::")[-1]
+            assert f"aten.{op}" in shown, name
+        else:
+            assert "no capture of its failing step" in shown, name
+    elif page == "logs" and step is not None:
+        assert any(">" in c.value for c in at.code), name
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_page_for_every_run(runs: Path, page: str) -> None:
+    at = open_app()
+    for name, sc in scenarios(runs).items():
+        at.selectbox(key="run").set_value(name)  # the sidebar's run picker
+        at.switch_page(f"app_pages/{page}.py").run()
+        no_error(at)
+        _check_page(at, page, name, sc)
+
+
+def test_growth_onset_is_where_the_exploding_gradients_finding_dates_it(runs: Path) -> None:
+    at = open_app()
+    checked = 0
+    for name in scenarios(runs):
+        at.selectbox(key="run").set_value(name)
+        at.switch_page("app_pages/findings.py").run()
+        cards = [m.value for m in at.markdown if "**exploding-gradients**" in m.value]
+        at.switch_page("app_pages/timeline.py").run()
+        no_error(at)
+        marks = frame_with(at, "mark")
+        onsets = list(marks[marks["mark"] == "growth onset"]["step"])
+        if not cards:
+            continue
+        checked += 1
+        assert len(onsets) == 1, name
+        assert f"from step {onsets[0]} " in texts(at.switch_page("app_pages/findings.py")
+                                                  .run()), name
+    if not checked:
+        pytest.skip("no sample run has an exploding-gradients finding")
+
+
+def _failed_with_capture(root: Path) -> str:
+    for name, sc in scenarios(root).items():
+        if sc.get("capture") and sc["expected"]["verdict"] == "math-fault":
+            return name
+    pytest.skip("no failed sample run with a capture")
+
+
+def test_replay_button_runs_a_replay(runs: Path) -> None:
+    name = _failed_with_capture(runs)
+    at = open_app(name)
+    at.switch_page("app_pages/replay.py").run()
+    at.selectbox(key="replay_dtype").set_value("float64")
+    at.button(key="replay_button").click().run()
+    no_error(at)
+    shown = texts(at)
+    assert "Replay on cpu, float64" in shown
+    assert "Verdict: " in shown
+    passes = frame_with(at, "fingerprint")
+    assert (passes["dtype"] == "float64").all()
+
+
+def test_evidence_links_open_the_right_places(runs: Path) -> None:
+    name = _failed_with_capture(runs)
+    at = open_app(name)
+    at.switch_page("app_pages/findings.py").run()
+    links = at.get("page_link")
+    assert links, "a finding's evidence links to the timeline, the logs or the layers"
+    targets = [link.proto.page for link in links]
+    assert any("timeline" in t for t in targets)
+    step = scenarios(runs)[name]["expected"]["first_nonfinite_step"]
+    at.query_params["run"] = name
+    at.query_params["step"] = str(step)
+    at.switch_page("app_pages/timeline.py").run()
+    no_error(at)
+    assert f"Step {step} in every source" in texts(at)
+
+
+def test_nothing_is_written_into_the_runs(runs: Path) -> None:
+    before = tree(runs)
+    name = _failed_with_capture(runs)
+    at = open_app(name)
+    for page in PAGES:
+        at.switch_page(f"app_pages/{page}.py").run()
+        no_error(at)
+    at.switch_page("app_pages/replay.py").run()
+    at.button(key="replay_button").click().run()
+    no_error(at)
+    assert tree(runs) == before
+
+
+def test_a_changed_run_is_analysed_again(tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    healthy = next((n for n, sc in scenarios(SAMPLES).items()
+                    if sc["expected"]["first_nonfinite_step"] is None), None)
+    if healthy is None:
+        pytest.skip("no healthy sample run")
+    root = tmp_path / "runs"
+    shutil.copytree(SAMPLES / healthy, root / healthy)
+    monkeypatch.setenv("FORENSICS_RUNS", str(root))
+    saves = sorted((root / healthy).rglob("*.pt"))
+    assert saves
+    at = open_app()
+    before = at.dataframe[0].value.set_index("run").loc[healthy, "sources"]
+    assert f"{len(saves)} checkpoints" in before
+    saves[-1].unlink()
+    from app import data
+
+    data.list_runs.clear()  # the listing is trusted for a few seconds; do not wait for it
+    at.run()
+    no_error(at)
+    after = at.dataframe[0].value.set_index("run").loc[healthy, "sources"]
+    assert f"{len(saves) - 1} checkpoint" in after
+
+
+def test_no_runs_is_said_plainly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FORENSICS_RUNS", str(tmp_path))
+    at = open_app()
+    no_error(at)
+    assert "no runs" in texts(at)
+
+
+def test_runs_root_comes_from_the_command_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    from app.data import runs_root
+
+    monkeypatch.delenv("FORENSICS_RUNS", raising=False)
+    assert runs_root(["--runs", "/data/x"]) == "/data/x"
+    assert runs_root([]) == "sample_runs"
+    monkeypatch.setenv("FORENSICS_RUNS", "elsewhere")
+    assert runs_root(["-q", "tests/test_app.py"]) == "elsewhere"
+
+
+def test_launch_command_is_local_headless_and_quiet(tmp_path: Path) -> None:
+    from analyzer.dashboard import app_script, command
+
+    assert Path(app_script()) == ENTRY
+    cmd = command(str(tmp_path), port=8765)
+    assert cmd[:4] == [sys.executable, "-m", "streamlit", "run"]
+    opts = dict(zip(cmd[5:-3:2], cmd[6:-3:2], strict=True))
+    assert opts["--server.address"] == "127.0.0.1"
+    assert opts["--server.port"] == "8765"
+    assert opts["--server.headless"] == "true"
+    assert opts["--browser.gatherUsageStats"] == "false"
+    assert cmd[-3:] == ["--", "--runs", str(tmp_path)]
+
+
+def test_launch_refuses_a_missing_folder(tmp_path: Path) -> None:
+    from analyzer.dashboard import launch
+    from analyzer.errors import UsageError
+
+    with pytest.raises(UsageError, match="no such file"):
+        launch(str(tmp_path / "nowhere"))
+
+
+def test_dashboard_module_does_not_import_streamlit() -> None:
+    code = ("import sys, analyzer.dashboard; "
+            "sys.exit(1 if 'streamlit' in sys.modules or 'torch' in sys.modules else 0)")
+    assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
+
+
+def test_views_are_pure_of_streamlit() -> None:
+    code = ("import sys, app.views, app.charts; "
+            "sys.exit(1 if 'streamlit' in sys.modules else 0)")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    assert subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env).returncode == 0
+
+
+def _series(tag: str, steps: list[int], values: list[float], source: str = "ev",
+            unit: str = "offset") -> Any:
+    import numpy as np
+
+    from analyzer.model import Series
+
+    return Series(tag, np.array(steps, dtype=np.int64), np.array(values, dtype=np.float64),
+                  np.zeros(len(steps)), source, np.arange(1, len(steps) + 1, dtype=np.int64),
+                  unit)  # type: ignore[arg-type]
+
+
+def test_layer_grid_marks_only_logged_nonfinite_cells() -> None:
+    from analyzer.model import Run
+    from app.views import layer_grid
+
+    inf, nan = float("inf"), float("nan")
+    run = Run("r", "r", (), series=(_series("grad_norm/fc1.weight", [0, 1, 2], [1.0, nan, 3.0]),
+                                    _series("grad_norm/fc2.weight", [0, 2], [1.0, inf])))
+    grid = layer_grid(run, ["grad_norm/fc1.weight", "grad_norm/fc2.weight"],
+                      {"grad_norm/fc1.weight": "fc1", "grad_norm/fc2.weight": "fc2"})
+    assert list(grid.steps) == [0, 1, 2]
+    assert grid.layers == ["fc1", "fc2"]
+    assert grid.nonfinite.tolist() == [[False, True, False], [False, False, True]]
+    assert grid.logged.tolist() == [[True, True, True], [True, False, True]]
+
+
+def test_log_scale_only_for_positive_values_spanning_decades() -> None:
+    import numpy as np
+
+    from app.views import Curve, log_scale
+
+    def curve(values: list[float]) -> Curve:
+        return Curve("t", "t", "s", np.arange(len(values)), np.array(values))
+
+    assert log_scale([curve([1.0, 1e3, float("nan")])])
+    assert not log_scale([curve([1.0, 50.0])])
+    assert not log_scale([curve([0.0, 1e3])])
+
+
+def test_sources_line_up_at_a_step() -> None:
+    from analyzer.model import Run
+    from app.views import step_at_line, view_rows, views_at
+
+    run = Run("r", "r", (), series=(
+        _series("loss", [1, 2, 3], [0.5, 0.4, float("nan")], "train.log", "line"),
+        _series("train/loss", [1, 2, 3], [0.5, 0.4, float("nan")], "events.out.tfevents.1"),
+        _series("train/lr", [1, 2], [0.1, 0.1], "events.out.tfevents.1")))
+    assert step_at_line(run, "train.log", 3) == 3
+    seen = views_at(run, 3)
+    assert {(v.source, v.tag) for v in seen} == {("train.log", "loss"), ("events", "train/loss")}
+    rows = view_rows(seen, "r", 3)
+    assert {r["step 3"] for r in rows} == {"nan"}
+    assert {r["step before"] for r in rows} == {"0.4"}
+
+
+def test_a_text_search_finds_the_first_nan_line(tmp_path: Path) -> None:
+    from app.data import first_mention
+
+    log = tmp_path / "train.log"
+    log.write_text("INFO start\nstep 1 loss 0.5 infinite patience\nstep 2 loss nan\n"
+                   "step 3 loss inf\n")
+    assert first_mention(str(log), "d1") == 3
+    log.write_text("INFO start\nstep 1 loss 0.5\n")
+    assert first_mention(str(log), "d2") is None
