@@ -123,7 +123,8 @@ def series_incident(series: Series, skips: frozenset[int] = frozenset()) -> Inci
     return Incident(step=int(series.steps[i]), tag=series.tag, kind=kind,
                     last_finite_step=int(series.steps[last]) if last is not None else None,
                     location=series.location(i), layer=layer_from_tag(series.tag),
-                    origin="log" if series.position_unit == "line" else "scalar")
+                    origin="log" if series.position_unit == "line" else "scalar",
+                    rank=series.rank)
 
 
 def histogram_incident(hist: Histogram,

@@ -237,6 +237,8 @@ class Incident:
     decided_by: str | None = None
     origin: str = "scalar"
     """Where the value was seen: ``scalar``, ``histogram``, ``log`` or ``checkpoint``."""
+    rank: int | None = None
+    """The data-parallel rank whose log line it was, for rank-prefixed logs."""
 
 
 Confidence = Literal["low", "medium", "high"]

@@ -82,6 +82,7 @@ def _incident_dict(inc: Incident | None) -> dict[str, Any] | None:
         "location": _location_dict(inc.location),
         "decided_by": inc.decided_by,
         "origin": inc.origin,
+        "rank": inc.rank,
     }
 
 
@@ -127,7 +128,8 @@ def _run_block(result: RunResult) -> str:
         lines.append("   every logged value is finite")
     else:
         last = "none" if inc.last_finite_step is None else str(inc.last_finite_step)
-        lines.append(f"   FIRST NON-FINITE  step {inc.step}  {inc.tag} = {inc.kind}  "
+        rank = f" on rank {inc.rank}" if inc.rank is not None else ""
+        lines.append(f"   FIRST NON-FINITE  step {inc.step}  {inc.tag} = {inc.kind}{rank}  "
                      f"(last finite step {last})")
         lines.append(f"     at {_shown(inc.location)}")
         if inc.decided_by and inc.decided_by != "earliest step":

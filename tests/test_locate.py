@@ -162,3 +162,13 @@ def test_overflow_skips_are_not_incidents() -> None:
     late = _series("train/grad_norm", [inf, inf, 3.0, 2.0, inf, 2.0])
     result = locate(Run(path="r", name="r", files=("f",), series=(scale, late, loss)))
     assert result.incident is not None and result.incident.step == 4
+
+
+def test_the_rank_that_went_first_is_named(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    log = tmp_path / "train.log"
+    log.write_text("[rank0]: step 1 loss 2.0\n[rank1]: step 1 loss 2.1\n"
+                   "[rank1]: step 2 loss nan\n[rank0]: step 2 loss 1.9\n"
+                   "[rank0]: step 3 loss nan\n")
+    result = analyze(str(tmp_path), replay=False).results[0]
+    inc = result.incident
+    assert inc is not None and (inc.step, inc.rank, inc.location.line) == (2, 1, 3)
