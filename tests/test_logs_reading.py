@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import math
+import random
+import re
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from analyzer.ingest.logformats import PARSERS
+from analyzer.ingest.logformats import PARSERS, fast
+from analyzer.ingest.logformats import reader as reader_module
+from analyzer.ingest.logformats import store as store_module
 from analyzer.ingest.logformats.reader import LINE_CAP
 from analyzer.ingest.logs import LogRead, read_log
 
@@ -307,3 +311,220 @@ STATE_LINES = st.sampled_from(
 @given(st.lists(st.one_of(STATE_LINES, st.text(max_size=40)), max_size=30))
 def test_any_trainer_state_never_raises(tmp_path: Path, lines: list[str]) -> None:
     read_log(write(tmp_path, "{\n" + "\n".join(lines), "trainer_state.json"))
+
+
+def _everything(read: LogRead) -> tuple[object, ...]:
+    order = [(s.tag, s.rank, s.steps.dtype.str, s.values.dtype.str) for s in read.series]
+    issues = [(i.kind, i.location.line, i.message) for i in read.issues]
+    return (*_summary(read), order, issues, read.confidence)
+
+
+def _plain(path: str, monkeypatch: pytest.MonkeyPatch) -> LogRead:
+    with monkeypatch.context() as patch:
+        patch.setattr(fast, "ENABLED", False)
+        return read_log(path)
+
+
+@pytest.mark.parametrize("name", FIXTURE_NAMES)
+def test_fast_readers_match_the_plain_parsers_on_fixtures(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = str(FIXTURES / name)
+    assert _everything(read_log(path)) == _everything(_plain(path, monkeypatch))
+
+
+_PLAIN_NUMBERS = st.sampled_from(["0", "0", "1", "0.0", "2.5E+00", "1.000E-04", "65536.0", "4."])
+_ODD_NUMBERS = st.sampled_from(
+    ["32768.0", "nan", "-nan", "inf", "-inf", "1.#INF", "3", "-2", "1e400", "12,000", "7" * 20,
+     "x", "", ".5", "1_0", "٣"]
+)
+_NUMBERS = st.one_of(_PLAIN_NUMBERS, _PLAIN_NUMBERS, _PLAIN_NUMBERS, _ODD_NUMBERS)
+_SHAPES = [
+    " iteration <s>/  500 | consumed samples: <n> | learning rate: <n> | lm loss: <n> |"
+    " loss scale: <n> | grad norm: <n> | number of skipped iterations: <z> |"
+    " number of nan iterations: <z> |",
+    " iteration <s>/  500 | learning rate: <n> | loss scale: <n> | grad norm: <n> |"
+    " number of skipped iterations: <z> | number of nan iterations: <z> |",
+    "2024/06/19 01:21:51 - mmengine - INFO - Epoch(train)  [<s>][<s>/1509]  lr: <n>"
+    "  eta: 8:27:55  time: <n>  grad_norm: <n>  loss: <n>  loss_cls: <n>",
+    "2024/06/19 01:21:51 - mmengine - INFO - Iter(val) [<s>/80]  eta: 0:00:01  loss: <n>",
+    "Epoch [<s>][<s>/500]\tlr: <n>, eta: 0:01:02, time: 0.1, loss: <n>, loss_cls: <n>",
+    "{'loss': <n>, 'grad_norm': <n>, 'learning_rate': <n>, 'epoch': <n>}",
+    "  1%|1         | <s>/5000 [00:02<02:40,  3.07it/s]",
+    "[2024-03-11 10:02:40,004] [INFO] [logging.py:96:log_dist] [Rank 0] step=<s>, skipped=<z>,"
+    " lr=[<n>], mom=[(0.9, 0.999)]",
+]
+_FIELDS = {
+    "<n>": _PLAIN_NUMBERS,
+    "<s>": st.integers(0, 10**6).map(str),
+    "<z>": st.sampled_from(["0", "0", "0", "  0", "0.0", "1"]),
+}
+
+
+@st.composite
+def _dense_runs(draw: st.DrawFn) -> list[str]:
+    """A run of lines of one shape, each differing from the first in at most one field."""
+    pieces = re.split("(<[nsz]>)", draw(st.sampled_from(_SHAPES)))
+    base = [draw(_FIELDS[p]) if p in _FIELDS else p for p in pieces]
+    holes = [i for i, p in enumerate(pieces) if p in _FIELDS]
+    prefix = draw(st.sampled_from(["", "", "", "[rank1]: ", "[rank0]: ", "> "]))
+    lines = []
+    for _ in range(draw(st.integers(1, 6))):
+        values = list(base)
+        if draw(st.booleans()):
+            hole = draw(st.sampled_from(holes))
+            values[hole] = draw(st.one_of(_FIELDS[pieces[hole]], _ODD_NUMBERS))
+        lines.append(prefix + "".join(values))
+    return lines
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=SHARED_TMP)
+@given(
+    runs=st.lists(
+        st.one_of(_dense_runs(), _dense_runs(), st.lists(st.sampled_from(ALL_LINES), max_size=3)),
+        max_size=8,
+    ),
+    sep=st.sampled_from(["\n", "\n", "\r\n", "\r"]),
+)
+def test_fast_readers_match_the_plain_parsers_on_generated_lines(
+    tmp_path: Path, runs: list[list[str]], sep: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The fast readers learn a shape from one line, then meet lines that differ from it
+    # in one number: each such line must come out as the plain parser reads it.
+    path = write(tmp_path, sep.join(line for run in runs for line in run) + "\n")
+    assert _everything(read_log(path)) == _everything(_plain(path, monkeypatch))
+
+
+def test_fast_readers_take_long_runs_in_bulk_like_the_plain_parsers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Windows of lines grow while every line fits the shape; a line that breaks the
+    # run (scale change, NaN count, another format) must be read as the plain parser reads it.
+    lines = []
+    for i in range(1, 3000):
+        scale = "65536.0" if i < 1500 else "32768.0"
+        nans = "1" if i == 2222 else "0"
+        lines.append(
+            f" [2024-08-01 09:44:55] iteration {i:8d}/  500000 | learning rate: 1.0E-04 |"
+            f" lm loss: {i / 1000:.6E} | loss scale: {scale} | grad norm: 1.5 |"
+            f" number of skipped iterations:   0 | number of nan iterations:   {nans} |"
+        )
+        if i % 701 == 0:
+            lines.append("2024-03-11 10:02:05 | INFO | worker 5 prefetched shard 1553")
+        if i % 997 == 0:
+            lines.append(f"Epoch(train)  [1][{i:4d}/3000]  lr: 1.0e-04  loss: {i}.5")
+    path = write(tmp_path, "\n".join(lines) + "\n")
+    fast_read = read_log(path)
+    assert _everything(fast_read) == _everything(_plain(path, monkeypatch))
+    assert {e.kind for e in fast_read.events} == {"loss_scale", "nonfinite"}
+
+
+def test_prefilters_agree_with_what_they_guard() -> None:
+    from analyzer.ingest.logformats.generic import _METRIC, _may_name_a_metric
+
+    for text in ["Grad Norm", "LOSS", "learning-rate", "ſcale", "K", "prose only", "Perplexity"]:
+        assert _may_name_a_metric(text) or _METRIC.search(text) is None
+    # The progress-bar test skips lower-casing when no 'a' or 'f' could appear in it.
+    assert all(
+        not any(x in c.lower() for x in "af") for c in map(chr, range(0x80, 0x110000))
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=40))
+def test_metric_prefilter_never_hides_a_match(text: str) -> None:
+    from analyzer.ingest.logformats.generic import _METRIC, _may_name_a_metric
+
+    assert _may_name_a_metric(text) or _METRIC.search(text) is None
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=SHARED_TMP)
+@given(
+    records=st.lists(
+        st.tuples(
+            st.lists(st.sampled_from(["a", "b", "c"]), min_size=1, max_size=4),
+            st.sampled_from([None, 0, 1]),
+            st.booleans(),
+        ),
+        max_size=60,
+    )
+)
+def test_point_store_keeps_arrival_order(
+    records: list[tuple[list[str], int | None, bool]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Oracle: one list per (tag, rank), appended point by point, as the store replaced.
+    monkeypatch.setattr(store_module, "PACK_ROWS", 3)
+    store = store_module.PointStore()
+    expected: dict[tuple[str, int | None], list[tuple[int, float, int]]] = {}
+    for n, (tags, rank, text) in enumerate(records):
+        values = [float(n * 10 + i) for i in range(len(tags))]
+        if text:
+            block = store.block(tuple(tags), rank, 1)
+            store.add(block, n, n + 1, (str(n), *map(repr, values)))
+        else:
+            store.add(store.block(tuple(tags), rank), n, n + 1, tuple(values))
+        for tag, value in zip(tags, values, strict=True):
+            expected.setdefault((tag, rank), []).append((n, value, n + 1))
+    got = {
+        key: list(zip(steps.tolist(), values.tolist(), lines.tolist(), strict=True))
+        for key, steps, values, lines in store.series()
+    }
+    assert list(got) == list(expected)
+    assert got == expected
+
+
+@pytest.mark.timeout(60)
+def test_learned_shapes_stay_linear_on_adversarial_lines(tmp_path: Path) -> None:
+    # A shape is learned from the first lines; then long lines that almost fit it
+    # reach both the per-record and the bulk matching.
+    learned = [
+        " iteration 1/ 5 | lm loss: 1.0 | loss scale: 1.0 | number of nan iterations: 0 |",
+        "Epoch(train)  [1][ 5/1509]  lr: 1.0e-04  loss: 2.5",
+        "Iter(train) [ 5/80000]  lr: 1.0e-04  loss: 2.5",
+        "{'loss': 1.0, 'grad_norm': 2.0, 'epoch': 0.1}",
+    ]
+    half = LINE_CAP // 2 - 40
+    hostile = [
+        "E" * (LINE_CAP - 1),
+        "I" * (LINE_CAP - 1),
+        "i" * (LINE_CAP - 1),
+        "Epoch" * (LINE_CAP // 5),
+        "iteration " * (LINE_CAP // 10),
+        "Epoch(train)  [1][ 5/1509]  lr:" + " 1" * half,
+        "Epoch(train)  [1][ 5/1509]  lr: " + "1" * (LINE_CAP - 40),
+        " iteration 1/ 5 | lm loss: " + "1" * (LINE_CAP - 40),
+        " iteration 1/ 5 | lm loss: 1.0 |" + " " * (LINE_CAP - 40),
+        "{'loss': 1.0, 'grad_norm': " + "9" * (LINE_CAP - 40),
+    ]
+    lines = []
+    for line in hostile:
+        lines += [*learned, line, learned[0], learned[0], line, learned[1], learned[1], line]
+    read = read_log(write(tmp_path, "\n".join(lines) + "\n"))
+    assert read.framework is not None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=" \t:|ab1", max_size=30))
+def test_megatron_fields_match_the_findall_they_replace(tail: str) -> None:
+    from analyzer.ingest.logformats.megatron import _FIELD, fields_of
+
+    assert fields_of(tail) == _FIELD.findall(tail)
+
+
+_RANKED = "[rank1]:  iteration {}/ 99 | lm loss: 2.0 | grad norm: 1.5 | nan iterations: 0 |"
+_OTHER = " iteration {}/ 99 | lm loss: 2.0 | nan iterations: 0 |"
+_PLAIN = " iteration {}/ 99 | lm loss: 2.0 | grad norm: 1.5 | nan iterations: 0 |"
+
+
+@pytest.mark.parametrize("chunk", [100, 150, 220, 300, 450])
+def test_bulk_reading_across_batches_matches_the_plain_parsers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int
+) -> None:
+    # Small batches: a shape learned on a rank's line at the end of one batch meets
+    # unprefixed lines of another shape, or of its own, at the start of the next.
+    monkeypatch.setattr(reader_module, "CHUNK_BYTES", chunk)
+    rng = random.Random(chunk)
+    lines = [_RANKED.format(1)] + [_OTHER.format(i) for i in range(2, 6)]
+    lines += [rng.choice([_RANKED, _OTHER, _PLAIN]).format(i) for i in range(6, 120)]
+    path = write(tmp_path, "\n".join(lines) + "\n")
+    assert _everything(read_log(path)) == _everything(_plain(path, monkeypatch))

@@ -20,10 +20,10 @@ from typing import BinaryIO
 
 import numpy as np
 
-from analyzer.ingest.logformats import FALLBACK, PARSERS, LineParser
 from analyzer.ingest.logformats.context import Context
+from analyzer.ingest.logformats.dispatch import Dispatcher
 from analyzer.ingest.logformats.prefixes import PrefixRule, decide_rule
-from analyzer.ingest.logformats.reader import iter_records
+from analyzer.ingest.logformats.reader import Lines, iter_batches
 from analyzer.ingest.logformats.trainer_state import read_trainer_state
 from analyzer.model import Event, IngestIssue, Series
 
@@ -131,75 +131,26 @@ def _read_text(stream: BinaryIO, head: bytes, ctx: Context) -> None:
 
 
 def _run(stream: BinaryIO, rule: PrefixRule, ctx: Context) -> None:
-    parsers: list[LineParser] = [cls() for cls in PARSERS]
-    table = [(p, p.triggers) for p in parsers]
-    # The triggers of every parser before this one in the order: a record holding
-    # none of them could not have been taken by an earlier parser.
-    earlier = {
-        id(p): tuple(t for q in parsers[:i] for t in q.triggers) for i, p in enumerate(parsers)
-    }
-    fallback = FALLBACK()
-    strip = rule.strip
-    numbered = rule.numbers != "none"
-    # Logs are long runs of one format: the parser that took the previous record
-    # is tried first, unless an earlier parser's trigger is present, which spares
-    # the full scan for most lines without changing which parser wins.
-    recent: LineParser | None = None
-    recent_triggers: tuple[str, ...] = ()
-    shadowed: tuple[str, ...] = ()
-    for number, text in iter_records(stream, ctx):
-        ctx.line = number
-        ctx.rank = None
-        if text[0] in _PREFIX_START and (numbered or text.lstrip(" \t")[:1] in _TAG_START):
-            text, ctx.rank = strip(text)
-            if not text:
-                continue
-        hit = False
-        if recent is not None:
-            for trigger in recent_triggers:
-                if trigger in text:
-                    hit = True
-                    break
-            if hit:
-                for trigger in shadowed:
-                    if trigger in text:
-                        hit = False
-                        break
-            if hit and recent.parse(text, ctx):
-                continue
-        tried = recent if hit else None
-        for parser, triggers in table:
-            if parser is tried:
-                continue
-            for trigger in triggers:
-                if trigger in text:
-                    break
-            else:
-                continue
-            if parser.parse(text, ctx):
-                if parser.repeats:
-                    recent, recent_triggers, shadowed = parser, triggers, earlier[id(parser)]
-                break
+    dispatcher = Dispatcher(rule, ctx)
+    for batch in iter_batches(stream, ctx):
+        if isinstance(batch, Lines):
+            dispatcher.lines(batch)
         else:
-            fallback.parse(text, ctx)
-
-
-_PREFIX_START = frozenset(" \t>[0123456789")
-_TAG_START = frozenset(">[")
+            for number, text in batch:
+                dispatcher.record(number, text)
 
 
 def _result(ctx: Context) -> LogRead:
     series = []
-    for (tag, rank), pts in ctx.points.items():
-        n = len(pts.steps)
+    for (tag, rank), steps, values, lines in ctx.store.series():
         series.append(
             Series(
                 tag=tag,
-                steps=np.asarray(pts.steps, dtype=np.int64),
-                values=np.asarray(pts.values, dtype=np.float64),
-                wall_times=np.full(n, np.nan),
+                steps=steps,
+                values=values,
+                wall_times=np.full(len(steps), np.nan),
                 source=ctx.source,
-                positions=np.asarray(pts.lines, dtype=np.int64),
+                positions=lines,
                 position_unit="line",
                 rank=rank,
             )

@@ -62,7 +62,10 @@ class LineParser(Protocol):
 
     ``triggers`` are plain substrings; ``parse`` runs only on records holding one
     of them, and returns True when it recognised the record (no other parser then
-    sees it). ``repeats`` is explained on the attribute.
+    sees it). ``repeats`` is explained on the attribute. A parser with a fast reader
+    may also have ``bulk(lines, start, before, ctx) -> int``: take whole lines from
+    ``lines[start]`` on (line numbers ``before + index + 1``) while they fit its
+    learned shape, and return the index of the first line not taken.
     """
 
     framework: str

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass, field
 from typing import Any
 
+from analyzer.ingest.logformats.store import PointStore
 from analyzer.model import Event, IngestIssue, Location
 
 MESSAGE_CHARS = 240
@@ -17,13 +17,6 @@ STEP_MIN, STEP_MAX = -(2**63), 2**63 - 1
 
 ISSUES_PER_KIND = 20
 """Issues of one kind kept one by one; the rest are counted in a summary issue."""
-
-
-@dataclass
-class _Points:
-    steps: list[int] = field(default_factory=list)
-    values: list[float] = field(default_factory=list)
-    lines: list[int] = field(default_factory=list)
 
 
 class Context:
@@ -39,7 +32,7 @@ class Context:
         self.line = 0
         self.rank: int | None = None
         self.last_step: int | None = None
-        self.points: dict[tuple[str, int | None], _Points] = {}
+        self.store = PointStore()
         self.events: list[Event] = []
         self.notes: list[str] = []
         self.votes: Counter[str] = Counter()
@@ -55,31 +48,16 @@ class Context:
         return True
 
     def point(self, tag: str, step: int, value: float) -> None:
-        if self._bad_step(step):
-            return
-        key = (tag, self.rank)
-        pts = self.points.get(key)
-        if pts is None:
-            pts = self.points[key] = _Points()
-        pts.steps.append(step)
-        pts.values.append(value)
-        pts.lines.append(self.line)
-        self.last_step = step
+        self.points_at(step, [(tag, value)])
 
     def points_at(self, step: int, items: list[tuple[str, float]]) -> None:
         """Several points of one record: one step, this line, this rank."""
-        if self._bad_step(step):
+        if self._bad_step(step) or not items:
             return
-        rank, line, table = self.rank, self.line, self.points
-        for tag, value in items:
-            pts = table.get((tag, rank))
-            if pts is None:
-                pts = table[(tag, rank)] = _Points()
-            pts.steps.append(step)
-            pts.values.append(value)
-            pts.lines.append(line)
-        if items:
-            self.last_step = step
+        tags, values = zip(*items, strict=True)
+        store = self.store
+        store.add(store.block(tags, self.rank), step, self.line, values)
+        self.last_step = step
 
     def event(
         self, kind: str, step: int | None, text: str, detail: dict[str, Any] | None = None

@@ -23,6 +23,20 @@ _PAIR = re.compile(
     r"(?<![\w/.\-])([A-Za-z_][\w/.\-]*+)(?:[ \t]*+[:=][ \t]*+|[ \t]++)"
     r"(?:tensor\()?+(" + NUM + r")(?![\w.])"
 )
+_METRIC_WORDS = ("loss", "norm", "lr", "learning", "scale", "ppl", "perplexity", "reward", "grad")
+"""What _METRIC needs in lower-cased ASCII text ('learning' stands for 'learning.rate')."""
+
+
+def _may_name_a_metric(text: str) -> bool:
+    """False only when _METRIC cannot match. Most lines reaching the fallback are prose,
+    and substring tests rule them out faster than a case-blind regex search. Only ASCII
+    text is ruled out: case-blind matching pairs some other letters with ASCII ones."""
+    if not text.isascii():
+        return True
+    low = text.lower()
+    return any(word in low for word in _METRIC_WORDS)
+
+
 _BARE_OK = re.compile(r"(?i)loss|norm")
 _REJECT = ("best", "min_", "max_", "prev", "from")
 _RENAME = {"learning_rate": "lr", "learning rate": "lr", "gnorm": "grad_norm"}
@@ -37,7 +51,7 @@ class GenericParser:
         self.records = 0
 
     def parse(self, text: str, ctx: Context) -> bool:
-        if _METRIC.search(text) is None:
+        if not _may_name_a_metric(text) or _METRIC.search(text) is None:
             return False
         values: list[tuple[str, float]] = []
         for m in _PAIR.finditer(text):

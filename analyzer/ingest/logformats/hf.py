@@ -12,8 +12,12 @@ hidden NaN.
 
 from __future__ import annotations
 
+import re
+
+from analyzer.ingest.logformats import fast
 from analyzer.ingest.logformats.context import Context, is_finite
 from analyzer.ingest.logformats.numbers import number_value
+from analyzer.ingest.logformats.store import Block
 
 RENAME = {"learning_rate": "lr"}
 SKIP = frozenset({"epoch", "step", "total_flos"})
@@ -27,8 +31,23 @@ class HuggingFaceParser:
     def __init__(self) -> None:
         self.bar_step: int | None = None
         self.records = 0
+        self.shape: _Shape | None = None
+        self.learn = fast.ENABLED
 
     def parse(self, text: str, ctx: Context) -> bool:
+        shape = self.shape
+        if shape is not None and self.bar_step is not None and text.startswith("{'"):
+            f = shape[0].fullmatch(text)
+            if f is not None:
+                # A record that is one dict of the learned shape, after a bar.
+                block = shape[1]
+                if ctx.rank != block.rank:
+                    block = ctx.store.block(block.tags, ctx.rank, 0)
+                self.records += 1
+                ctx.votes["transformers"] += 1
+                ctx.store.add(block, self.bar_step, ctx.line, f.groups())
+                ctx.last_step = self.bar_step
+                return True
         found = False
         pos = 0
         while (start := text.find("{'", pos)) >= 0:
@@ -88,6 +107,8 @@ class HuggingFaceParser:
                 "the record's position (1, 2, ...) stands in for the step.",
             )
         ctx.points_at(step, list(values.items()))
+        if self.learn and len(body) == len(text) <= fast.LEARN_CHARS:
+            self.shape = _learn(body, values, ctx)
         grad = values.get("grad_norm")
         loss = values.get("loss")
         if grad is not None and loss is not None and not is_finite(grad) and is_finite(loss):
@@ -99,3 +120,31 @@ class HuggingFaceParser:
                 "honest signal; rerun with logging_nan_inf_filter=False to see the loss.",
             )
         return True
+
+
+_Shape = tuple[re.Pattern[str], Block]
+_SIMPLE_KEY = re.compile(r"\w++")
+
+
+def _learn(body: str, values: dict[str, float], ctx: Context) -> _Shape | None:
+    """The shape of a record that is exactly one dict: its keys in order, each kept value
+    a finite decimal. Keys are plain words, so no later line of the shape can split
+    differently under ``_record``."""
+    parts: list[str] = []
+    tags: list[str] = []
+    for item in body[2:-1].split(", '"):
+        key, _, raw = item.partition("': ")
+        if _SIMPLE_KEY.fullmatch(key) is None:
+            return None
+        if key in SKIP:
+            parts.append(re.escape(key) + r"': [^,{}':]*+")
+            continue
+        tag = RENAME.get(key, key)
+        if tag in tags or re.fullmatch(fast.DECIMAL, raw) is None:
+            return None
+        tags.append(tag)
+        parts.append(re.escape(key) + "': (" + fast.DECIMAL + ")")
+    if not tags or tags != list(values):
+        return None
+    block = ctx.store.block(tuple(tags), ctx.rank, 0)
+    return re.compile(r"\{'" + ", '".join(parts) + r"\}"), block

@@ -14,11 +14,15 @@ from __future__ import annotations
 import math
 import re
 
+from analyzer.ingest.logformats import fast
 from analyzer.ingest.logformats.context import Context
 from analyzer.ingest.logformats.numbers import STEP, number_value, to_step
+from analyzer.ingest.logformats.store import Row
 
-_ITERATION = re.compile(r"iteration\s++(" + STEP + r")/\s*+(" + STEP + r")\s*+\|")
+_HEAD = r"iteration\s++(" + STEP + r")/\s*+(" + STEP + r")\s*+\|"
+_ITERATION = re.compile(_HEAD)
 _FIELD = re.compile(r" ?+([^|:]++):[ \t]*+([^|]*+)\|")
+"""What ``fields_of`` finds; the tests hold it to this pattern."""
 SKIP = frozenset(
     {
         "consumed samples",
@@ -43,6 +47,27 @@ RENAME = {
 }
 
 
+def fields_of(tail: str) -> list[tuple[str, str]]:
+    """The ``name: value |`` fields of a tail, exactly as ``_FIELD.findall`` finds them,
+    in time linear in the tail. A findall scan restarts at every character of a segment
+    that holds no colon, and so takes quadratic time on a long one; here each segment
+    between pipes is looked at once. A match starts at the first position of a segment
+    from which, after at most one blank, a non-empty name runs up to a colon."""
+    out: list[tuple[str, str]] = []
+    for segment in tail.split("|")[:-1]:
+        at = 0
+        while True:
+            start = at + 1 if segment.startswith(" ", at) else at
+            colon = segment.find(":", start)
+            if colon < 0:
+                break
+            if colon > start:
+                out.append((segment[start:colon], segment[colon + 1 :].lstrip(" \t")))
+                break
+            at += 1
+    return out
+
+
 class MegatronParser:
     framework = "megatron"
     repeats = True
@@ -51,11 +76,19 @@ class MegatronParser:
     def __init__(self) -> None:
         self.loss_names: list[str] = []
         self.scale: float | None = None
+        self.shape: fast.Shape | None = None
+        self.learn = fast.ENABLED
 
     def parse(self, text: str, ctx: Context) -> bool:
         at = text.find("iteration")
         if at < 0 or (at > 0 and text[at - 1] not in " \t]"):
             return False
+        shape = self.shape
+        if shape is not None:
+            f = shape.pattern.fullmatch(text, at)
+            if f is not None:
+                shape.take(f.groups(), ctx, "megatron")
+                return True
         m = _ITERATION.match(text, at)
         if m is None:
             return False
@@ -65,7 +98,8 @@ class MegatronParser:
         if cut >= 0:
             tail = tail[: cut + 1]  # the per-timer breakdown after it is not training metrics
         values: dict[str, float] = {}
-        for name, raw in _FIELD.findall(tail if tail.endswith("|") else tail + "|"):
+        fields = fields_of(tail if tail.endswith("|") else tail + "|")
+        for name, raw in fields:
             if name in SKIP:
                 continue
             try:
@@ -80,7 +114,14 @@ class MegatronParser:
                 self.loss_names.append(name)
         self._events(values, step, text, ctx)
         ctx.votes["megatron"] += 1
+        if self.learn and len(text) <= fast.LEARN_CHARS:
+            self.shape = _learn(fields, values, cut < 0, ctx)
         return True
+
+    def bulk(self, lines: list[str], start: int, before: int, ctx: Context) -> int:
+        if self.shape is None:
+            return start
+        return self.shape.bulk(lines, start, before, ctx, "megatron")
 
     def _events(self, values: dict[str, float], step: int, text: str, ctx: Context) -> None:
         nan_iters = values.get("nan_iterations", 0.0)
@@ -103,3 +144,50 @@ class MegatronParser:
             ctx.event("loss_scale", step, text, {"old_scale": self.scale, "new_scale": scale})
         if scale is not None:
             self.scale = scale
+
+
+_FIXED = frozenset({"skipped_iterations", "nan_iterations", "loss_scale"})
+"""Fields whose change makes an event: the pattern holds the value just seen as printed
+(the counters only when zero), so a line that changes one goes to the plain parser."""
+
+
+def _learn(
+    fields: list[tuple[str, str]], values: dict[str, float], plain_tail: bool, ctx: Context
+) -> fast.Shape | None:
+    """The shape of a line just read, when every later line of that shape is sure to
+    give the same points and no event: each kept field is a finite decimal, the event
+    counters are zero, the loss scale is the one just seen, and no name repeats."""
+    if not plain_tail or not values:
+        return None
+    parts = [_FAST_HEAD]
+    tags: list[str] = []
+    for name, raw in fields:
+        parts.append(r" ?+" + re.escape(name) + r":[ \t]*+")
+        if name in SKIP:
+            parts.append(r"[^|]*+\|")
+            continue
+        tag = RENAME.get(name, name)
+        if tag in tags or re.fullmatch(fast.DECIMAL + r"[ \t]*+", raw) is None:
+            return None
+        tags.append(tag)
+        if tag in _FIXED:
+            if tag != "loss_scale" and values[tag] != 0:
+                return None
+            parts.append("(" + re.escape(raw.strip()) + r")[ \t]*+\|")
+        else:
+            parts.append("(" + fast.DECIMAL + r")[ \t]*+\|")
+    if not tags:
+        return None
+    parts.append(r"[ \t]*+")
+    block = ctx.store.block(tuple(tags), ctx.rank, 2)
+    return fast.Shape(_FIRST_WORD, "".join(parts), block, _steps)
+
+
+def _steps(rows: list[Row]) -> list[int]:
+    return [int(r[0]) for r in rows]  # type: ignore[arg-type]
+
+
+_FAST_HEAD = r"iteration\s++(\d{1,15}+)(?![\d,])/\s*+(" + STEP + r")\s*+\|"
+"""The plain header without thousands separators in the iteration number."""
+_FIRST_WORD = r"[^i]*+(?:i(?!teration)[^i]*+)*+(?<![^ \t\]])"
+"""Up to the first 'iteration' of the line, which must follow a blank, a ']' or nothing."""

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import re
 
+from analyzer.ingest.logformats import fast
 from analyzer.ingest.logformats.context import Context
 from analyzer.ingest.logformats.numbers import NUM, STEP, to_float, to_step
+from analyzer.ingest.logformats.store import Block
 
 _DS_RANK = re.compile(r"OVERFLOW! Rank (\d{1,15}+) Skipping step\.")
 _ATTEMPT = re.compile(
@@ -20,6 +22,14 @@ _GRAD_OVERFLOW = re.compile(r"Grad overflow on iteration:? ++(" + STEP + r")")
 _SCALE_CHANGE = re.compile(
     r"(Reducing|Increasing) dynamic loss scale from (" + NUM + r") to (" + NUM + r")"
 )
+_DS_STEP_FAST = re.compile(
+    r"(?<![\w])step=(\d{1,15}+)(?![\d,]), skipped=(\d{1,15}+)(?![\d,]), lr=\[("
+    + fast.DECIMAL
+    + r")(?:,[^\]]*+)?+\]"
+)
+"""The common ``_DS_STEP`` line: counters without separators, a first lr that is a
+plain decimal right after the bracket."""
+_DS_TAGS = ("skipped", "lr")
 _DS_MIN = "Current loss scale already at minimum"
 _DS_STEP = re.compile(r"(?<![\w])step=(" + STEP + r"), skipped=(" + STEP + r"), lr=\[([^\]]*+)\]")
 _APEX = re.compile(
@@ -46,6 +56,8 @@ class MixedPrecisionParser:
     def __init__(self) -> None:
         self.pending_step: int | None = None
         self.pending_line = 0
+        self.fast = fast.ENABLED
+        self.block: Block | None = None
 
     def _step_hint(self, ctx: Context) -> int | None:
         if self.pending_step is not None and ctx.line - self.pending_line <= _PENDING_LINES:
@@ -96,6 +108,20 @@ class MixedPrecisionParser:
         at = text.find("step=")
         if at < 0 or (at > 0 and (text[at - 1].isalnum() or text[at - 1] == "_")):
             return False
+        if self.fast:
+            f = _DS_STEP_FAST.match(text, at)
+            if f is not None:
+                # Plain counters and a decimal first lr: the points the plain path
+                # stores, kept as strings for the store to convert in bulk.
+                row = f.groups()
+                step = int(row[0])
+                block = self.block
+                if block is None or block.rank != ctx.rank:
+                    block = self.block = ctx.store.block(_DS_TAGS, ctx.rank, 1)
+                ctx.store.add(block, step, ctx.line, row)
+                ctx.last_step = step
+                ctx.votes["deepspeed"] += 1
+                return True
         m = _DS_STEP.match(text, at)
         if m is None:
             return False

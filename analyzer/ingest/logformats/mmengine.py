@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import re
 
+from analyzer.ingest.logformats import fast
 from analyzer.ingest.logformats.base import colon_pairs
 from analyzer.ingest.logformats.context import Context
+from analyzer.ingest.logformats.fast import colon_shape
+from analyzer.ingest.logformats.store import Row
 
 _EPOCH = re.compile(r"Epoch(?:\((\w++)\))?+\s*+\[(\d{1,15}+)\]\s*+\[\s*+(\d{1,15}+)/(\d{1,15}+)\]")
 _ITER = re.compile(r"Iter(?:\((\w++)\))?+\s*+\[\s*+(\d{1,15}+)/(\d{1,15}+)\]")
@@ -26,21 +29,84 @@ class MMEngineParser:
     repeats = True
     triggers: tuple[str, ...] = ("Epoch(", "Iter(", "Epoch [", "Iter [")
 
+    def __init__(self) -> None:
+        self.shape: fast.Shape | None = None
+        self.learn = fast.ENABLED
+
     def parse(self, text: str, ctx: Context) -> bool:
         m = _EPOCH.search(text)
-        if m is not None:
-            mode = m.group(1) or "train"
-            per_epoch = int(m.group(4))
-            step = (int(m.group(2)) - 1) * per_epoch + int(m.group(3))
-        else:
+        by_epoch = m is not None
+        if m is None:
             m = _ITER.search(text)
             if m is None:
                 return False
-            mode = m.group(1) or "train"
+        shape = self.shape
+        if shape is not None and (shape.block.skip == 3) == by_epoch:
+            f = shape.pattern.fullmatch(text, m.start())
+            if f is not None:
+                shape.take(f.groups(), ctx, "mmengine")
+                return True
+        mode = m.group(1) or "train"
+        if by_epoch:
+            step = (int(m.group(2)) - 1) * int(m.group(4)) + int(m.group(3))
+        else:
             step = int(m.group(2))
         pairs = colon_pairs(text[m.end() :], _SKIP)
         if mode != "train":
             pairs = [(f"{mode}/{name}", value) for name, value in pairs]
         ctx.points_at(step, pairs)
         ctx.votes["mmengine"] += 1
+        if self.learn and len(text) <= fast.LEARN_CHARS:
+            self.shape = _learn(text, m, by_epoch, pairs, ctx)
         return True
+
+    def bulk(self, lines: list[str], start: int, before: int, ctx: Context) -> int:
+        if self.shape is None:
+            return start
+        return self.shape.bulk(lines, start, before, ctx, "mmengine")
+
+
+def _epoch_steps(rows: list[Row]) -> list[int]:
+    return [(int(r[0]) - 1) * int(r[2]) + int(r[1]) for r in rows]  # type: ignore[arg-type]
+
+
+def _iter_steps(rows: list[Row]) -> list[int]:
+    return [int(r[0]) for r in rows]  # type: ignore[arg-type]
+
+
+_FAST = {
+    "Epoch": (
+        r"[^E]*+(?:E(?!poch)[^E]*+)*+",
+        r"\[(\d{1,9}+)\]\s*+\[\s*+(\d{1,9}+)/(\d{1,9}+)\]",
+        _epoch_steps,
+    ),
+    "Iter": (
+        r"(?!.*Epoch)[^I]*+(?:I(?!ter)[^I]*+)*+",
+        r"\[\s*+(\d{1,9}+)/\d{1,15}+\]",
+        _iter_steps,
+    ),
+}
+"""Per header word: for whole lines, the prefix up to its first occurrence (an Iter
+line must hold no Epoch, whose header the plain parser would prefer); the header
+after the mode; the step. Counts are short enough that a step always fits in 64 bits; a longer count
+leaves the line to the plain parser."""
+
+
+def _learn(
+    text: str, head: re.Match[str], by_epoch: bool, pairs: list[tuple[str, float]], ctx: Context
+) -> fast.Shape | None:
+    """The shape of a line just read. The mode is held literally, and a header without
+    one must read ``Epoch [`` or ``Iter [``, so that every line of the shape holds one
+    of this parser's triggers."""
+    tail = colon_shape(text[head.end() :], _SKIP)
+    if tail is None or len(tail[1]) != len(pairs):
+        return None
+    word = "Epoch" if by_epoch else "Iter"
+    prefix, counts, step = _FAST[word]
+    mode = head.group(1)
+    if mode is None:
+        pattern = word + " " + counts
+    else:
+        pattern = word + r"\(" + re.escape(mode) + r"\)\s*+" + counts
+    block = ctx.store.block(tuple(name for name, _ in pairs), ctx.rank, 3 if by_epoch else 1)
+    return fast.Shape(prefix, pattern + tail[0], block, step)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import Literal
 
-_TAGGED = re.compile(
+TAGGED = re.compile(
     r"[ \t]*+(?:"
     r"(?:>[ \t]?+)++"
     r"|\[(?:rank|Rank|RANK)[ _]?+(?P<r1>\d{1,9}+)\]:?+[ \t]?+"
@@ -41,7 +41,7 @@ class PrefixRule:
         for _ in range(4):
             if not text or text[0] not in _STARTS:
                 break
-            m = _TAGGED.match(text)
+            m = TAGGED.match(text)
             if m is not None:
                 found = m.group("r1") or m.group("r2") or m.group("r3")
                 if found is not None:

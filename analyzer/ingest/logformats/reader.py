@@ -69,12 +69,59 @@ def _records(
 
 
 def _mentions_nonfinite(segment: str) -> bool:
+    # Only 'a'/'A' lower-case to a text holding 'a', and only 'f'/'F' to one holding 'f':
+    # a bar without them needs no lower-cased copy.
+    if "a" not in segment and "f" not in segment and "A" not in segment and "F" not in segment:
+        return False
     low = segment.lower()
     return "nan" in low or "inf" in low
 
 
+class Lines:
+    """Complete physical lines read together: ``lines[i]`` is line ``before + i + 1``.
+
+    ``plain`` is True when no line holds a carriage return, backspace or escape
+    sequence and none is longer than LINE_CAP: then every non-empty line is one
+    record as it stands, and ``text`` (the lines joined) may be searched as a whole.
+    """
+
+    __slots__ = ("before", "lines", "plain", "text")
+
+    def __init__(self, before: int, lines: list[str], text: str, plain: bool) -> None:
+        self.before = before
+        self.lines = lines
+        self.text = text
+        self.plain = plain
+
+
+Batch = Lines | Iterator[tuple[int, str]]
+"""Complete lines, or the records of a line cut short or left without a newline."""
+
+
 def iter_records(stream: BinaryIO, ctx: Context) -> Iterator[tuple[int, str]]:
     """Yield (1-based line number, record text) for every record of the stream."""
+    for batch in iter_batches(stream, ctx):
+        if not isinstance(batch, Lines):
+            yield from batch
+            continue
+        number = batch.before
+        for line in batch.lines:
+            number += 1
+            yield from line_records(line, number, ctx)
+
+
+def line_records(line: str, number: int, ctx: Context) -> Iterator[tuple[int, str]]:
+    """The records of one complete physical line."""
+    if not line:
+        return
+    if "\r" in line or len(line) > LINE_CAP or "\x1b" in line or "\x08" in line:
+        yield from _records(line, number, ctx)
+    else:
+        yield number, line
+
+
+def iter_batches(stream: BinaryIO, ctx: Context) -> Iterator[Batch]:
+    """The stream as batches of complete lines, in order."""
     number = 0
     pending = b""
     skipping = False  # inside a physical line already cut at LINE_CAP
@@ -101,7 +148,7 @@ def iter_records(stream: BinaryIO, ctx: Context) -> Iterator[tuple[int, str]]:
         else:
             complete, pending = buffer[: cut + 1], buffer[cut + 1 :]
         if complete:
-            yield from _complete_lines(complete[:-1], number, ctx)
+            yield _complete_lines(complete[:-1], number, ctx)
             number += complete.count(b"\n")
         if len(pending) > LINE_CAP:
             # A physical line with no newline in sight: emit what a progress bar
@@ -109,7 +156,7 @@ def iter_records(stream: BinaryIO, ctx: Context) -> Iterator[tuple[int, str]]:
             cr = pending.rfind(b"\r")
             if cr >= 0:
                 head, pending = pending[:cr], pending[cr + 1 :]
-                yield from _records(_decode(head, number + 1, ctx), number + 1, ctx, True)
+                yield _records(_decode(head, number + 1, ctx), number + 1, ctx, True)
             if len(pending) > LINE_CAP:
                 ctx.issue(
                     "long_line",
@@ -117,25 +164,25 @@ def iter_records(stream: BinaryIO, ctx: Context) -> Iterator[tuple[int, str]]:
                     number + 1,
                 )
                 text = pending[:LINE_CAP].decode("utf-8", errors="replace")
-                yield from _records(text, number + 1, ctx)
+                yield _records(text, number + 1, ctx)
                 pending = b""
                 skipping = True
     if pending and not skipping:
         number += 1
-        yield from _records(_decode(pending, number, ctx), number, ctx)
+        yield _records(_decode(pending, number, ctx), number, ctx)
 
 
-def _complete_lines(block: bytes, before: int, ctx: Context) -> Iterator[tuple[int, str]]:
+def _complete_lines(block: bytes, before: int, ctx: Context) -> Lines:
     try:
-        lines = block.decode("utf-8").split("\n")
+        text = block.decode("utf-8")
+        lines = text.split("\n")
     except UnicodeDecodeError:
         lines = [_decode(raw, before + i + 1, ctx) for i, raw in enumerate(block.split(b"\n"))]
-    number = before
-    for line in lines:
-        number += 1
-        if not line:
-            continue
-        if "\r" in line or len(line) > LINE_CAP or "\x1b" in line or "\x08" in line:
-            yield from _records(line, number, ctx)
-        else:
-            yield number, line
+        text = "\n".join(lines)
+    plain = (
+        "\r" not in text
+        and "\x1b" not in text
+        and "\x08" not in text
+        and max(map(len, lines)) <= LINE_CAP
+    )
+    return Lines(before, lines, text, plain)

@@ -1,0 +1,140 @@
+"""Points kept by record, not by point.
+
+A dense log line carries ten metrics under one step and one line number. Appending
+each metric to its own three lists costs more than reading the line, so a record is
+kept as one row of a block: the block is keyed by the record's tag names and rank,
+and holds the step, line and arrival number once per row. Rows are packed into numpy
+arrays every ``PACK_ROWS`` rows, which also bounds memory. At the end each
+(tag, rank) series is assembled from the columns that hold it, in arrival order.
+
+Rows come either as floats or as the groups a fast line reader's regex captured:
+number strings that ``float`` accepts, after ``skip`` leading groups that are not
+values (the step counters). Those are converted once per packed block instead of
+once per field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+PACK_ROWS = 1 << 14
+"""Rows held as Python objects before a block packs them into arrays."""
+
+Key = tuple[str, int | None]
+Row = tuple[float, ...] | tuple[str | None, ...]
+
+
+class Block:
+    """The rows of one record shape: these tags, this rank."""
+
+    __slots__ = ("lines", "packed", "rank", "rows", "seqs", "skip", "steps", "tags")
+
+    def __init__(self, tags: tuple[str, ...], rank: int | None, skip: int | None) -> None:
+        self.tags = tags
+        self.rank = rank
+        self.skip = skip
+        """None for rows of floats; else rows of strings after this many other groups."""
+        self.steps: list[int] = []
+        self.lines: list[int] = []
+        self.seqs: list[int] = []
+        self.rows: list[Row] = []
+        self.packed: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+
+    def pack(self) -> None:
+        if not self.rows:
+            return
+        width = len(self.tags)
+        if self.skip is None:
+            values = np.array(self.rows, dtype=np.float64).reshape(len(self.rows), width)
+        else:
+            columns = list(zip(*self.rows, strict=True))[self.skip :]
+            values = np.empty((len(self.rows), width), dtype=np.float64)
+            for i, column in enumerate(columns):
+                values[:, i] = list(map(float, column))
+        self.packed.append(
+            (
+                np.array(self.steps, dtype=np.int64),
+                np.array(self.lines, dtype=np.int64),
+                np.array(self.seqs, dtype=np.int64),
+                values,
+            )
+        )
+        self.steps, self.lines, self.seqs, self.rows = [], [], [], []
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """steps, lines, arrival numbers and the (rows, tags) value matrix."""
+        self.pack()
+        if len(self.packed) != 1:
+            width = len(self.tags)
+            parts = self.packed or [
+                (_EMPTY_INT, _EMPTY_INT, _EMPTY_INT, np.empty((0, width), dtype=np.float64))
+            ]
+            self.packed = [tuple(np.concatenate(col) for col in zip(*parts, strict=True))]  # type: ignore[list-item]
+        return self.packed[0]
+
+
+_EMPTY_INT = np.empty(0, dtype=np.int64)
+
+
+class PointStore:
+    """Every point of one file, grouped by record shape."""
+
+    def __init__(self) -> None:
+        self.blocks: dict[tuple[tuple[str, ...], int | None, int | None], Block] = {}
+        self.columns: dict[Key, list[tuple[Block, int]]] = {}
+        """Where each series lives, in the order the series first appeared."""
+        self.seq = 0
+
+    def block(self, tags: tuple[str, ...], rank: int | None, skip: int | None = None) -> Block:
+        key = (tags, rank, skip)
+        found = self.blocks.get(key)
+        if found is None:
+            found = self.blocks[key] = Block(tags, rank, skip)
+            for i, tag in enumerate(tags):
+                self.columns.setdefault((tag, rank), []).append((found, i))
+        return found
+
+    def add(self, block: Block, step: int, line: int, row: Row) -> None:
+        """One record."""
+        block.steps.append(step)
+        block.lines.append(line)
+        block.seqs.append(self.seq)
+        block.rows.append(row)
+        self.seq += 1
+        if len(block.rows) >= PACK_ROWS:
+            block.pack()
+
+    def extend(self, block: Block, steps: list[int], first_line: int, rows: list[Row]) -> None:
+        """Records of consecutive lines, the first at ``first_line``."""
+        n = len(rows)
+        block.steps.extend(steps)
+        block.lines.extend(range(first_line, first_line + n))
+        block.seqs.extend(range(self.seq, self.seq + n))
+        block.rows.extend(rows)
+        self.seq += n
+        if len(block.rows) >= PACK_ROWS:
+            block.pack()
+
+    def series(self) -> Iterator[tuple[Key, np.ndarray, np.ndarray, np.ndarray]]:
+        """(tag, rank), steps, values and line numbers of every series, points in
+        arrival order."""
+        for key, places in self.columns.items():
+            parts = []
+            for block, col in places:
+                steps, lines, seqs, values = block.arrays()
+                parts.append((steps, values[:, col], lines, seqs))
+            if len(parts) == 1:
+                steps, values, lines, _ = parts[0]
+                yield key, steps, np.ascontiguousarray(values), lines
+                continue
+            seqs = np.concatenate([p[3] for p in parts])
+            order = np.argsort(seqs, kind="stable")
+            yield (
+                key,
+                np.concatenate([p[0] for p in parts])[order],
+                np.concatenate([p[1] for p in parts])[order],
+                np.concatenate([p[2] for p in parts])[order],
+            )
+
