@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from importlib.metadata import PackageNotFoundError, version
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from analyzer.errors import ForensicsError, UsageError
 from analyzer.ingest.discover import find_runs
@@ -80,20 +80,26 @@ def with_replay(result: RunResult, *, device: str = "cpu",
     return replace(result, replay=done)
 
 
+def healthy_siblings(path: str, runs: Iterable[tuple[str, str, bool, Mapping[str, Any] | None]]
+                     ) -> dict[str, Mapping[str, Any]]:
+    """The environments of the healthy runs beside the run at ``path`` (same parent folder),
+    by run name; ``runs`` gives (path, name, failed, env.json contents or None) per run."""
+    parent = os.path.dirname(os.path.abspath(path))
+    return {name: env for other, name, failed, env in runs
+            if env is not None and not failed and os.path.abspath(other) != os.path.abspath(path)
+            and os.path.dirname(os.path.abspath(other)) == parent}
+
+
 def with_findings(results: list[RunResult]) -> list[RunResult]:
     """Run the rule catalogue over every result; healthy runs beside a failed one (same
     parent folder) serve as its reference environment."""
     from analyzer.rules import evaluate
     from analyzer.rules.evidence import RunEvidence
 
-    envs = {id(r): RunEvidence(r).env for r in results}
+    facts = [(r.run.path, r.run.name, r.failed, RunEvidence(r).env) for r in results]
     out = []
     for r in results:
-        parent = os.path.dirname(os.path.abspath(r.run.path))
-        siblings = {o.run.name: env for o in results
-                    if o is not r and not o.failed and (env := envs[id(o)]) is not None
-                    and os.path.dirname(os.path.abspath(o.run.path)) == parent}
-        findings, skipped = evaluate(r, siblings)
+        findings, skipped = evaluate(r, healthy_siblings(r.run.path, facts))
         out.append(replace(r, findings=findings, skipped_rules=skipped))
     return out
 

@@ -184,22 +184,24 @@ def siblings_of(ref: RunRef, refs: list[RunRef]) -> Siblings:
 
 
 def _siblings_by_run(wanted: list[RunRef], refs: list[RunRef]) -> dict[str, Siblings]:
-    groups: dict[str, list[RunRef]] = {}
-    for r in refs:
-        groups.setdefault(os.path.dirname(os.path.abspath(r.path)), []).append(r)
-    healthy: dict[str, dict[str, tuple[RunRef, Mapping[str, Any]]]] = {}
+    from analyzer.api import healthy_siblings
+
+    by_name = {r.name: r for r in refs}
+    facts: dict[str, list[tuple[str, str, bool, Mapping[str, Any] | None]]] = {}
     out = {}
     for ref in wanted:
         parent = os.path.dirname(os.path.abspath(ref.path))
-        if parent not in healthy:
-            healthy[parent] = {}
-            for r in groups.get(parent, []):
-                facts = _facts(r.path, r.digest)
-                if facts is not None and not facts.failed and facts.env is not None:
-                    healthy[parent][r.name] = (r, facts.env)
-        others = {n: v for n, v in healthy[parent].items() if v[0].path != ref.path}
-        key = _digest([f"{n}\0{r.digest}" for n, (r, _) in sorted(others.items())])
-        out[ref.path] = Siblings(key, {n: env for n, (_, env) in others.items()})
+        if parent not in facts:
+            facts[parent] = []
+            for r in refs:
+                if os.path.dirname(os.path.abspath(r.path)) != parent:
+                    continue
+                known = _facts(r.path, r.digest)
+                if known is not None:
+                    facts[parent].append((r.path, r.name, known.failed, known.env))
+        envs = healthy_siblings(ref.path, facts[parent])
+        key = _digest([f"{n}\0{by_name[n].digest}" for n in sorted(envs)])
+        out[ref.path] = Siblings(key, envs)
     return out
 
 
