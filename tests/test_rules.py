@@ -172,3 +172,18 @@ def test_docs_page_is_up_to_date(sample_report) -> None:  # type: ignore[no-unty
         committed = fh.read()
     assert render(sample_report) == committed, (
         "docs/rules.md is stale: python -m analyzer.rules.docs sample_runs > docs/rules.md")
+
+
+def test_missing_warmup() -> None:
+    grads = [10 ** (0.5 * i) for i in range(20)] + [math.inf]
+    loss = [1.0] * 20 + [math.nan]
+    findings, _ = evaluate(locate(_run(_series("train/grad_norm", grads),
+                                       _series("train/loss", loss),
+                                       _series("train/lr", [3e-3] * 21))))
+    warm = [f for f in findings if f.name == "learning-rate-jump"]
+    assert warm and warm[0].confidence == "low" and "warmup" in warm[0].title
+    # a warmed-up schedule is not flagged
+    ramp = [3e-3 * min(1.0, (i + 1) / 10) for i in range(21)]
+    findings, _ = evaluate(locate(_run(_series("train/grad_norm", grads),
+                                       _series("train/loss", loss), _series("train/lr", ramp))))
+    assert not [f for f in findings if f.name == "learning-rate-jump"]

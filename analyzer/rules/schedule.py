@@ -10,6 +10,10 @@ from analyzer.rules.evidence import RunEvidence
 from analyzer.rules.gradients import BAD_INIT_NORM, gradient_growth, growth_evidence
 
 JUMP = 5.0
+WARMUP_HORIZON = 2000
+"""A run that fails later than this many steps in did not fail for lack of warmup."""
+EARLY_SHARE = 0.2
+"""Growth that starts within this share of the steps before the failure started early."""
 FAST_DOUBLING = 10.0
 """Growth that doubles within this many steps is the optimizer overshooting, not drift."""
 """A learning rate that rises by this factor between two logged steps has jumped."""
@@ -87,7 +91,10 @@ def learning_rate_jump(r: Rule, ev: RunEvidence) -> list[Finding]:
 
     ## Evidence
     The learning-rate series: the largest rise between consecutive logged values in the
-    window before the first non-finite step.
+    window before the first non-finite step. Without a jump, a missing warmup: a rate at its
+    peak from the first logged step, in a run whose gradients grew exponentially from its
+    first fifth and that failed within 2,000 steps (low confidence: the learning rate may
+    simply be too high, which that rule reports).
 
     ## Fix
     Make the schedule continuous and warm up after restarts:
@@ -105,7 +112,7 @@ def learning_rate_jump(r: Rule, ev: RunEvidence) -> list[Finding]:
         return []
     found = _jump(ev)
     if found is None:
-        return []
+        return _missing_warmup(r, ev)
     step, before, after = found
     curve = ev.lr
     assert curve is not None and ev.failure_step is not None
@@ -114,6 +121,29 @@ def learning_rate_jump(r: Rule, ev: RunEvidence) -> list[Finding]:
                          f"the failure", location=curve.location_at(step), step=step,
                          subject=curve.tag)]
     return [r.finding("medium", evidence, min(1.0, 0.5 + 0.05 * after / before))]
+
+
+def _missing_warmup(r: Rule, ev: RunEvidence) -> list[Finding]:
+    """A schedule that starts at its peak in a run that diverged from its first steps."""
+    curve = ev.lr
+    if curve is None or ev.failure_step is None:
+        return []
+    lr = curve.before(ev.failure_step + 1).values
+    lr = lr[np.isfinite(lr)]
+    start = int(curve.steps[0]) if len(curve) else 0
+    span = ev.failure_step - start
+    if lr.shape[0] < 3 or span > WARMUP_HORIZON or lr[0] < 0.9 * float(lr.max()):
+        return []
+    found = gradient_growth(ev)
+    if found is None or found[1].onset_step - start > EARLY_SHARE * span:
+        return []
+    curve_g, g = found
+    evidence = [Evidence(f"{curve.tag} was {lr[0]:.3g} from the first logged step (step "
+                         f"{start}): no warmup", location=curve.location_at(start), step=start,
+                         subject=curve.tag),
+                *growth_evidence(curve_g, g)]
+    return [r.finding("low", evidence, 0.3,
+                      title="missing learning-rate warmup: divergence from the first steps")]
 
 
 def _jump(ev: RunEvidence) -> tuple[int, float, float] | None:
