@@ -35,8 +35,8 @@ def growth(steps: npt.NDArray[np.int64], values: npt.NDArray[np.float64]) -> Gro
 
     log10(values) is fitted with two straight lines, one before a breakpoint and one after
     it, the breakpoint chosen to minimise the total squared error (prefix sums make every
-    candidate O(1)); a single line is kept when splitting gains little. The final segment
-    counts as growth when it rises with R^2 >= 0.8.
+    candidate O(1)); a single line is kept when splitting gains little. The final segment is
+    fitted with scipy's linregress and counts as growth when it rises with R^2 >= 0.8.
     """
     keep = np.isfinite(values) & (values > 0)
     x = steps[keep].astype(np.float64)
@@ -44,24 +44,18 @@ def growth(steps: npt.NDArray[np.int64], values: npt.NDArray[np.float64]) -> Gro
     n = x.shape[0]
     if n < MIN_POINTS:
         return None
+    from scipy.stats import linregress
+
     start = _breakpoint(x, y)
     xs, ys = x[start:], y[start:]
-    slope, r2 = _line(xs, ys)
+    if np.ptp(xs) == 0:
+        return None
+    fit = linregress(xs, ys)
+    slope, r2 = float(fit.slope), float(fit.rvalue) ** 2
     if slope <= 0 or r2 < 0.8:
         return None
     return Growth(onset_step=int(xs[0]), end_step=int(xs[-1]), slope=slope, r2=r2,
                   decades=float(ys[-1] - ys.min()), points=n - start)
-
-
-def _line(x: npt.NDArray[np.float64], y: npt.NDArray[np.float64]) -> tuple[float, float]:
-    """Least-squares slope and R^2 of y against x."""
-    dx, dy = x - x.mean(), y - y.mean()
-    sxx, syy = float(dx @ dx), float(dy @ dy)
-    if sxx == 0:
-        return 0.0, 0.0
-    slope = float(dx @ dy) / sxx
-    r2 = 1.0 if syy == 0 else (float(dx @ dy) ** 2) / (sxx * syy)
-    return slope, r2
 
 
 def _breakpoint(x: npt.NDArray[np.float64], y: npt.NDArray[np.float64]) -> int:
