@@ -92,3 +92,24 @@ def test_start_up_imports_neither_torch_nor_streamlit(runs) -> None:  # type: ig
     helped = subprocess.run([sys.executable, "-m", "analyzer.cli", "--help"],
                             capture_output=True, text=True, check=False)
     assert helped.returncode == 0 and "analyze" in helped.stdout
+
+
+def test_jobs_fall_back_when_workers_cannot_start(runs, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from concurrent.futures.process import BrokenProcessPool
+
+    import analyzer.ingest.runs as runs_module
+    from analyzer.api import analyze
+
+    class Broken:
+        def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+            pass
+
+        def __enter__(self):  # type: ignore[no-untyped-def]
+            raise BrokenProcessPool("no workers")
+
+        def __exit__(self, *exc) -> None:  # type: ignore[no-untyped-def]
+            pass
+
+    monkeypatch.setattr(runs_module, "ProcessPoolExecutor", Broken)
+    report = analyze(str(runs), jobs=2, replay=False)
+    assert [r.incident.step if r.incident else None for r in report.results] == [2, None]

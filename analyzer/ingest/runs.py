@@ -8,9 +8,12 @@ deduplicated away.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import replace
+from multiprocessing.context import BaseContext
 
 from analyzer.ingest.discover import RunFiles
 from analyzer.ingest.tb import EventFile, read_event_file
@@ -73,16 +76,32 @@ def _read_all(paths: list[str], verify: bool, jobs: int) -> Iterable[tuple[str, 
         for p in paths:
             yield p, read_event_file(p, verify=verify)
         return
+    # Largest first, so one big file does not start last and run alone.
+    order = sorted(paths, key=_size, reverse=True)
+    done: dict[str, EventFile] = {}
+    try:
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=_context()) as pool:
+            futures = {p: pool.submit(read_event_file, p, verify=verify) for p in order}
+            for p in order:
+                done[p] = futures[p].result()
+                yield p, done[p]
+    except BrokenProcessPool:
+        # Workers cannot start in some hosts (a script fed on stdin under spawn, tight
+        # limits): read what is left here rather than fail.
+        for p in order:
+            if p not in done:
+                yield p, read_event_file(p, verify=verify)
+
+
+def _context() -> BaseContext:
+    """fork when nothing that runs threads is loaded (fast start), else spawn: forking a
+    process that runs torch's or a server's threads can deadlock the child."""
     import multiprocessing
 
-    # spawn, not fork: the caller may have threads (torch, a dashboard) that fork would copy.
-    ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-        # Largest first, so one big file does not start last and run alone.
-        order = sorted(paths, key=_size, reverse=True)
-        futures = {p: pool.submit(read_event_file, p, verify=verify) for p in order}
-        for p in order:
-            yield p, futures[p].result()
+    threaded = any(m in sys.modules for m in ("torch", "streamlit", "tornado"))
+    if not threaded and "fork" in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("fork")
+    return multiprocessing.get_context("spawn")
 
 
 def merge_run(run: RunFiles, files: list[EventFile]) -> Run:
