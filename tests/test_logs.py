@@ -61,6 +61,7 @@ FAILING = [
     ("nanogpt_nan.log", "nanogpt", First(9, 30, "loss")),
     ("yolov5_nan.log", "yolo", First(9, 155, "box_loss")),
     ("autograd_anomaly.err", "pytorch", First(19, None, "autograd:LogBackward0")),
+    ("detr_loss_stop.log", "pytorch", First(6, None, "loss")),
     ("generic_loop.txt", "generic", First(6, 400, "loss")),
     ("torchrun_ranks.log", "generic", First(5, 30, "grad_norm", rank=1)),
 ]
@@ -355,3 +356,54 @@ def test_deepspeed_pipeline_progress_line_keeps_its_step(tmp_path) -> None:  # t
     (loss,) = [s for s in read_log(str(path)).series if s.tag == "loss"]
     assert loss.steps.tolist() == [5, 10]
     assert loss.positions.tolist() == [1, 2]
+
+
+def test_reference_loop_stop_message_bounds_its_step() -> None:
+    read = read_log(str(FIXTURES / "detr_loss_stop.log"))
+    (event,) = read.events
+    assert event.kind == "nonfinite" and event.step is None
+    assert event.detail == {"tag": "loss", "kind": "nan", "after_step": 3}
+
+
+@pytest.mark.parametrize(
+    ("line", "kind", "step"),
+    [
+        ("Loss is nan, stopping training", "nan", None),
+        ("Loss is inf, stopping training", "+inf", None),
+        ("Loss is -inf, stopping training", "-inf", None),
+        ("Loss is nan at step 23, stopping training.", "nan", 23),
+        ("Loss is NaN at iteration 1,200, stopping training!", "nan", 1200),
+        ("[rank1]: Loss is nan, stopping training", "nan", None),
+        ("2024-05-02 10:11:12 ERROR Loss is -nan, stopping training", "nan", None),
+        (
+            "Loss is tensor(inf, device='cuda:0', grad_fn=<AddBackward0>), stopping training",
+            "+inf",
+            None,
+        ),
+        ("step 7: loss is nan, Stopping training", "nan", 7),
+    ],
+)
+def test_reference_loop_stop_message_variants(
+    tmp_path: Path, line: str, kind: str, step: int | None
+) -> None:
+    log = tmp_path / "train.log"
+    log.write_text(f"step 5 loss 2.5\n{line}\n")
+    events = [e for e in read_log(str(log)).events if e.kind == "nonfinite"]
+    assert [(e.step, e.detail["tag"], e.detail["kind"], e.location.line) for e in events] == [
+        (step, "loss", kind, 2)
+    ]
+    assert events[0].detail.get("after_step") == (5 if step is None else None)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "Loss is 0.5, stopping training",  # a finite loss stopped by another rule
+        "Validation loss is nan",  # no stop message: not this format
+        "Epoch 3: early stopping training at loss 0.2",
+    ],
+)
+def test_other_stop_lines_are_not_nonfinite_events(tmp_path: Path, line: str) -> None:
+    log = tmp_path / "train.log"
+    log.write_text(f"{line}\n")
+    assert not [e for e in read_log(str(log)).events if e.kind == "nonfinite"]

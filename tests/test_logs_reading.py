@@ -7,6 +7,7 @@ import random
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -528,3 +529,84 @@ def test_bulk_reading_across_batches_matches_the_plain_parsers(
     lines += [rng.choice([_RANKED, _OTHER, _PLAIN]).format(i) for i in range(6, 120)]
     path = write(tmp_path, "\n".join(lines) + "\n")
     assert _everything(read_log(path)) == _everything(_plain(path, monkeypatch))
+
+
+def _mmengine_run(count: int) -> list[str]:
+    lines = []
+    for i in range(1, count):
+        epoch, it = divmod(i, 400)
+        loss = "nan" if i == 1711 else f"{i / 100:.4f}"
+        pad = "\t" if i % 313 == 0 else "  "  # a line padded unlike the learned one
+        lines.append(
+            f"2024/06/19 01:21:51 - mmengine - INFO - Epoch(train)  [{epoch + 1}][{it:4d}/400]"
+            f"  lr: 2.0000e-04  eta: 8:27:55  time: 0.2526{pad}grad_norm: {i % 7}.5"
+            f"  loss: {loss}  loss_cls: 1.25"
+        )
+        if i % 997 == 0:
+            lines.append(f"2024/06/19 01:21:51 - mmengine - INFO - Iter(val) [{i}/80]  loss: 0.5")
+        if i % 1200 == 0:
+            lines.append(f"Iter(train) [{i:5d}/90000]  lr: 1.0e-04  loss: {i}.25")
+    return lines
+
+
+@pytest.mark.parametrize("pack_rows", [7, 1 << 14])
+def test_mmengine_bulk_and_packed_steps_match_the_plain_parser(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pack_rows: int
+) -> None:
+    # Long by-epoch runs go through the bulk path, their steps worked out per packed
+    # block from the counters; a NaN, other padding, validation and by-iteration lines
+    # break the run.
+    monkeypatch.setattr(store_module, "PACK_ROWS", pack_rows)
+    path = write(tmp_path, "\n".join(_mmengine_run(2500)) + "\n")
+    fast_read = read_log(path)
+    assert _everything(fast_read) == _everything(_plain(path, monkeypatch))
+    loss = next(s for s in fast_read.series if s.tag == "loss" and len(s) > 100)
+    assert loss.steps[:3].tolist() == [1, 2, 3]
+    bad = int(np.flatnonzero(np.isnan(loss.values))[0])
+    assert int(loss.steps[bad]) == 1711
+
+
+def test_common_lines_take_the_fast_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Plain parsing stores points through Context.points_at; the fast paths do not.
+    # A fast path that stopped matching its format's common line would leave the
+    # results right and only the speed lost, so count what went the plain way.
+    from analyzer.ingest.logformats.context import Context
+
+    plain: list[tuple[str, ...]] = []
+    original = Context.points_at
+
+    def counting(self: Context, step: int, items: list[tuple[str, float]]) -> None:
+        plain.append(tuple(tag for tag, _ in items))
+        original(self, step, items)
+
+    monkeypatch.setattr(Context, "points_at", counting)
+    ds = (
+        "[2024-03-11 10:02:40,004] [INFO] [logging.py:96:log_dist] [Rank 0] step={}, "
+        "skipped=0, lr=[2.035667e-05], mom=[(0.9, 0.999)]"
+    )
+    megatron = (
+        " [2024-08-01 09:44:55] iteration {:8d}/  500000 | consumed samples: 96 |"
+        " learning rate: 1.274E-04 | lm loss: 7.486590E+00 | loss scale: 65536.0 |"
+        " grad norm: 1.865 | number of skipped iterations:   0 | number of nan iterations:   0 |"
+    )
+    lines = [ds.format(i) for i in range(200)]
+    lines += [megatron.format(i) for i in range(200)]
+    lines += _mmengine_run(200)
+    read = read_log(write(tmp_path, "\n".join(lines) + "\n"))
+    assert sum(len(s) for s in read.series) > 1000
+    # One plain record per shape learned (Megatron's and mmengine's first lines).
+    assert len(plain) == 2, plain
+
+
+_NEEDLE_TEXT = st.text(alphabet="ikpv{'=Lloss scaleiteration:_]/ \n", max_size=60)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_NEEDLE_TEXT)
+def test_sentinel_prefilter_agrees_with_plain_substring_search(text: str) -> None:
+    from analyzer.ingest.logformats.dispatch import _holds_any, _needles
+
+    triggers = tuple(t for parser in PARSERS for t in parser.triggers)
+    for trigger in triggers:
+        assert _holds_any(text, _needles((trigger,))) == (trigger in text)
+    assert _holds_any(text, _needles(triggers)) == any(t in text for t in triggers)

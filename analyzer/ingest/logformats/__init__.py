@@ -19,6 +19,7 @@ from analyzer.ingest.logformats.megatron import MegatronParser
 from analyzer.ingest.logformats.mixed_precision import MixedPrecisionParser
 from analyzer.ingest.logformats.mmengine import MMEngineParser
 from analyzer.ingest.logformats.nanogpt import NanoGPTParser
+from analyzer.ingest.logformats.stopping import StoppingParser
 from analyzer.ingest.logformats.tensorflow import TensorFlowParser
 from analyzer.ingest.logformats.yolo import YoloParser
 
@@ -34,6 +35,7 @@ PARSERS: tuple[type[LineParser], ...] = (
     YoloParser,
     NanoGPTParser,
     TensorFlowParser,
+    StoppingParser,
     AnomalyParser,
 )
 """Tried in this order on every record holding one of their triggers."""

@@ -23,6 +23,31 @@ from analyzer.ingest.logformats.reader import LINE_CAP, Lines, line_records
 
 _PREFIX_START = frozenset(" \t>[0123456789")
 _TAGGED_LINE = re.compile(r"(?m)^(?:" + TAGGED.pattern + ")")
+_COMMON_CHARS = frozenset(" \t0123456789etaoinsrlcdmuhpgb.:_-,/|[]()EINOST")
+"""Characters most log lines hold; see ``_sentinel``."""
+
+Needle = tuple[str, str | None]
+
+
+def _sentinel(needle: str) -> str | None:
+    """A character of ``needle`` that few log lines hold, if it has one. Searching for
+    one character is a memchr, several times faster than searching for a string, so
+    when the character is absent the string is ruled out for little."""
+    for ch in needle:
+        if ch not in _COMMON_CHARS:
+            return ch
+    return None
+
+
+def _needles(strings: tuple[str, ...]) -> tuple[Needle, ...]:
+    return tuple((s, _sentinel(s)) for s in strings)
+
+
+def _holds_any(text: str, needles: tuple[Needle, ...]) -> bool:
+    for needle, sentinel in needles:
+        if (sentinel is None or sentinel in text) and needle in text:
+            return True
+    return False
 
 
 class Dispatcher:
@@ -31,19 +56,25 @@ class Dispatcher:
     def __init__(self, rule: PrefixRule, ctx: Context) -> None:
         self.ctx = ctx
         self.parsers: list[LineParser] = [cls() for cls in PARSERS]
-        self.flat = tuple((t, p) for p in self.parsers for t in p.triggers)
+        self.flat = tuple((t, _sentinel(t), p) for p in self.parsers for t in p.triggers)
         # The triggers of every parser before this one in the order: a record holding
         # none of them could not have been taken by an earlier parser.
+        self.own = {id(p): _needles(p.triggers) for p in self.parsers}
         self.earlier = {
-            id(p): tuple(t for q in self.parsers[:i] for t in q.triggers)
+            id(p): _needles(tuple(t for q in self.parsers[:i] for t in q.triggers))
             for i, p in enumerate(self.parsers)
         }
         self.fallback = FALLBACK()
         self.strip = rule.strip
         self.numbered = rule.numbers != "none"
         self.recent: LineParser | None = None
-        self.recent_triggers: tuple[str, ...] = ()
-        self.shadowed: tuple[str, ...] = ()
+        self.recent_triggers: tuple[Needle, ...] = ()
+        self.shadowed: tuple[Needle, ...] = ()
+        self.run = 0
+        """Records the recent parser has taken in a row. Bulk reading is tried from the
+        second on: in a log whose format changes every line it would only miss."""
+        self.bare = False
+        """True while the records come from a batch that holds no prefix mark at all."""
 
     def lines(self, batch: Lines) -> None:
         lines = batch.lines
@@ -52,17 +83,21 @@ class Dispatcher:
         # Whole-batch facts for the bulk path, worked out on first need.
         untagged: bool | None = None if batch.plain and not self.numbered else False
         clean: dict[int, bool] = {}
+        # No mark anywhere: no record of the batch can have a prefix to strip.
+        self.bare = not self.numbered and not _holds_any(batch.text, _TAG_MARKS)
+        if self.bare and untagged is None:
+            untagged = True
         i, n = 0, len(lines)
         while i < n:
             recent = self.recent
-            bulk = getattr(recent, "bulk", None)
+            bulk = getattr(recent, "bulk", None) if self.run > 1 else None
             if bulk is not None and untagged is not False:
                 if untagged is None:
                     untagged = _untagged(batch.text)
                 ok = clean.get(id(recent))
                 if ok is None:
-                    ok = clean[id(recent)] = untagged and not any(
-                        t in batch.text for t in self.shadowed
+                    ok = clean[id(recent)] = untagged and not _holds_any(
+                        batch.text, self.shadowed
                     )
                 if ok:
                     taken = bulk(lines, i, before, self.ctx)
@@ -83,48 +118,59 @@ class Dispatcher:
             else:
                 for number, text in line_records(line, before + i, self.ctx):
                     record(number, text)
+        self.bare = False
 
     def record(self, number: int, text: str) -> None:
         ctx = self.ctx
         ctx.line = number
         ctx.rank = None
-        if text[0] in _PREFIX_START and (self.numbered or TAGGED.match(text) is not None):
+        if (
+            text[0] in _PREFIX_START
+            and not self.bare
+            and (self.numbered or TAGGED.match(text) is not None)
+        ):
             text, ctx.rank = self.strip(text)
             if not text:
                 return
         recent = self.recent
         tried = None
-        if recent is not None:
-            for trigger in self.recent_triggers:
-                if trigger in text:
-                    tried = recent
-                    break
-            if tried is not None:
-                for trigger in self.shadowed:
-                    if trigger in text:
-                        tried = None
-                        break
-                if tried is not None and recent.parse(text, ctx):
-                    return
+        if recent is not None and _holds_any(text, self.recent_triggers):
+            if _holds_any(text, self.shadowed):
+                pass  # an earlier parser may want it: the ordered scan decides
+            elif recent.parse(text, ctx):
+                self.run += 1
+                return
+            else:
+                tried = recent
         # The ordered scan, over every trigger in parser order: a parser's triggers
         # are adjacent, so `done` keeps it from being tried twice.
         done = tried
-        for trigger, parser in self.flat:
-            if trigger in text and parser is not done:
+        for trigger, sentinel, parser in self.flat:
+            if (
+                parser is not done
+                and (sentinel is None or sentinel in text)
+                and trigger in text
+            ):
                 done = parser
                 if parser.parse(text, ctx):
-                    if parser.repeats:
-                        self.recent, self.recent_triggers = parser, parser.triggers
-                        self.shadowed = self.earlier[id(parser)]
+                    if parser is recent:
+                        self.run += 1
+                    elif parser.repeats:
+                        self.recent, self.shadowed = parser, self.earlier[id(parser)]
+                        self.recent_triggers = self.own[id(parser)]
+                        self.run = 1
+                    else:
+                        self.run = 0
                     return
+        self.run = 0
         self.fallback.parse(text, ctx)
 
-_TAG_MARKS = ("[rank", "[Rank", "[RANK", "[default", "]<std")
+_TAG_MARKS = _needles((">", "[rank", "[Rank", "[RANK", "[default", "]<std"))
 
 
 def _untagged(text: str) -> bool:
     """True when no line of ``text`` starts with a prefix ``PrefixRule.strip`` removes.
     Substring tests rule most text out faster than the line-start search."""
-    if ">" not in text and not any(mark in text for mark in _TAG_MARKS):
+    if not _holds_any(text, _TAG_MARKS):
         return True
     return _TAGGED_LINE.search(text) is None

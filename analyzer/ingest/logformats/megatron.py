@@ -14,10 +14,12 @@ from __future__ import annotations
 import math
 import re
 
+import numpy as np
+
 from analyzer.ingest.logformats import fast
 from analyzer.ingest.logformats.context import Context
 from analyzer.ingest.logformats.numbers import STEP, number_value, to_step
-from analyzer.ingest.logformats.store import Row
+from analyzer.ingest.logformats.store import Row, counter
 
 _HEAD = r"iteration\s++(" + STEP + r")/\s*+(" + STEP + r")\s*+\|"
 _ITERATION = re.compile(_HEAD)
@@ -179,12 +181,16 @@ def _learn(
     if not tags:
         return None
     parts.append(r"[ \t]*+")
-    block = ctx.store.block(tuple(tags), ctx.rank, 2)
-    return fast.Shape(_FIRST_WORD, "".join(parts), block, _steps)
+    block = ctx.store.block(tuple(tags), ctx.rank, 2, _steps)
+    return fast.Shape(_FIRST_WORD, "".join(parts), block, _step)
 
 
-def _steps(rows: list[Row]) -> list[int]:
-    return [int(r[0]) for r in rows]  # type: ignore[arg-type]
+def _step(row: Row) -> int:
+    return int(row[0])  # type: ignore[arg-type]
+
+
+def _steps(columns: list[tuple[str, ...]]) -> np.ndarray:
+    return counter(columns[0])  # the second counter is the run's length
 
 
 _FAST_HEAD = r"iteration\s++(\d{1,15}+)(?![\d,])/\s*+(" + STEP + r")\s*+\|"

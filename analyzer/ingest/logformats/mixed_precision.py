@@ -23,12 +23,12 @@ _SCALE_CHANGE = re.compile(
     r"(Reducing|Increasing) dynamic loss scale from (" + NUM + r") to (" + NUM + r")"
 )
 _DS_STEP_FAST = re.compile(
-    r"(?<![\w])step=(\d{1,15}+)(?![\d,]), skipped=(\d{1,15}+)(?![\d,]), lr=\[("
+    r"(?<![\w])step=(\d{1,15}+)(?!,?+\d), skipped=(\d{1,15}+)(?!,?+\d), lr=\[("
     + fast.DECIMAL
     + r")(?:,[^\]]*+)?+\]"
 )
-"""The common ``_DS_STEP`` line: counters without separators, a first lr that is a
-plain decimal right after the bracket."""
+"""The common ``_DS_STEP`` line: counters without thousands separators (a comma
+followed by a digit), a first lr that is a plain decimal right after the bracket."""
 _DS_TAGS = ("skipped", "lr")
 _DS_MIN = "Current loss scale already at minimum"
 _DS_STEP = re.compile(r"(?<![\w])step=(" + STEP + r"), skipped=(" + STEP + r"), lr=\[([^\]]*+)\]")

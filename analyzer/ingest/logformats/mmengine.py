@@ -11,12 +11,15 @@ their tags prefixed with ``val/``.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+
+import numpy as np
 
 from analyzer.ingest.logformats import fast
 from analyzer.ingest.logformats.base import colon_pairs
 from analyzer.ingest.logformats.context import Context
 from analyzer.ingest.logformats.fast import colon_shape
-from analyzer.ingest.logformats.store import Row
+from analyzer.ingest.logformats.store import Row, Stepper, counter
 
 _EPOCH = re.compile(r"Epoch(?:\((\w++)\))?+\s*+\[(\d{1,15}+)\]\s*+\[\s*+(\d{1,15}+)/(\d{1,15}+)\]")
 _ITER = re.compile(r"Iter(?:\((\w++)\))?+\s*+\[\s*+(\d{1,15}+)/(\d{1,15}+)\]")
@@ -66,30 +69,42 @@ class MMEngineParser:
         return self.shape.bulk(lines, start, before, ctx, "mmengine")
 
 
-def _epoch_steps(rows: list[Row]) -> list[int]:
-    return [(int(r[0]) - 1) * int(r[2]) + int(r[1]) for r in rows]  # type: ignore[arg-type]
+def _epoch_step(row: Row) -> int:
+    return (int(row[0]) - 1) * int(row[2]) + int(row[1])  # type: ignore[arg-type]
 
 
-def _iter_steps(rows: list[Row]) -> list[int]:
-    return [int(r[0]) for r in rows]  # type: ignore[arg-type]
+def _epoch_steps(columns: list[tuple[str, ...]]) -> np.ndarray:
+    epoch, i, per_epoch = map(counter, columns)
+    return np.asarray((epoch - 1) * per_epoch + i)
 
 
-_FAST = {
+def _iter_step(row: Row) -> int:
+    return int(row[0])  # type: ignore[arg-type]
+
+
+def _iter_steps(columns: list[tuple[str, ...]]) -> np.ndarray:
+    return counter(columns[0])
+
+
+_FAST: dict[str, tuple[str, str, Callable[[Row], int], Stepper]] = {
     "Epoch": (
         r"[^E]*+(?:E(?!poch)[^E]*+)*+",
         r"\[(\d{1,9}+)\]\s*+\[\s*+(\d{1,9}+)/(\d{1,9}+)\]",
+        _epoch_step,
         _epoch_steps,
     ),
     "Iter": (
         r"(?!.*Epoch)[^I]*+(?:I(?!ter)[^I]*+)*+",
         r"\[\s*+(\d{1,9}+)/\d{1,15}+\]",
+        _iter_step,
         _iter_steps,
     ),
 }
 """Per header word: for whole lines, the prefix up to its first occurrence (an Iter
 line must hold no Epoch, whose header the plain parser would prefer); the header
-after the mode; the step. Counts are short enough that a step always fits in 64 bits; a longer count
-leaves the line to the plain parser."""
+after the mode; the step of one row and of a block's counter columns. Counts are short
+enough that a step always fits in 64 bits; a longer count leaves the line to the plain
+parser."""
 
 
 def _learn(
@@ -102,11 +117,12 @@ def _learn(
     if tail is None or len(tail[1]) != len(pairs):
         return None
     word = "Epoch" if by_epoch else "Iter"
-    prefix, counts, step = _FAST[word]
+    prefix, counts, step_of, stepper = _FAST[word]
     mode = head.group(1)
     if mode is None:
         pattern = word + " " + counts
     else:
         pattern = word + r"\(" + re.escape(mode) + r"\)\s*+" + counts
-    block = ctx.store.block(tuple(name for name, _ in pairs), ctx.rank, 3 if by_epoch else 1)
-    return fast.Shape(prefix, pattern + tail[0], block, step)
+    tags = tuple(name for name, _ in pairs)
+    block = ctx.store.block(tags, ctx.rank, 3 if by_epoch else 1, stepper)
+    return fast.Shape(prefix, pattern + tail[0], block, step_of)

@@ -10,12 +10,14 @@ arrays every ``PACK_ROWS`` rows, which also bounds memory. At the end each
 Rows come either as floats or as the groups a fast line reader's regex captured:
 number strings that ``float`` accepts, after ``skip`` leading groups that are not
 values (the step counters). Those are converted once per packed block instead of
-once per field.
+once per field. A block of such rows may also have a ``stepper`` that works out the
+steps from the counter columns at packing time, one numpy expression for thousands of
+rows instead of one Python expression per row.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -24,18 +26,34 @@ PACK_ROWS = 1 << 14
 
 Key = tuple[str, int | None]
 Row = tuple[float, ...] | tuple[str | None, ...]
+Stepper = Callable[[list[tuple[str, ...]]], np.ndarray]
+"""Steps (int64) from a block's ``skip`` leading columns of strings. The counters it
+reads (with ``counter``) must be digit strings short enough that every step fits."""
+
+
+def counter(column: tuple[str, ...]) -> np.ndarray:
+    """A column of digit strings as int64, converted in one call."""
+    return np.array(column, dtype=np.int64)
 
 
 class Block:
     """The rows of one record shape: these tags, this rank."""
 
-    __slots__ = ("lines", "packed", "rank", "rows", "seqs", "skip", "steps", "tags")
+    __slots__ = ("lines", "packed", "rank", "rows", "seqs", "skip", "stepper", "steps", "tags")
 
-    def __init__(self, tags: tuple[str, ...], rank: int | None, skip: int | None) -> None:
+    def __init__(
+        self,
+        tags: tuple[str, ...],
+        rank: int | None,
+        skip: int | None,
+        stepper: Stepper | None = None,
+    ) -> None:
         self.tags = tags
         self.rank = rank
         self.skip = skip
         """None for rows of floats; else rows of strings after this many other groups."""
+        self.stepper = stepper
+        """When set, steps come from the rows' leading groups and ``steps`` stays empty."""
         self.steps: list[int] = []
         self.lines: list[int] = []
         self.seqs: list[int] = []
@@ -46,16 +64,19 @@ class Block:
         if not self.rows:
             return
         width = len(self.tags)
+        steps = None
         if self.skip is None:
             values = np.array(self.rows, dtype=np.float64).reshape(len(self.rows), width)
         else:
-            columns = list(zip(*self.rows, strict=True))[self.skip :]
+            columns = list(zip(*self.rows, strict=True))
             values = np.empty((len(self.rows), width), dtype=np.float64)
-            for i, column in enumerate(columns):
+            for i, column in enumerate(columns[self.skip :]):
                 values[:, i] = list(map(float, column))
+            if self.stepper is not None:
+                steps = self.stepper(columns[: self.skip])
         self.packed.append(
             (
-                np.array(self.steps, dtype=np.int64),
+                np.array(self.steps, dtype=np.int64) if steps is None else steps,
                 np.array(self.lines, dtype=np.int64),
                 np.array(self.seqs, dtype=np.int64),
                 values,
@@ -82,23 +103,32 @@ class PointStore:
     """Every point of one file, grouped by record shape."""
 
     def __init__(self) -> None:
-        self.blocks: dict[tuple[tuple[str, ...], int | None, int | None], Block] = {}
+        self.blocks: dict[
+            tuple[tuple[str, ...], int | None, int | None, Stepper | None], Block
+        ] = {}
         self.columns: dict[Key, list[tuple[Block, int]]] = {}
         """Where each series lives, in the order the series first appeared."""
         self.seq = 0
 
-    def block(self, tags: tuple[str, ...], rank: int | None, skip: int | None = None) -> Block:
-        key = (tags, rank, skip)
+    def block(
+        self,
+        tags: tuple[str, ...],
+        rank: int | None,
+        skip: int | None = None,
+        stepper: Stepper | None = None,
+    ) -> Block:
+        key = (tags, rank, skip, stepper)
         found = self.blocks.get(key)
         if found is None:
-            found = self.blocks[key] = Block(tags, rank, skip)
+            found = self.blocks[key] = Block(tags, rank, skip, stepper)
             for i, tag in enumerate(tags):
                 self.columns.setdefault((tag, rank), []).append((found, i))
         return found
 
     def add(self, block: Block, step: int, line: int, row: Row) -> None:
-        """One record."""
-        block.steps.append(step)
+        """One record (``step`` is not kept in a block with a stepper)."""
+        if block.stepper is None:
+            block.steps.append(step)
         block.lines.append(line)
         block.seqs.append(self.seq)
         block.rows.append(row)
@@ -106,10 +136,10 @@ class PointStore:
         if len(block.rows) >= PACK_ROWS:
             block.pack()
 
-    def extend(self, block: Block, steps: list[int], first_line: int, rows: list[Row]) -> None:
-        """Records of consecutive lines, the first at ``first_line``."""
+    def extend(self, block: Block, first_line: int, rows: list[Row]) -> None:
+        """Records of consecutive lines, the first at ``first_line``, into a block with a
+        stepper."""
         n = len(rows)
-        block.steps.extend(steps)
         block.lines.extend(range(first_line, first_line + n))
         block.seqs.extend(range(self.seq, self.seq + n))
         block.rows.extend(rows)
