@@ -10,11 +10,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+import pandas as pd
 import streamlit as st
 
-from analyzer.model import RunResult
+from analyzer.model import Run, RunResult
 from analyzer.replay.records import LOSS_NAME
-from app import data
+from app import data, views
 from app.views import failing_layer
 
 PAGES: list[tuple[str, str, str]] = [
@@ -138,3 +139,13 @@ def page_links(run: str, here: str) -> None:
         with col:
             if title.lower() != here:
                 link(title.lower(), title, run)
+
+
+def step_views(run: Run, step: int, key: str) -> None:
+    """A table of every source's value at ``step``, or a line saying there is none."""
+    seen = views.views_at(run, step)
+    if seen:
+        st.dataframe(pd.DataFrame(views.view_rows(seen, run.path, step)), hide_index=True,
+                     key=key)
+    else:
+        st.caption(f"No source logged a value at step {step}.")

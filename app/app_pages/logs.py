@@ -74,12 +74,7 @@ if step is None:
     st.stop()
 
 st.subheader(f"Step {step} in the other sources")
-seen = views.views_at(run, step)
-if seen:
-    st.dataframe(pd.DataFrame(views.view_rows(seen, run.path, step)), hide_index=True,
-                 key="logs_views")
-else:
-    st.caption(f"No series has a value at step {step}.")
+ui.step_views(run, step, key="logs_views")
 events = [e for e in run.events if views.event_step(e) == step]
 if events:
     st.dataframe(pd.DataFrame([{"event": e.kind, "message": e.message,

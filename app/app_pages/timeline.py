@@ -41,9 +41,4 @@ if marks:
 
 if focus is not None:
     st.subheader(f"Step {focus} in every source")
-    seen = views.views_at(run, focus)
-    if seen:
-        st.dataframe(pd.DataFrame(views.view_rows(seen, run.path, focus)), hide_index=True,
-                     key="timeline_focus")
-    else:
-        st.caption(f"No source logged a value at step {focus}.")
+    ui.step_views(run, focus, key="timeline_focus")

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from analyzer.ingest.ckpt.leaves import Leaf
 from analyzer.ingest.ckpt.records import AdamFinding, TensorRecord
+from analyzer.ingest.ckpt.staticpickle import dict_key
 from analyzer.ingest.ckpt.stats import StatsAccumulator, count, scratch, work_view
 from analyzer.ingest.ckpt.tree import LeafSource
 
@@ -15,14 +16,6 @@ if TYPE_CHECKING:
     import torch
 
 DEFAULT_EPS = 1e-8
-
-
-def _key(value: object) -> object:
-    try:
-        hash(value)
-    except TypeError:
-        return repr(value)
-    return value
 
 
 class _AdamAccumulator:
@@ -71,7 +64,7 @@ def _eps_by_param(groups: object) -> dict[object, float]:
         eps = float(eps) if isinstance(eps, int | float) else DEFAULT_EPS
         params = group.get("params")
         for param in params if isinstance(params, list | tuple) else ():
-            found[_key(param)] = eps
+            found[dict_key(param)] = eps
     return found
 
 

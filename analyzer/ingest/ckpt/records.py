@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Literal
 
-from analyzer.model import IngestIssue
+from analyzer.model import IngestIssue, json_safe
 
 CheckpointFormat = Literal[
     "state_dict",
@@ -239,11 +239,7 @@ def jsonable(value: object) -> object:
             out["offset"] = value.location.offset
         return out
     if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-        return value
+        return json_safe(value)
     if isinstance(value, tuple | list):
         return [jsonable(v) for v in value]
     if isinstance(value, dict):

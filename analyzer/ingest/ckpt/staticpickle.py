@@ -161,7 +161,8 @@ def _call(func: object, args: object) -> object:
     return Call(name, argv)
 
 
-def _key(value: object) -> object:
+def dict_key(value: object) -> object:
+    """A value usable as a dict key: itself when hashable, else its repr."""
     try:
         hash(value)
     except TypeError:
@@ -220,7 +221,7 @@ class _Machine:
             stack.append(self.pop_mark())
         elif name == "DICT":
             items = self.pop_mark()
-            stack.append({_key(k): v for k, v in zip(items[::2], items[1::2], strict=False)})
+            stack.append({dict_key(k): v for k, v in zip(items[::2], items[1::2], strict=False)})
         elif name == "APPEND":
             value = stack.pop()
             _append(stack[-1], [value])
@@ -308,7 +309,7 @@ def _setitems(target: object, items: list[object]) -> None:
     pairs = zip(items[::2], items[1::2], strict=False)
     if isinstance(target, dict):
         for key, value in pairs:
-            target[_key(key)] = value
+            target[dict_key(key)] = value
     elif isinstance(target, Obj):
         target.state = dict(pairs) if target.state is None else target.state
 
