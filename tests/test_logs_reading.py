@@ -273,10 +273,10 @@ def _summary(read: LogRead) -> tuple[object, ...]:
 
 @settings(max_examples=60, deadline=None, suppress_health_check=SHARED_TMP)
 @given(lines=st.lists(st.sampled_from(ALL_LINES), min_size=1, max_size=60))
-def test_trying_the_last_parser_first_changes_no_result(
+def test_reading_runs_in_bulk_changes_no_result(
     tmp_path: Path, lines: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Oracle: the plain ordered scan, with the shortcut switched off for every parser.
+    # Oracle: record by record, with no parser ever taken as the recent one.
     path = write(tmp_path, "\n".join(lines) + "\n")
     fast = _summary(read_log(path))
     with monkeypatch.context() as patch:
@@ -610,3 +610,44 @@ def test_sentinel_prefilter_agrees_with_plain_substring_search(text: str) -> Non
     for trigger in triggers:
         assert _holds_any(text, _needles((trigger,))) == (trigger in text)
     assert _holds_any(text, _needles(triggers)) == any(t in text for t in triggers)
+
+
+_DIGIT_SWAP = str.maketrans("0123456789", "7418529630")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    line=st.sampled_from(ALL_LINES),
+    noise=st.text(alphabet="0123456789 [rank]:>\tab{'=", max_size=12),
+    numbered=st.booleans(),
+)
+def test_record_shapes_do_not_depend_on_digits(line: str, noise: str, numbered: bool) -> None:
+    # The dispatcher remembers its answer per record with the digits zeroed; that is
+    # right only if records differing in their digits alone get the same answer.
+    from analyzer.ingest.logformats.context import Context
+    from analyzer.ingest.logformats.dispatch import Dispatcher
+    from analyzer.ingest.logformats.prefixes import PrefixRule
+
+    rule = PrefixRule("rank" if numbered else "none")
+    for text in (line, noise + line, line + noise):
+        other = text.translate(_DIGIT_SWAP)
+        shapes = []
+        for sample in (text, other):
+            prefixed, holders, fallback = Dispatcher(rule, Context("x")).shape_of(sample)
+            shapes.append((prefixed, [type(p) for p in holders], fallback))
+        assert shapes[0] == shapes[1]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=SHARED_TMP)
+@given(lines=st.lists(st.sampled_from(ALL_LINES), min_size=1, max_size=60))
+def test_remembered_record_shapes_change_no_result(
+    tmp_path: Path, lines: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from analyzer.ingest.logformats import dispatch
+
+    path = write(tmp_path, "\n".join(lines) + "\n")
+    remembered = _summary(read_log(path))
+    with monkeypatch.context() as patch:
+        patch.setattr(dispatch, "MEMO_CHARS", -1)
+        fresh = _summary(read_log(path))
+    assert remembered == fresh

@@ -8,7 +8,7 @@ shapes, and the generic fallback runs only on records no other parser recognised
 from __future__ import annotations
 
 from analyzer.ingest.logformats.anomaly import AnomalyParser
-from analyzer.ingest.logformats.base import LineParser
+from analyzer.ingest.logformats.base import Fallback, LineParser
 from analyzer.ingest.logformats.detectron2 import Detectron2Parser
 from analyzer.ingest.logformats.fairseq import FairseqParser
 from analyzer.ingest.logformats.generic import GenericParser
@@ -40,6 +40,6 @@ PARSERS: tuple[type[LineParser], ...] = (
 )
 """Tried in this order on every record holding one of their triggers."""
 
-FALLBACK: type[LineParser] = GenericParser
+FALLBACK: type[Fallback] = GenericParser
 
 __all__ = ["FALLBACK", "PARSERS", "LineParser"]

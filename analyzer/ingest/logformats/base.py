@@ -76,3 +76,13 @@ class LineParser(Protocol):
     would take lines meant for parsers earlier in the order."""
 
     def parse(self, text: str, ctx: Context) -> bool: ...
+
+
+class Fallback(LineParser, Protocol):
+    """The parser for records no format parser took."""
+
+    def wants(self, text: str) -> bool:
+        """False when ``parse`` would surely not take ``text``. The answer must depend
+        only on the characters of ``text`` other than digits, as the dispatcher keeps it
+        per record shape."""
+        ...

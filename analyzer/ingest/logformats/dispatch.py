@@ -4,8 +4,9 @@ The rule: the parsers of ``PARSERS`` are tried in order on a record holding one 
 their triggers, the first that recognises it wins, and the fallback gets the rest.
 Two shortcuts give the same outcome for less work:
 
-- Logs are long runs of one format, so the parser that took the previous record is
-  tried first, unless a trigger of a parser before it in the order is present.
+- Which parsers hold a trigger in a record is remembered per record shape (the
+  record with its digits set to 0, see ``Dispatcher.shape_of``): a log repeats a few
+  shapes, so the triggers are searched for once per shape, not once per record.
 - A parser that has learned the shape of its lines (see ``fast``) may take a run of
   lines at once through ``bulk``, when the batch as a whole guarantees what the
   per-record path would check: no line holds a prefix to strip, none a trigger of an
@@ -56,7 +57,9 @@ class Dispatcher:
     def __init__(self, rule: PrefixRule, ctx: Context) -> None:
         self.ctx = ctx
         self.parsers: list[LineParser] = [cls() for cls in PARSERS]
-        self.flat = tuple((t, _sentinel(t), p) for p in self.parsers for t in p.triggers)
+        if any(ch.isdigit() for p in self.parsers for t in p.triggers for ch in t):
+            raise ValueError("a trigger holds a digit: Dispatcher.shape_of needs none to")
+        self.memo: dict[bytes, Shape] = {}
         # The triggers of every parser before this one in the order: a record holding
         # none of them could not have been taken by an earlier parser.
         self.own = {id(p): _needles(p.triggers) for p in self.parsers}
@@ -68,7 +71,6 @@ class Dispatcher:
         self.strip = rule.strip
         self.numbered = rule.numbers != "none"
         self.recent: LineParser | None = None
-        self.recent_triggers: tuple[Needle, ...] = ()
         self.shadowed: tuple[Needle, ...] = ()
         self.run = 0
         """Records the recent parser has taken in a row. Bulk reading is tried from the
@@ -124,46 +126,62 @@ class Dispatcher:
         ctx = self.ctx
         ctx.line = number
         ctx.rank = None
-        if (
-            text[0] in _PREFIX_START
-            and not self.bare
-            and (self.numbered or TAGGED.match(text) is not None)
-        ):
+        prefixed, holders, fallback = self.shape_of(text)
+        if prefixed and not self.bare:
             text, ctx.rank = self.strip(text)
             if not text:
                 return
+            _, holders, fallback = self.shape_of(text)
         recent = self.recent
-        tried = None
-        if recent is not None and _holds_any(text, self.recent_triggers):
-            if _holds_any(text, self.shadowed):
-                pass  # an earlier parser may want it: the ordered scan decides
-            elif recent.parse(text, ctx):
-                self.run += 1
+        for parser in holders:
+            if parser.parse(text, ctx):
+                if parser is recent:
+                    self.run += 1
+                elif parser.repeats:
+                    self.recent, self.shadowed = parser, self.earlier[id(parser)]
+                    self.run = 1
+                else:
+                    self.run = 0
                 return
-            else:
-                tried = recent
-        # The ordered scan, over every trigger in parser order: a parser's triggers
-        # are adjacent, so `done` keeps it from being tried twice.
-        done = tried
-        for trigger, sentinel, parser in self.flat:
-            if (
-                parser is not done
-                and (sentinel is None or sentinel in text)
-                and trigger in text
-            ):
-                done = parser
-                if parser.parse(text, ctx):
-                    if parser is recent:
-                        self.run += 1
-                    elif parser.repeats:
-                        self.recent, self.shadowed = parser, self.earlier[id(parser)]
-                        self.recent_triggers = self.own[id(parser)]
-                        self.run = 1
-                    else:
-                        self.run = 0
-                    return
         self.run = 0
-        self.fallback.parse(text, ctx)
+        if fallback:
+            self.fallback.parse(text, ctx)
+
+    def shape_of(self, text: str) -> Shape:
+        """What the record's characters other than digits decide: whether it may start
+        with a prefix to strip, the parsers holding a trigger in it (in order), and
+        whether the fallback may take it.
+
+        No trigger holds a digit, and the prefix pattern and the fallback's test look
+        at digits only as digits, so records that differ only in their digits get the
+        same answer. A log repeats a few shapes whose numbers change: the answer is kept
+        per record with its digits set to 0. The key is the UTF-8 encoding, where every
+        digit is one byte and no other character holds the byte of an ASCII digit, so
+        one bytes.translate makes it."""
+        key = None
+        if len(text) <= MEMO_CHARS:
+            key = text.encode("utf-8", "surrogatepass").translate(_ZERO_DIGITS)
+            found = self.memo.get(key)
+            if found is not None:
+                return found
+        found = (
+            text[0] in _PREFIX_START and (self.numbered or TAGGED.match(text) is not None),
+            tuple(p for p in self.parsers if _holds_any(text, self.own[id(p)])),
+            self.fallback.wants(text),
+        )
+        if key is not None:
+            if len(self.memo) >= MEMO_ENTRIES:
+                self.memo.clear()
+            self.memo[key] = found
+        return found
+
+
+Shape = tuple[bool, tuple[LineParser, ...], bool]
+MEMO_CHARS = 1024
+"""Records up to this long are remembered by ``Dispatcher.shape_of``."""
+MEMO_ENTRIES = 4096
+"""Shapes remembered per file; the memo starts again empty when it is full."""
+_ZERO_DIGITS = bytes(48 if 48 <= b <= 57 else b for b in range(256))
 
 _TAG_MARKS = _needles((">", "[rank", "[Rank", "[RANK", "[default", "]<std"))
 

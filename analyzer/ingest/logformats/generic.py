@@ -50,8 +50,11 @@ class GenericParser:
     def __init__(self) -> None:
         self.records = 0
 
+    def wants(self, text: str) -> bool:
+        return _may_name_a_metric(text) and _METRIC.search(text) is not None
+
     def parse(self, text: str, ctx: Context) -> bool:
-        if not _may_name_a_metric(text) or _METRIC.search(text) is None:
+        if not self.wants(text):
             return False
         values: list[tuple[str, float]] = []
         for m in _PAIR.finditer(text):

@@ -44,28 +44,40 @@ def _decode(raw: bytes, line: int, ctx: Context) -> str:
         return raw.decode("utf-8", errors="replace")
 
 
-def _records(
-    line: str, number: int, ctx: Context, open_end: bool = False
-) -> Iterator[tuple[int, str]]:
-    """The records of one physical line; ``open_end`` when more of it is still to come."""
+def _records(line: str, number: int, ctx: Context, open_end: bool = False) -> list[tuple[int, str]]:
+    """The records of one physical line; ``open_end`` when more of it is still to come.
+
+    One pass over the segments: a bar redraw is held until the next segment shows
+    whether it was redrawn over."""
     if "\x1b" in line:
         line = _ANSI.sub("", line)
     if "\x08" in line:
         line = _BACKSPACES.sub("\r", line)
-    parts = [p for p in line.split("\r") if p and not p.isspace()] if "\r" in line else [line]
-    redraws = [part.endswith(_REDRAW_ENDS) for part in parts]
-    redraws.append(open_end)
-    for i, part in enumerate(parts):
-        if redraws[i] and redraws[i + 1] and not _mentions_nonfinite(part):
+    out: list[tuple[int, str]] = []
+    held: str | None = None  # the last segment, when it is a bar redraw
+    for part in line.split("\r"):
+        if not part or part.isspace():
             continue
-        if len(part) > LINE_CAP:
-            ctx.issue(
-                "long_line",
-                f"record of {len(part)} characters cut to its first {LINE_CAP}",
-                number,
-            )
-            part = part[:LINE_CAP]
-        yield number, part
+        redraw = part.endswith(_REDRAW_ENDS)
+        if held is not None and (not redraw or _mentions_nonfinite(held)):
+            out.append((number, held))
+        if redraw:
+            held = part
+        else:
+            held = None
+            out.append((number, part))
+    if held is not None and (not open_end or _mentions_nonfinite(held)):
+        out.append((number, held))
+    if len(line) > LINE_CAP:
+        for i, (at, part) in enumerate(out):
+            if len(part) > LINE_CAP:
+                ctx.issue(
+                    "long_line",
+                    f"record of {len(part)} characters cut to its first {LINE_CAP}",
+                    at,
+                )
+                out[i] = (at, part[:LINE_CAP])
+    return out
 
 
 def _mentions_nonfinite(segment: str) -> bool:
@@ -94,7 +106,7 @@ class Lines:
         self.plain = plain
 
 
-Batch = Lines | Iterator[tuple[int, str]]
+Batch = Lines | list[tuple[int, str]]
 """Complete lines, or the records of a line cut short or left without a newline."""
 
 
@@ -110,14 +122,13 @@ def iter_records(stream: BinaryIO, ctx: Context) -> Iterator[tuple[int, str]]:
             yield from line_records(line, number, ctx)
 
 
-def line_records(line: str, number: int, ctx: Context) -> Iterator[tuple[int, str]]:
+def line_records(line: str, number: int, ctx: Context) -> list[tuple[int, str]]:
     """The records of one complete physical line."""
     if not line:
-        return
+        return []
     if "\r" in line or len(line) > LINE_CAP or "\x1b" in line or "\x08" in line:
-        yield from _records(line, number, ctx)
-    else:
-        yield number, line
+        return _records(line, number, ctx)
+    return [(number, line)]
 
 
 def iter_batches(stream: BinaryIO, ctx: Context) -> Iterator[Batch]:
