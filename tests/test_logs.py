@@ -61,7 +61,9 @@ FAILING = [
     ("nanogpt_nan.log", "nanogpt", First(9, 30, "loss")),
     ("yolov5_nan.log", "yolo", First(9, 155, "box_loss")),
     ("autograd_anomaly.err", "pytorch", First(19, None, "autograd:LogBackward0")),
-    ("detr_loss_stop.log", "pytorch", First(6, None, "loss")),
+    ("detr_loss_stop.log", "metric_logger", First(6, None, "loss")),
+    ("torchvision_classification_nan.log", "metric_logger", First(12, 30, "loss")),
+    ("hf_deepspeed.log", "transformers+deepspeed", First(27, 100, "grad_norm")),
     ("generic_loop.txt", "generic", First(6, 400, "loss")),
     ("torchrun_ranks.log", "generic", First(5, 30, "grad_norm", rank=1)),
 ]
@@ -72,6 +74,7 @@ HEALTHY = [
     ("megatron_healthy.log", "megatron"),
     ("detectron2_healthy.log", "detectron2"),
     ("mmengine_iter_healthy.log", "mmengine"),
+    ("deit_healthy.log", "metric_logger"),
 ]
 
 
@@ -358,11 +361,61 @@ def test_deepspeed_pipeline_progress_line_keeps_its_step(tmp_path) -> None:  # t
     assert loss.positions.tolist() == [1, 2]
 
 
-def test_reference_loop_stop_message_bounds_its_step() -> None:
+def test_reference_loop_stop_message_bounds_its_step_and_names_the_term() -> None:
     read = read_log(str(FIXTURES / "detr_loss_stop.log"))
-    (event,) = read.events
-    assert event.kind == "nonfinite" and event.step is None
-    assert event.detail == {"tag": "loss", "kind": "nan", "after_step": 3}
+    stop, term = read.events
+    assert stop.kind == "nonfinite" and stop.step is None
+    # The last progress line before it is iteration 20 of epoch 0.
+    assert stop.detail == {"tag": "loss", "kind": "nan", "after_step": 20}
+    assert (term.kind, term.step, term.location.line) == ("nonfinite", None, 7)
+    assert term.detail["tag"] == "loss_ce" and term.detail["kind"] == "nan"
+    assert term.detail["after_step"] == 20
+    terms = term.detail["terms"]
+    assert math.isnan(terms.pop("loss_ce"))
+    assert terms == {"class_error": 100.0, "loss_bbox": 0.9511, "loss_giou": 1.2133}
+    assert any("loss_ce = nan" in note for note in read.notes)
+
+
+def test_a_tensor_dict_far_from_a_stop_message_is_not_read(tmp_path: Path) -> None:
+    path = tmp_path / "train.log"
+    path.write_text(
+        "{'loss_ce': tensor(nan, device='cuda:0'), 'loss_bbox': tensor(0.95)}\n"
+        "Loss is nan, stopping training\n"
+        "a\nb\nc\nd\n"
+        "{'loss_ce': tensor(nan, device='cuda:0'), 'loss_bbox': tensor(0.95)}\n"
+    )
+    read = read_log(str(path))
+    assert [e.detail["tag"] for e in read.events] == ["loss"]
+
+
+def test_metric_logger_steps_passes_and_evaluation() -> None:
+    read = read_log(str(FIXTURES / "deit_healthy.log"))
+    by_tag = {s.tag: s for s in read.series}
+    # Tab-delimited, 40 iterations a pass: epoch 1 iteration 10 is step 50.
+    assert by_tag["loss"].steps.tolist() == [0, 10, 20, 30, 39, 40, 50, 60, 70, 79]
+    # Evaluation lines sit at the last training step, under their header word.
+    assert by_tag["test/loss"].steps.tolist() == [39, 39, 39, 79, 79, 79]
+    assert by_tag["avg/loss"].steps.tolist() == [39, 79]
+    assert by_tag["avg/test/acc1"].values.tolist() == [0.098, 0.098]
+    assert "lr" in by_tag and "time" not in by_tag and "mem" not in by_tag
+
+
+@pytest.mark.parametrize(
+    ("line", "step", "tag"),
+    [
+        ("Epoch: [2]  [ 30/100]  eta: 0:00:09  lr: 0.1  loss: nan (nan)  time: 0.1", 230, "loss"),
+        ("Epoch: [2/300]  [ 30/100]  eta: 0:00:09  loss: inf (inf)  time: 0.1", 230, "loss"),
+        ("[ 30/100]\teta: 0:00:09\tloss: nan (nan)\ttime: 0.1", 30, "loss"),
+        ("Test: EMA  [ 30/100]  eta: 0:00:09  loss: nan (nan)  time: 0.1", 30, "test/loss"),
+        ("2024-05-02 10:11:12 INFO Epoch: [1]  [ 3/10]  eta: 0:00:09  loss: nan (3.1)", 13, "loss"),
+    ],
+)
+def test_metric_logger_line_variants(tmp_path: Path, line: str, step: int, tag: str) -> None:
+    path = tmp_path / "train.log"
+    path.write_text(line + "\n")
+    read = read_log(str(path))
+    assert read.framework == "metric_logger"
+    assert first_nonfinite(read) == First(1, step, tag)
 
 
 @pytest.mark.parametrize(

@@ -72,6 +72,7 @@ _MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("tensorflow", ("INFO:tensorflow", "basic_session_run_hooks", "global_step/sec")),
     ("nanogpt", ("mfu ", "iter 0: loss", "tokens per iteration will be")),
     ("yolo", ("GPU_mem", "gpu_mem", "ultralytics", "YOLOv5")),
+    ("metric_logger", ("Averaged stats:", "max mem:", "stopping training")),
 )
 
 
@@ -181,11 +182,26 @@ def _verdict(ctx: Context) -> tuple[str | None, float]:
         # A stray framework message in a hand-written loop's log does not make the
         # log that framework's.
         name = max(loose, key=lambda k: (votes[k], k))
-    share = votes[name] / sum(votes.values())
+    count = votes[name]
+    if name == "deepspeed":
+        # DeepSpeed is an engine under a trainer; its messages outnumber the trainer's
+        # lines (every steps_per_print steps, every overflow), yet the log is the
+        # trainer's, run with DeepSpeed.
+        trainers = [k for k in specific if k in _TRAINERS]
+        if trainers:
+            trainer = max(trainers, key=lambda k: (votes[k], k))
+            name, count = f"{trainer}+deepspeed", count + votes[trainer]
+    share = count / sum(votes.values())
     # A handful of matching lines is weaker evidence than thousands.
-    weight = 1.0 - 0.5 ** min(votes[name], 60)
+    weight = 1.0 - 0.5 ** min(count, 60)
     cap = 0.3 if name in loose else 1.0
     return name, round(min(cap, share * weight), 3)
+
+
+_TRAINERS = frozenset(
+    {"transformers", "lightning", "megatron", "mmengine", "detectron2", "metric_logger"}
+)
+"""Frameworks that run DeepSpeed underneath rather than beside."""
 
 
 def _overflow_note(events: list[Event]) -> str | None:

@@ -16,6 +16,7 @@ from analyzer.ingest.logformats.hf import HuggingFaceParser
 from analyzer.ingest.logformats.keras import KerasParser
 from analyzer.ingest.logformats.lightning import LightningParser
 from analyzer.ingest.logformats.megatron import MegatronParser
+from analyzer.ingest.logformats.metric_logger import MetricLoggerParser
 from analyzer.ingest.logformats.mixed_precision import MixedPrecisionParser
 from analyzer.ingest.logformats.mmengine import MMEngineParser
 from analyzer.ingest.logformats.nanogpt import NanoGPTParser
@@ -29,6 +30,7 @@ PARSERS: tuple[type[LineParser], ...] = (
     Detectron2Parser,
     HuggingFaceParser,
     MMEngineParser,
+    MetricLoggerParser,
     FairseqParser,
     LightningParser,
     KerasParser,

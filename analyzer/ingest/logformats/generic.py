@@ -3,7 +3,8 @@
 
 Only metric-like names are taken (loss, norm, lr, scale, ...), and a bare
 ``name value`` pair only for loss and norm names, so prose such as ``improved from
-inf`` is not read as a metric. Without a step on the line the record's position
+inf`` is not read as a metric; nor is the argparse ``Namespace(lr=0.1, ...)`` many
+scripts print at start-up. Without a step on the line the record's position
 among such lines stands in for it.
 """
 
@@ -51,7 +52,13 @@ class GenericParser:
         self.records = 0
 
     def wants(self, text: str) -> bool:
-        return _may_name_a_metric(text) and _METRIC.search(text) is not None
+        # An argparse Namespace printed at start-up holds lr=... and the like: settings,
+        # not measurements.
+        return (
+            _may_name_a_metric(text)
+            and _METRIC.search(text) is not None
+            and "Namespace(" not in text
+        )
 
     def parse(self, text: str, ctx: Context) -> bool:
         if not self.wants(text):

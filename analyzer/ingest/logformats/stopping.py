@@ -5,6 +5,12 @@
 training.``, a tensor (``Loss is tensor(nan, device='cuda:0'), stopping training``), a
 logger prefix. The line becomes a ``nonfinite`` event for ``loss``; its step is the one
 the line names, if any.
+
+DETR and the torchvision detection references then print the reduced loss dict,
+``{'loss_ce': tensor(nan, device='cuda:0'), 'loss_bbox': tensor(0.9511, ...), ...}``:
+it names the term that went non-finite. Read within a few lines of the stop message,
+each non-finite term becomes a ``nonfinite`` event of its own, at the same step, with
+every term's value in ``detail["terms"]``.
 """
 
 from __future__ import annotations
@@ -24,17 +30,24 @@ _STEP = re.compile(
 )
 """``numbers.STEP`` refuses ``1,200,`` (the comma could start another group); here the
 step is followed by ``, stopping training``."""
+_TERM = re.compile(r"'([^'\\]{1,200}+)': tensor\(\[?+(" + NUM + r")(?![\w.])")
+_DICT_LINES = 3
+"""The loss dict is read this many lines after the stop message at most."""
 
 
 class StoppingParser:
     framework = "pytorch"
     repeats = False  # a one-off message; nothing follows it in the same shape
-    triggers: tuple[str, ...] = ("stopping training", "Stopping training")
+    triggers: tuple[str, ...] = ("stopping training", "Stopping training", "': tensor(")
+
+    def __init__(self) -> None:
+        self.stop: tuple[int, int | None] | None = None
+        """Line and step of the last stop message."""
 
     def parse(self, text: str, ctx: Context) -> bool:
         m = _LOSS.search(text)
         if m is None:
-            return False
+            return self._terms(text, ctx)
         value = to_float(m.group(1))
         if value is None or not (math.isnan(value) or math.isinf(value)):
             # A finite loss stopped by some other rule (a divergence threshold) is not
@@ -45,4 +58,30 @@ class StoppingParser:
         step = to_step(s.group(1)) if s is not None else None
         ctx.nonfinite("loss", kind, step, text)
         ctx.votes["pytorch"] += 1
+        self.stop = (ctx.line, step)
+        return True
+
+    def _terms(self, text: str, ctx: Context) -> bool:
+        if self.stop is None or not 0 < ctx.line - self.stop[0] <= _DICT_LINES:
+            return False
+        terms = {}
+        for m in _TERM.finditer(text):
+            value = to_float(m.group(2))
+            if value is not None:
+                terms[m.group(1)] = value
+        bad = [name for name, value in terms.items() if not math.isfinite(value)]
+        if not bad:
+            return False
+        step = self.stop[1]
+        for name in bad:
+            value = terms[name]
+            kind = "nan" if math.isnan(value) else ("+inf" if value > 0 else "-inf")
+            ctx.nonfinite(name, kind, step, text, terms=terms)
+        ctx.note(
+            "stop-loss-terms",
+            f"{ctx.source}:{ctx.line}: the loss terms printed at the stop: "
+            + ", ".join(f"{name} = {value:g}" for name, value in terms.items())
+            + ".",
+        )
+        self.stop = None
         return True
