@@ -46,4 +46,6 @@ def incidents_frame(report: Report) -> pd.DataFrame:
                 "line": inc.location.line,
                 "first": result.incident is not None and inc.tag == result.incident.tag,
             })
-    return pd.DataFrame(rows, columns=INCIDENT_COLUMNS)
+    frame = pd.DataFrame(rows, columns=INCIDENT_COLUMNS)
+    # Steps are whole numbers that may be missing: pandas' nullable integers keep both.
+    return frame.astype({"step": "Int64", "last_finite_step": "Int64"})

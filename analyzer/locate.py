@@ -10,6 +10,7 @@ says which rule decided.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable
 from dataclasses import replace
@@ -159,17 +160,19 @@ def _histogram_kind(hist: Histogram, i: int) -> NonFiniteKind:
 def event_incident(event: Event) -> Incident | None:
     """An incident from a line that reports non-finiteness without a number (logs).
 
-    A line that names no step is placed at the last step the log numbered before it.
+    A line that names no step is placed at the last step the log numbered before it;
+    without one, the incident has no step.
     """
     if event.kind != "nonfinite":
         return None
     step, decided_by = event.step, None
     if step is None:
         after = event.detail.get("after_step")
-        if not isinstance(after, int):
-            return None
-        step = after
-        decided_by = f"the line names no step; the last step logged before it is {after}"
+        if isinstance(after, int):
+            step = after
+            decided_by = f"the line names no step; the last step logged before it is {after}"
+        else:
+            decided_by = "the line names no step and the log numbered none before it"
     tag = str(event.detail.get("tag", "loss"))
     kind = str(event.detail.get("kind", "nan-or-inf"))
     if kind not in _KINDS:
@@ -204,7 +207,7 @@ def tag_incidents(run: Run, skips: frozenset[int] = frozenset()) -> list[Inciden
         if inc is None:
             continue
         held = best.get(inc.tag)
-        if held is None or inc.step < held.step:
+        if held is None or _step_key(inc) < _step_key(held):
             best[inc.tag] = inc
     return sorted(best.values(), key=_rank)
 
@@ -212,11 +215,17 @@ def tag_incidents(run: Run, skips: frozenset[int] = frozenset()) -> list[Inciden
 _ORIGIN_ORDER = {"scalar": 0, "log": 1, "histogram": 2, "checkpoint": 3}
 
 
-def _rank(inc: Incident) -> tuple[int, int, int, str, int, str]:
+def _step_key(inc: Incident) -> float:
+    """Steps in order; an incident without a step after every numbered one: it is
+    evidence of a failure, but of none placed before the others."""
+    return math.inf if inc.step is None else inc.step
+
+
+def _rank(inc: Incident) -> tuple[float, int, int, str, int, str]:
     """Earliest step; then what the tag measures; then scalars before other sources; then
     the order the values were written in (the same step's tags in one file), then name."""
     file, position = _position(inc)
-    return (inc.step, tag_priority(inc.tag), _ORIGIN_ORDER.get(inc.origin, 9), file, position,
+    return (_step_key(inc), tag_priority(inc.tag), _ORIGIN_ORDER.get(inc.origin, 9), file, position,
             inc.tag)
 
 
@@ -226,6 +235,8 @@ def run_incident(incidents: list[Incident]) -> Incident | None:
         return None
     ordered = sorted(incidents, key=_rank)
     first = ordered[0]
+    if first.step is None:
+        return first  # its decided_by says why it has no step
     tied = [i for i in ordered if i.step == first.step]
     if len(tied) == 1:
         rule = "earliest step"
@@ -245,7 +256,7 @@ def layer_incident(incidents: list[Incident]) -> Incident | None:
     layered = [i for i in incidents if i.layer is not None]
     if not layered:
         return None
-    step = min(i.step for i in layered)
+    step = min(layered, key=_step_key).step
     tied = sorted((i for i in layered if i.step == step), key=_position)
     first = tied[0]
     layers = sorted({i.layer for i in tied if i.layer})

@@ -228,7 +228,9 @@ class Incident:
     incident among others at the same step, for the run-level incident.
     """
 
-    step: int
+    step: int | None
+    """None only for a log line that reports a NaN/Inf before the log numbered any step
+    (an autograd anomaly error at the first backward, say)."""
     tag: str
     kind: NonFiniteKind
     last_finite_step: int | None

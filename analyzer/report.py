@@ -129,10 +129,13 @@ def _run_block(result: RunResult) -> str:
     else:
         last = "none" if inc.last_finite_step is None else str(inc.last_finite_step)
         rank = f" on rank {inc.rank}" if inc.rank is not None else ""
-        lines.append(f"   FIRST NON-FINITE  step {inc.step}  {inc.tag} = {inc.kind}{rank}  "
+        step = "no step" if inc.step is None else f"step {inc.step}"
+        lines.append(f"   FIRST NON-FINITE  {step}  {inc.tag} = {inc.kind}{rank}  "
                      f"(last finite step {last})")
         lines.append(f"     at {_shown(inc.location)}")
-        if inc.decided_by and inc.decided_by != "earliest step":
+        if inc.step is None:
+            lines.append(f"     {inc.decided_by}")
+        elif inc.decided_by and inc.decided_by != "earliest step":
             lines.append(f"     tie: {inc.decided_by}")
     lay = result.layer_incident
     if lay is not None:
@@ -257,7 +260,8 @@ def _summary(report: Report) -> str:
                 layer = r.replay.layer or "(loss fn)"
             cause = next((f"{f.name} ({f.confidence})" for f in r.findings if f.is_failure),
                          "-")
-            rows.append((r.run.name, "FAILED", str(inc.step), inc.tag, inc.kind, last,
+            step = "?" if inc.step is None else str(inc.step)
+            rows.append((r.run.name, "FAILED", step, inc.tag, inc.kind, last,
                          layer or "-", cause))
     widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
     table = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()

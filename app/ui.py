@@ -114,7 +114,8 @@ def headline(sel: Selected, result: RunResult) -> None:
         parts.append("every logged value is finite")
     else:
         last = "none" if inc.last_finite_step is None else inc.last_finite_step
-        parts.append(f"first non-finite at **step {inc.step}** (`{inc.tag}` = {inc.kind}, "
+        where = "with **no step**" if inc.step is None else f"at **step {inc.step}**"
+        parts.append(f"first non-finite {where} (`{inc.tag}` = {inc.kind}, "
                      f"last finite step {last})")
     layer = failing_layer(result)
     if layer == LOSS_NAME:

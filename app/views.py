@@ -209,7 +209,8 @@ def markers(result: RunResult, growth: Growth | None) -> list[Marker]:
     out = []
     if result.incident is not None:
         inc = result.incident
-        out.append(Marker("first non-finite", inc.step, f"{inc.tag} = {inc.kind}"))
+        if inc.step is not None:
+            out.append(Marker("first non-finite", inc.step, f"{inc.tag} = {inc.kind}"))
         if inc.last_finite_step is not None:
             out.append(Marker("last finite", inc.last_finite_step, f"{inc.tag} still finite"))
     if growth is not None:

@@ -373,3 +373,28 @@ def test_a_text_search_finds_the_first_nan_line(tmp_path: Path) -> None:
     assert first_mention(str(log), "d1") == 3
     log.write_text("INFO start\nstep 1 loss 0.5\n")
     assert first_mention(str(log), "d2") is None
+
+
+def test_log_only_runs_on_every_page(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Folders holding nothing but a log: one whose failure has no step (an anomaly error
+    # before any numbered step), one in the torchvision references' MetricLogger format.
+    fixtures = ROOT / "tests" / "fixtures" / "logs"
+    for name in ("autograd_anomaly.err", "torchvision_classification_nan.log"):
+        folder = tmp_path / "runs" / Path(name).stem
+        folder.mkdir(parents=True)
+        shutil.copy(fixtures / name, folder / name)
+    monkeypatch.setenv("FORENSICS_RUNS", str(tmp_path / "runs"))
+    before = tree(tmp_path / "runs")
+    at = open_app()
+    no_error(at)
+    expected = {
+        "autograd_anomaly": "with **no step**",
+        "torchvision_classification_nan": "at **step 30**",
+    }
+    for name, verdict in expected.items():
+        at.selectbox(key="run").set_value(name)
+        for page in PAGES:
+            at.switch_page(f"app_pages/{page}.py").run()
+            no_error(at)
+            assert verdict in texts(at), (name, page)
+    assert tree(tmp_path / "runs") == before

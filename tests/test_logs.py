@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,6 +95,65 @@ def test_healthy_logs_report_nothing(name: str, framework: str) -> None:
     assert read.series
     assert first_nonfinite(read) is None
     assert not [e for e in read.events if e.kind in ("nonfinite", "error", "min_loss_scale")]
+
+
+PLACED_AFTER = {"tf_estimator_diverged.log": 200, "detr_loss_stop.log": 20}
+"""Lines that name no step: the analysis places them at the last step logged before."""
+
+
+def _only_the_log(tmp_path: Path, name: str) -> str:
+    source = FIXTURES / name
+    folder = tmp_path / "run"
+    folder.mkdir()
+    shutil.copy(source, folder / source.name)
+    return str(folder)
+
+
+@pytest.mark.parametrize(("name", "framework", "expected"), FAILING)
+def test_analyze_a_folder_holding_only_the_log(
+    tmp_path: Path, name: str, framework: str, expected: First
+) -> None:
+    from analyzer.api import analyze
+
+    (result,) = analyze(_only_the_log(tmp_path, name), replay=False).results
+    inc = result.incident
+    assert inc is not None and inc.origin == "log"
+    assert inc.location.line == expected.line
+    assert inc.step == PLACED_AFTER.get(name, expected.step)
+    # Several tags can go non-finite on one line; the stated tie rule picks among them.
+    read = read_log(str(FIXTURES / name))
+    on_line = {
+        s.tag
+        for s in read.series
+        for value, line in zip(s.values, s.positions, strict=True)
+        if line == expected.line and not math.isfinite(float(value))
+    }
+    assert inc.tag == expected.tag or inc.tag in on_line
+    assert inc.rank == expected.rank
+    assert [log.framework for log in result.run.logs] == [framework]
+
+
+@pytest.mark.parametrize(("name", "framework"), HEALTHY)
+def test_analyze_a_folder_holding_only_a_healthy_log(
+    tmp_path: Path, name: str, framework: str
+) -> None:
+    from analyzer.api import analyze
+
+    (result,) = analyze(_only_the_log(tmp_path, name), replay=False).results
+    assert result.incident is None
+    assert [log.framework for log in result.run.logs] == [framework]
+
+
+def test_a_stepless_log_error_is_still_the_failure(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    # An anomaly error before any numbered step: the run failed, at no known step.
+    from analyzer.cli import main
+
+    folder = _only_the_log(tmp_path, "autograd_anomaly.err")
+    assert main(["analyze", folder, "--no-replay"]) == 1
+    out = capsys.readouterr().out
+    assert "FIRST NON-FINITE  no step  autograd:LogBackward0 = nan" in out
+    assert "the line names no step and the log numbered none before it" in out
+    assert "autograd_anomaly.err:19" in out
 
 
 def test_series_are_line_positioned_with_unknown_wall_times() -> None:
