@@ -172,6 +172,16 @@ ADVERSARIAL = [
     "| epoch 001 |" + " x" * (LINE_CAP // 2 - 10),
     "     0/299 " + "1 " * (LINE_CAP // 2 - 10),
     "loss " + " " * (LINE_CAP - 10) + "x",
+    "Test:" + " " * (LINE_CAP - 20) + "eta: ",
+    "[" + " " * (LINE_CAP - 20) + "1/2] eta: ",
+    "Epoch: [1]" + "[1/2]" * (LINE_CAP // 5 - 10) + " eta: ",
+    "A" * 40 + ": [1/2]\teta: " * (LINE_CAP // 60),
+    "Averaged stats:" + " loss: 1 (1)" * (LINE_CAP // 12 - 10),
+    "* Acc@" + "1 " * (LINE_CAP // 2 - 10),
+    "Loss is nan, stopping training",
+    "{'a': tensor(" * (LINE_CAP // 13),
+    "Loss is nan, stopping training",
+    "{'" + "a" * (LINE_CAP - 40) + "': tensor(nan)}",
 ]
 
 

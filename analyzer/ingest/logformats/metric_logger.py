@@ -29,12 +29,13 @@ from analyzer.ingest.logformats.context import Context
 from analyzer.ingest.logformats.numbers import NUM, to_float
 
 _LINE = re.compile(
-    r"(?:(?P<head>[A-Za-z][\w ]{0,40}+):(?:[ \t]++[A-Za-z]\w{0,20}+)?+"
-    r"[ \t]*+(?:\[(?P<epoch>\d{1,9}+)(?:/\d{1,9}+)?+\](?=[ \t]*+\[))?+)?+"
-    r"[ \t]*+\[[ \t]*+(?P<i>\d{1,12}+)/(?P<n>\d{1,12}+)\][ \t]++eta: "
+    r"(?:(?P<head>[A-Za-z][\w ]{0,40}+):(?:[ \t]{1,8}+[A-Za-z]\w{0,20}+)?+"
+    r"[ \t]{0,8}+(?:\[(?P<epoch>\d{1,9}+)(?:/\d{1,9}+)?+\](?=[ \t]{0,8}+\[))?+)?+"
+    r"[ \t]{0,8}+\[[ \t]{0,12}+(?P<i>\d{1,12}+)/(?P<n>\d{1,12}+)\][ \t]{1,8}+eta: "
 )
 """Header (a word and a colon, maybe a suffix word such as ``Test: EMA``, maybe the
-epoch), the count, ``eta``. Bounded repeats keep the search linear."""
+epoch), the count, ``eta``. Every repeat is bounded, blank runs too: a search restarts
+at each position, and an unbounded run would be scanned again from each of its blanks."""
 _SUMMARY = re.compile(
     r"\* Acc@1 (" + NUM + r") Acc@5 (" + NUM + r")(?: loss (" + NUM + r"))?+(?![\w.])"
 )
