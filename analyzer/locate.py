@@ -160,16 +160,16 @@ def _histogram_kind(hist: Histogram, i: int) -> NonFiniteKind:
 def event_incident(event: Event) -> Incident | None:
     """An incident from a line that reports non-finiteness without a number (logs).
 
-    A line that names no step is placed at the last step the log numbered before it;
-    without one, the incident has no step.
+    A line that names no step is placed after the last step the log numbered before it
+    (``Incident.after``); without one, the incident has no step.
     """
     if event.kind != "nonfinite":
         return None
-    step, decided_by = event.step, None
+    step, decided_by, placed_after = event.step, None, False
     if step is None:
         after = event.detail.get("after_step")
         if isinstance(after, int):
-            step = after
+            step, placed_after = after, True
             decided_by = f"the line names no step; the last step logged before it is {after}"
         else:
             decided_by = "the line names no step and the log numbered none before it"
@@ -179,7 +179,7 @@ def event_incident(event: Event) -> Incident | None:
         kind = "nan-or-inf"
     return Incident(step=step, tag=tag, kind=cast(NonFiniteKind, kind), last_finite_step=None,
                     location=event.location, layer=layer_from_tag(tag), decided_by=decided_by,
-                    origin="log")
+                    origin="log", after=placed_after)
 
 
 def _checkpoint_incident(run: Run) -> Incident | None:
@@ -216,17 +216,22 @@ _ORIGIN_ORDER = {"scalar": 0, "log": 1, "histogram": 2, "checkpoint": 3}
 
 
 def _step_key(inc: Incident) -> float:
-    """Steps in order; an incident without a step after every numbered one: it is
-    evidence of a failure, but of none placed before the others."""
-    return math.inf if inc.step is None else inc.step
+    """Steps in order. An incident placed after a step counts as the next step, the
+    earliest it can be: a value seen at that step, which it may well be, goes first on
+    the tie, being more precise. An incident without a step comes after every numbered
+    one: it is evidence of a failure, but of none placed before the others."""
+    if inc.step is None:
+        return math.inf
+    return inc.step + 1 if inc.after else inc.step
 
 
-def _rank(inc: Incident) -> tuple[float, int, int, str, int, str]:
-    """Earliest step; then what the tag measures; then scalars before other sources; then
-    the order the values were written in (the same step's tags in one file), then name."""
+def _rank(inc: Incident) -> tuple[float, bool, int, int, str, int, str]:
+    """Earliest step; then a value seen at the step before one placed after the step
+    before; then what the tag measures; then scalars before other sources; then the
+    order the values were written in (the same step's tags in one file), then name."""
     file, position = _position(inc)
-    return (_step_key(inc), tag_priority(inc.tag), _ORIGIN_ORDER.get(inc.origin, 9), file, position,
-            inc.tag)
+    return (_step_key(inc), inc.after, tag_priority(inc.tag), _ORIGIN_ORDER.get(inc.origin, 9),
+            file, position, inc.tag)
 
 
 def run_incident(incidents: list[Incident]) -> Incident | None:
@@ -237,9 +242,14 @@ def run_incident(incidents: list[Incident]) -> Incident | None:
     first = ordered[0]
     if first.step is None:
         return first  # its decided_by says why it has no step
-    tied = [i for i in ordered if i.step == first.step]
+    tied = [i for i in ordered if _step_key(i) == _step_key(first)]
     if len(tied) == 1:
+        if first.after:
+            return first  # its decided_by says where it was placed
         rule = "earliest step"
+    elif tied[1].after and not first.after:
+        rule = (f"{len(tied)} tags at step {first.step}: a value logged at that step before a "
+                f"line that names no step but follows step {first.step - 1}")
     elif tag_priority(tied[1].tag) != tag_priority(first.tag):
         rule = (f"{len(tied)} tags at step {first.step}: loss before total gradient norm "
                 "before per-layer gradients before other tags")
@@ -256,8 +266,9 @@ def layer_incident(incidents: list[Incident]) -> Incident | None:
     layered = [i for i in incidents if i.layer is not None]
     if not layered:
         return None
-    step = min(layered, key=_step_key).step
-    tied = sorted((i for i in layered if i.step == step), key=_position)
+    key = min(map(_step_key, layered))
+    tied = sorted((i for i in layered if _step_key(i) == key), key=_position)
+    step = tied[0].step
     first = tied[0]
     layers = sorted({i.layer for i in tied if i.layer})
     rule = ("earliest step" if len(layers) == 1 else

@@ -241,6 +241,9 @@ class Incident:
     """Where the value was seen: ``scalar``, ``histogram``, ``log`` or ``checkpoint``."""
     rank: int | None = None
     """The data-parallel rank whose log line it was, for rank-prefixed logs."""
+    after: bool = False
+    """True when the source names no step and ``step`` is the last step logged before it:
+    the value went non-finite at some later step, not at ``step``."""
 
 
 Confidence = Literal["low", "medium", "high"]

@@ -83,6 +83,7 @@ def _incident_dict(inc: Incident | None) -> dict[str, Any] | None:
         "decided_by": inc.decided_by,
         "origin": inc.origin,
         "rank": inc.rank,
+        "after": inc.after,
     }
 
 
@@ -130,10 +131,12 @@ def _run_block(result: RunResult) -> str:
         last = "none" if inc.last_finite_step is None else str(inc.last_finite_step)
         rank = f" on rank {inc.rank}" if inc.rank is not None else ""
         step = "no step" if inc.step is None else f"step {inc.step}"
+        if inc.after:
+            step = f"after step {inc.step}"
         lines.append(f"   FIRST NON-FINITE  {step}  {inc.tag} = {inc.kind}{rank}  "
                      f"(last finite step {last})")
         lines.append(f"     at {_shown(inc.location)}")
-        if inc.step is None:
+        if inc.step is None or (inc.after and inc.decided_by):
             lines.append(f"     {inc.decided_by}")
         elif inc.decided_by and inc.decided_by != "earliest step":
             lines.append(f"     tie: {inc.decided_by}")
@@ -260,7 +263,7 @@ def _summary(report: Report) -> str:
                 layer = r.replay.layer or "(loss fn)"
             cause = next((f"{f.name} ({f.confidence})" for f in r.findings if f.is_failure),
                          "-")
-            step = "?" if inc.step is None else str(inc.step)
+            step = "?" if inc.step is None else f">{inc.step}" if inc.after else str(inc.step)
             rows.append((r.run.name, "FAILED", step, inc.tag, inc.kind, last,
                          layer or "-", cause))
     widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]

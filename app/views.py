@@ -210,7 +210,8 @@ def markers(result: RunResult, growth: Growth | None) -> list[Marker]:
     if result.incident is not None:
         inc = result.incident
         if inc.step is not None:
-            out.append(Marker("first non-finite", inc.step, f"{inc.tag} = {inc.kind}"))
+            what = f"{inc.tag} = {inc.kind}" + (" after this step" if inc.after else "")
+            out.append(Marker("first non-finite", inc.step, what))
         if inc.last_finite_step is not None:
             out.append(Marker("last finite", inc.last_finite_step, f"{inc.tag} still finite"))
     if growth is not None:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from analyzer.api import analyze
 from analyzer.locate import layer_from_tag, locate, tag_priority
-from analyzer.model import Location, Run, Series
+from analyzer.model import Event, Location, Run, Series
 
 
 def _series(tag: str, values: list[float], steps: list[int] | None = None) -> Series:
@@ -172,3 +172,44 @@ def test_the_rank_that_went_first_is_named(tmp_path) -> None:  # type: ignore[no
     result = analyze(str(tmp_path), replay=False).results[0]
     inc = result.incident
     assert inc is not None and (inc.step, inc.rank, inc.location.line) == (2, 1, 3)
+
+
+def _stop_line(after: int | None) -> Event:
+    detail: dict[str, object] = {"tag": "loss", "kind": "nan"}
+    if after is not None:
+        detail["after_step"] = after
+    return Event("nonfinite", None, Location("train.log", line=9),
+                 "Loss is nan, stopping training", detail)
+
+
+@pytest.mark.parametrize(
+    ("loss_steps", "expected"),
+    [
+        # The scalar at step 11 agrees with a line that follows step 10, and is precise.
+        ([9, 10, 11], (11, "train/loss", False)),
+        # Scalars logged every 10 steps see the NaN at 20; the line shows it came sooner.
+        ([0, 10, 20], (10, "loss", True)),
+        # A scalar already non-finite at step 10 comes before a line that follows step 10.
+        ([8, 9, 10], (10, "train/loss", False)),
+    ],
+)
+def test_a_line_placed_after_a_step_counts_as_the_next_step(
+    loss_steps: list[int], expected: tuple[int, str, bool]
+) -> None:
+    loss = _series("train/loss", [1.0, 0.9, math.nan], steps=loss_steps)
+    run = Run(path="r", name="r", files=("f",), series=(loss,), events=(_stop_line(10),))
+    inc = locate(run).incident
+    assert inc is not None and (inc.step, inc.tag, inc.after) == expected
+
+
+def test_a_line_placed_after_a_step_is_reported_so() -> None:
+    from analyzer.model import Report, RunResult
+    from analyzer.report import format_text
+
+    run = Run(path="r", name="r", files=(), events=(_stop_line(10),))
+    result = locate(run)
+    inc = result.incident
+    assert inc is not None and (inc.step, inc.after) == (10, True)
+    text = format_text(Report(results=(result,)))
+    assert "FIRST NON-FINITE  after step 10  loss = nan" in text
+    assert "the last step logged before it is 10" in text
