@@ -203,7 +203,7 @@ def test_a_line_placed_after_a_step_counts_as_the_next_step(
 
 
 def test_a_line_placed_after_a_step_is_reported_so() -> None:
-    from analyzer.model import Report, RunResult
+    from analyzer.model import Report
     from analyzer.report import format_text
 
     run = Run(path="r", name="r", files=(), events=(_stop_line(10),))
