@@ -113,6 +113,14 @@ def format_text(report: Report) -> str:
     return "\n\n".join([*blocks, _summary(report)]) + "\n"
 
 
+def _step_text(inc: Incident) -> str:
+    """The incident's step as the tables show it: ``?`` when unknown, ``>10`` for a
+    line that follows step 10."""
+    if inc.step is None:
+        return "?"
+    return f">{inc.step}" if inc.after else str(inc.step)
+
+
 def _run_block(result: RunResult) -> str:
     run = result.run
     points = sum(len(s) for s in run.series)
@@ -147,7 +155,7 @@ def _run_block(result: RunResult) -> str:
             lines.append(f"     tie: {lay.decided_by}")
     others = [i for i in result.tag_incidents if inc is None or i.tag != inc.tag]
     if others:
-        shown = ", ".join(f"{i.tag}@{i.step}" for i in others[:_MAX_LISTED])
+        shown = ", ".join(f"{i.tag}@{_step_text(i)}" for i in others[:_MAX_LISTED])
         more = f" and {len(others) - _MAX_LISTED} more" if len(others) > _MAX_LISTED else ""
         lines.append(f"   also non-finite: {shown}{more}")
     if result.overflow_skips:
@@ -263,7 +271,7 @@ def _summary(report: Report) -> str:
                 layer = r.replay.layer or "(loss fn)"
             cause = next((f"{f.name} ({f.confidence})" for f in r.findings if f.is_failure),
                          "-")
-            step = "?" if inc.step is None else f">{inc.step}" if inc.after else str(inc.step)
+            step = _step_text(inc)
             rows.append((r.run.name, "FAILED", step, inc.tag, inc.kind, last,
                          layer or "-", cause))
     widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]

@@ -120,7 +120,7 @@ def test_failures_are_varied() -> None:
     causes = {i["expected"]["cause"] for i in infos if not i["healthy"]}
     assert len(causes) == len([i for i in infos if not i["healthy"]])
     styles = {i["log_style"] for i in infos}
-    assert styles == {"plain", "huggingface", "lightning", "megatron", "deepspeed"}
+    assert styles == {"plain", "huggingface", "lightning", "megatron", "deepspeed", "metric_logger"}
 
 
 def test_regenerated_runs_fail_the_same_way(tmp_path: Path) -> None:
@@ -137,3 +137,24 @@ def test_regenerated_runs_fail_the_same_way(tmp_path: Path) -> None:
         assert found == (committed["expected"]["first_nonfinite_step"],
                          committed["expected"]["tag"]), name  # fmt: skip
         assert read_meta(tmp_path / name / fresh["capture"])["step"] == found[0]
+
+
+STYLE_FRAMEWORK = {
+    "plain": "generic",
+    "huggingface": "transformers",
+    "lightning": "lightning",
+    "megatron": "megatron",
+    "deepspeed": "deepspeed",
+    "metric_logger": "metric_logger",
+}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_each_sample_log_reads_as_its_style(name: str) -> None:
+    # The log styles imitate real frameworks; the log reader must recognise each.
+    from analyzer.ingest.logs import read_log
+
+    info = _scenario(SAMPLES / name)
+    read = read_log(str(SAMPLES / name / "train.log"))
+    assert read.framework == STYLE_FRAMEWORK[info["log_style"]], read.framework
+    assert read.series and not read.issues

@@ -177,7 +177,10 @@ def _verdict(ctx: Context) -> tuple[str | None, float]:
         return None, 0.0
     loose = {k: v for k, v in votes.items() if k in ("generic", "tqdm")}
     specific = {k: v for k, v in votes.items() if k not in loose}
-    name = max(specific or loose, key=lambda k: (votes[k], k))
+    # Tracebacks, anomaly errors and a loop's stop message are plain PyTorch, printed
+    # under any framework: they name the log's framework only when no other does.
+    framed = {k: v for k, v in specific.items() if k != "pytorch"}
+    name = max(framed or specific or loose, key=lambda k: (votes[k], k))
     if name in specific and 4 * votes[name] < sum(loose.values()):
         # A stray framework message in a hand-written loop's log does not make the
         # log that framework's.

@@ -2,7 +2,8 @@
 
 Each writer receives the same per-step record and renders it in one framework's style:
 plain prints, Hugging Face Trainer dict lines, a Lightning progress bar redrawn with
-carriage returns, Megatron-LM iteration lines and DeepSpeed's logger lines. Numbers keep
+carriage returns, Megatron-LM iteration lines, DeepSpeed's logger lines and the
+torchvision references' ``MetricLogger`` lines. Numbers keep
 the run's real values; only the presentation differs, as it does between real runs.
 """
 
@@ -224,10 +225,91 @@ class DeepSpeedStyle(LogStyle):
         self.write(f"Exception: {message}\n")
 
 
+class MetricLoggerStyle(LogStyle):
+    """The torchvision reference scripts' ``MetricLogger.log_every`` (and DeiT's, MAE's,
+    DETR's copies): a line every ``print_freq`` iterations and at the last one of the
+    epoch, each meter as ``median (global average)`` over a window of 20 updates, the
+    timers as averages; no ``max mem`` field on CPU. The loop's loss check prints
+    ``Loss is nan, stopping training`` with no step, as DeiT's ``engine.py`` does."""
+
+    print_freq = 10
+    window = 20
+
+    def __init__(self, fh: TextIO, total_steps: int, steps_per_epoch: int) -> None:
+        super().__init__(fh, total_steps, steps_per_epoch)
+        self.losses: list[float] = []
+        self.loss_sum = 0.0
+        self.count = 0
+        self.iter_times: list[float] = []
+        self.epoch_started = self.last = time.perf_counter()
+
+    def begin(self, title: str) -> None:
+        self.write("Not using distributed mode\n")
+        epochs = math.ceil(self.total / self.per_epoch)
+        self.write(
+            f"Namespace(device='cpu', epochs={epochs}, output_dir='.', "
+            f"print_freq={self.print_freq})\n"
+        )
+        self.write("Creating model\nStart training\n")
+
+    def _median(self) -> float:
+        # torch.median: NaN when the window holds one, else the lower of the middle two.
+        window = self.losses[-self.window :]
+        if any(math.isnan(v) for v in window):
+            return math.nan
+        return sorted(window)[(len(window) - 1) // 2]
+
+    def step(self, s: StepLog) -> None:
+        epoch, i = divmod(s.step, self.per_epoch)
+        if i == 0:
+            self.losses, self.loss_sum, self.count, self.iter_times = [], 0.0, 0, []
+            self.epoch_started = time.perf_counter()
+        now = time.perf_counter()
+        self.iter_times.append(now - self.last)
+        self.last = now
+        self.losses.append(s.loss)
+        self.loss_sum += s.loss
+        self.count += 1
+        if i % self.print_freq != 0 and i != self.per_epoch - 1:
+            return
+        per_iter = sum(self.iter_times) / len(self.iter_times)
+        eta = dt.timedelta(seconds=int(per_iter * (self.per_epoch - i)))
+        width = len(str(self.per_epoch))
+        self.write(
+            f"Epoch: [{epoch}]  [{i:{width}d}/{self.per_epoch}]  eta: {eta}  lr: {s.lr:.6f}  "
+            f"loss: {self._median():.4f} ({self.loss_sum / self.count:.4f})  "
+            f"time: {per_iter:.4f}  data: {per_iter / 10:.4f}\n"
+        )
+        if i == self.per_epoch - 1:
+            spent = time.perf_counter() - self.epoch_started
+            self.write(
+                f"Epoch: [{epoch}] Total time: {dt.timedelta(seconds=int(spent))} "
+                f"({spent / self.per_epoch:.4f} s / it)\n"
+            )
+            self.write(
+                f"Averaged stats: lr: {s.lr:.6f}  loss: {self._median():.4f} "
+                f"({self.loss_sum / self.count:.4f})\n"
+            )
+
+    def checkpoint(self, step: int, path: str) -> None:
+        pass  # the reference scripts save without a word
+
+    def error(self, step: int, message: str) -> None:
+        if message.startswith("Loss is "):
+            self.write(f"Loss is {message.split()[2]}, stopping training\n")
+        else:
+            super().error(step, message)
+
+    def end(self, steps_done: int, mean_loss: float) -> None:
+        spent = time.perf_counter() - self.started
+        self.write(f"Training time {dt.timedelta(seconds=int(spent))}\n")
+
+
 STYLES: dict[str, type[LogStyle]] = {
     "plain": LogStyle,
     "huggingface": HuggingFaceStyle,
     "lightning": LightningStyle,
     "megatron": MegatronStyle,
     "deepspeed": DeepSpeedStyle,
+    "metric_logger": MetricLoggerStyle,
 }
