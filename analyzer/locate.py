@@ -157,13 +157,22 @@ def _histogram_kind(hist: Histogram, i: int) -> NonFiniteKind:
     return nonfinite_kind(float(hist.sums[i])) or "nan"
 
 
+FLOOR_TAG = "gradients"
+"""The tag of the incident a loss scaler's floor makes: what overflowed at every step."""
+
+
 def event_incident(event: Event) -> Incident | None:
     """An incident from a line that reports non-finiteness without a number (logs).
 
     A line that names no step is placed after the last step the log numbered before it
-    (``Incident.after``); without one, the incident has no step.
+    (``Incident.after``); without one, the incident has no step. A loss scaler that
+    reached its floor (``min_loss_scale``: DeepSpeed's "Current loss scale already at
+    minimum", fairseq's "Minimum loss scale reached") is an incident too: the gradients
+    overflowed at every step on the way down, and the run stops or trains on nothing.
     """
-    if event.kind != "nonfinite":
+    if event.kind == "min_loss_scale":
+        event = replace(event, detail={**event.detail, "tag": FLOOR_TAG, "kind": "nan-or-inf"})
+    elif event.kind != "nonfinite":
         return None
     step, decided_by, placed_after = event.step, None, False
     if step is None:

@@ -520,3 +520,28 @@ def test_other_stop_lines_are_not_nonfinite_events(tmp_path: Path, line: str) ->
     log = tmp_path / "train.log"
     log.write_text(f"{line}\n")
     assert not [e for e in read_log(str(log)).events if e.kind == "nonfinite"]
+
+
+def test_a_loss_scaler_at_its_floor_is_the_failure(tmp_path: Path) -> None:
+    # DeepSpeed gives up at its minimum loss scale: no NaN is ever printed, yet the
+    # gradients overflowed at every step down to the floor.
+    from analyzer.api import analyze
+
+    (result,) = analyze(_only_the_log(tmp_path, "deepspeed_overflow.log"), replay=False).results
+    inc = result.incident
+    assert inc is not None
+    assert (inc.tag, inc.kind, inc.step, inc.after, inc.location.line) == (
+        "gradients", "nan-or-inf", 20, True, 28
+    )
+    assert result.findings[0].code == "NF302"
+    assert any("17 mixed-precision overflow skip(s)" in n for log in result.run.logs
+               for n in log.notes)
+
+
+def test_overflow_skips_that_recover_are_not_a_failure(tmp_path: Path) -> None:
+    from analyzer.api import analyze
+
+    folder = _only_the_log(tmp_path, "deepspeed_fused_overflow.log")
+    (result,) = analyze(folder, replay=False).results
+    assert result.incident is None
+    assert result.overflow_skips == (4,)
