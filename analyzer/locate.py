@@ -252,6 +252,7 @@ def run_incident(incidents: list[Incident]) -> Incident | None:
     if first.step is None:
         return first  # its decided_by says why it has no step
     tied = [i for i in ordered if _step_key(i) == _step_key(first)]
+    where = f"after step {first.step}" if first.after else f"at step {first.step}"
     if len(tied) == 1:
         if first.after:
             return first  # its decided_by says where it was placed
@@ -260,13 +261,13 @@ def run_incident(incidents: list[Incident]) -> Incident | None:
         rule = (f"{len(tied)} tags at step {first.step}: a value logged at that step before a "
                 f"line that names no step but follows step {first.step - 1}")
     elif tag_priority(tied[1].tag) != tag_priority(first.tag):
-        rule = (f"{len(tied)} tags at step {first.step}: loss before total gradient norm "
+        rule = (f"{len(tied)} tags {where}: loss before total gradient norm "
                 "before per-layer gradients before other tags")
     elif tied[1].origin != first.origin:
-        rule = (f"{len(tied)} tags at step {first.step}: event-file scalars before log lines "
+        rule = (f"{len(tied)} tags {where}: event-file scalars before log lines "
                 "before histograms before checkpoints")
     else:
-        rule = f"{len(tied)} tags of equal priority at step {first.step}: the one written first"
+        rule = f"{len(tied)} tags of equal priority {where}: the one written first"
     return replace(first, decided_by=rule)
 
 
@@ -292,8 +293,25 @@ def _position(inc: Incident) -> tuple[str, int]:
     return (loc.file, loc.offset if loc.offset is not None else (loc.line or 0))
 
 
+def _with_last_finite(inc: Incident, run: Run) -> Incident:
+    """A log line's incident names no value, so no last finite step of its own: take the
+    last step at which a series of the same tag was finite, up to the incident's step
+    (through it, for a line placed after that step)."""
+    if inc.origin != "log" or inc.last_finite_step is not None or inc.step is None:
+        return inc
+    last: int | None = None
+    for s in run.series:
+        if s.tag != inc.tag:
+            continue
+        ok = np.isfinite(s.values) & ((s.steps <= inc.step) if inc.after else (s.steps < inc.step))
+        if ok.any():
+            found = int(s.steps[ok].max())
+            last = found if last is None else max(last, found)
+    return inc if last is None else replace(inc, last_finite_step=last)
+
+
 def locate(run: Run) -> RunResult:
     skips = overflow_skip_steps(run)
-    incidents = tag_incidents(run, skips)
+    incidents = [_with_last_finite(i, run) for i in tag_incidents(run, skips)]
     return RunResult(run=run, incident=run_incident(incidents), tag_incidents=tuple(incidents),
                      layer_incident=layer_incident(incidents), overflow_skips=tuple(sorted(skips)))

@@ -144,7 +144,7 @@ def _run_block(result: RunResult) -> str:
         lines.append(f"   FIRST NON-FINITE  {step}  {inc.tag} = {inc.kind}{rank}  "
                      f"(last finite step {last})")
         lines.append(f"     at {_shown(inc.location)}")
-        if inc.step is None or (inc.after and inc.decided_by):
+        if inc.decided_by and inc.decided_by.startswith("the line names no step"):
             lines.append(f"     {inc.decided_by}")
         elif inc.decided_by and inc.decided_by != "earliest step":
             lines.append(f"     tie: {inc.decided_by}")

@@ -213,3 +213,10 @@ def test_a_line_placed_after_a_step_is_reported_so() -> None:
     text = format_text(Report(results=(result,)))
     assert "FIRST NON-FINITE  after step 10  loss = nan" in text
     assert "the last step logged before it is 10" in text
+
+
+def test_a_log_line_incident_takes_the_last_finite_step_of_its_tag() -> None:
+    loss = _series("loss", [2.0, 1.5, 1.2], steps=[0, 10, 20])
+    run = Run(path="r", name="r", files=("f",), series=(loss,), events=(_stop_line(20),))
+    inc = locate(run).incident
+    assert inc is not None and (inc.step, inc.after, inc.last_finite_step) == (20, True, 20)
