@@ -281,19 +281,30 @@ def _summary(read: LogRead) -> tuple[object, ...]:
     return (points(read), repr(events), read.framework, read.notes)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=SHARED_TMP)
-@given(lines=st.lists(st.sampled_from(ALL_LINES), min_size=1, max_size=60))
-def test_reading_runs_in_bulk_changes_no_result(
-    tmp_path: Path, lines: list[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Oracle: record by record, with no parser ever taken as the recent one.
-    path = write(tmp_path, "\n".join(lines) + "\n")
-    fast = _summary(read_log(path))
-    with monkeypatch.context() as patch:
+def _without_shortcuts(patch: pytest.MonkeyPatch, which: str) -> None:
+    """Switch one of the dispatcher's shortcuts off: bulk reading (no parser is ever the
+    recent one), or the per-shape memo (every record is looked at afresh)."""
+    from analyzer.ingest.logformats import dispatch
+
+    if which == "bulk":
         for parser in PARSERS:
             patch.setattr(parser, "repeats", False)
-        slow = _summary(read_log(path))
-    assert fast == slow
+    else:
+        patch.setattr(dispatch, "MEMO_CHARS", -1)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=SHARED_TMP)
+@given(lines=st.lists(st.sampled_from(ALL_LINES), min_size=1, max_size=60))
+def test_the_dispatch_shortcuts_change_no_result(
+    tmp_path: Path, lines: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Oracle: record by record with each shortcut switched off in turn.
+    path = write(tmp_path, "\n".join(lines) + "\n")
+    fast = _summary(read_log(path))
+    for which in ("bulk", "memo"):
+        with monkeypatch.context() as patch:
+            _without_shortcuts(patch, which)
+            assert _summary(read_log(path)) == fast, which
 
 
 def test_huge_numbers_never_raise(tmp_path: Path) -> None:
@@ -646,18 +657,3 @@ def test_record_shapes_do_not_depend_on_digits(line: str, noise: str, numbered: 
             prefixed, holders, fallback = Dispatcher(rule, Context("x")).shape_of(sample)
             shapes.append((prefixed, [type(p) for p in holders], fallback))
         assert shapes[0] == shapes[1]
-
-
-@settings(max_examples=40, deadline=None, suppress_health_check=SHARED_TMP)
-@given(lines=st.lists(st.sampled_from(ALL_LINES), min_size=1, max_size=60))
-def test_remembered_record_shapes_change_no_result(
-    tmp_path: Path, lines: list[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from analyzer.ingest.logformats import dispatch
-
-    path = write(tmp_path, "\n".join(lines) + "\n")
-    remembered = _summary(read_log(path))
-    with monkeypatch.context() as patch:
-        patch.setattr(dispatch, "MEMO_CHARS", -1)
-        fresh = _summary(read_log(path))
-    assert remembered == fresh
