@@ -65,6 +65,7 @@ FAILING = [
     ("detr_loss_stop.log", "metric_logger", First(6, None, "loss")),
     ("torchvision_classification_nan.log", "metric_logger", First(12, 30, "loss")),
     ("hf_deepspeed.log", "transformers+deepspeed", First(27, 100, "grad_norm")),
+    ("timm_nan.log", "timm", First(29, 462, "loss")),
     ("generic_loop.txt", "generic", First(6, 400, "loss")),
     ("torchrun_ranks.log", "generic", First(5, 30, "grad_norm", rank=1)),
 ]
@@ -76,6 +77,7 @@ HEALTHY = [
     ("detectron2_healthy.log", "detectron2"),
     ("mmengine_iter_healthy.log", "mmengine"),
     ("deit_healthy.log", "metric_logger"),
+    ("timm_healthy.log", "timm"),
 ]
 
 
@@ -545,3 +547,19 @@ def test_overflow_skips_that_recover_are_not_a_failure(tmp_path: Path) -> None:
     (result,) = analyze(folder, replay=False).results
     assert result.incident is None
     assert result.overflow_skips == (4,)
+
+
+@pytest.mark.parametrize(
+    ("line", "step", "tag"),
+    [
+        ("Train: 2 [  30/100 ( 31%)]  Loss: nan (nan)  Time: 0.3s,  80.1/s  LR: 1e-4", 230, "loss"),
+        ("Test: [  10/48]  Time: 0.2 (0.2)  Loss:     nan (   nan)  Acc@1: 0 (0)", 10, "test/loss"),
+        ("Test (EMA): [  10/48]  Time: 0.2 (0.2)  Loss:   inf (inf)", 10, "test_ema/loss"),
+    ],
+)
+def test_timm_line_variants(tmp_path: Path, line: str, step: int, tag: str) -> None:
+    path = tmp_path / "train.log"
+    path.write_text(line + "\n")
+    read = read_log(str(path))
+    assert read.framework == "timm"
+    assert first_nonfinite(read) == First(1, step, tag)

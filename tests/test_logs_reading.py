@@ -182,6 +182,9 @@ ADVERSARIAL = [
     "{'a': tensor(" * (LINE_CAP // 13),
     "Loss is nan, stopping training",
     "{'" + "a" * (LINE_CAP - 40) + "': tensor(nan)}",
+    "Train: 1 [" + " " * (LINE_CAP - 20),
+    "Train: 1 [ 1/2 (" * (LINE_CAP // 16),
+    "Test: [ 1/2]  Loss:" * (LINE_CAP // 19),
 ]
 
 

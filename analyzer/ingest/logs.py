@@ -73,6 +73,7 @@ _MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("nanogpt", ("mfu ", "iter 0: loss", "tokens per iteration will be")),
     ("yolo", ("GPU_mem", "gpu_mem", "ultralytics", "YOLOv5")),
     ("metric_logger", ("Averaged stats:", "max mem:", "stopping training")),
+    ("timm", ("Train: ", "*** Best metric:", "Model ", "param count:")),
 )
 
 
@@ -202,7 +203,7 @@ def _verdict(ctx: Context) -> tuple[str | None, float]:
 
 
 _TRAINERS = frozenset(
-    {"transformers", "lightning", "megatron", "mmengine", "detectron2", "metric_logger"}
+    {"transformers", "lightning", "megatron", "mmengine", "detectron2", "metric_logger", "timm"}
 )
 """Frameworks that run DeepSpeed underneath rather than beside."""
 

@@ -22,6 +22,7 @@ from analyzer.ingest.logformats.mmengine import MMEngineParser
 from analyzer.ingest.logformats.nanogpt import NanoGPTParser
 from analyzer.ingest.logformats.stopping import StoppingParser
 from analyzer.ingest.logformats.tensorflow import TensorFlowParser
+from analyzer.ingest.logformats.timm import TimmParser
 from analyzer.ingest.logformats.yolo import YoloParser
 
 PARSERS: tuple[type[LineParser], ...] = (
@@ -31,6 +32,7 @@ PARSERS: tuple[type[LineParser], ...] = (
     HuggingFaceParser,
     MMEngineParser,
     MetricLoggerParser,
+    TimmParser,
     FairseqParser,
     LightningParser,
     KerasParser,
