@@ -277,12 +277,13 @@ def layer_incident(incidents: list[Incident]) -> Incident | None:
     if not layered:
         return None
     key = min(map(_step_key, layered))
-    tied = sorted((i for i in layered if _step_key(i) == key), key=_position)
-    step = tied[0].step
+    tied = sorted((i for i in layered if _step_key(i) == key),
+                  key=lambda i: (i.after, _position(i)))
     first = tied[0]
+    where = f"after step {first.step}" if first.after else f"at step {first.step}"
     layers = sorted({i.layer for i in tied if i.layer})
     rule = ("earliest step" if len(layers) == 1 else
-            f"{len(layers)} layers at step {step} ({', '.join(layers[:6])}"
+            f"{len(layers)} layers {where} ({', '.join(layers[:6])}"
             f"{', ...' if len(layers) > 6 else ''}): logged values cannot tell them apart, "
             "the one logged first is shown; a replay names the producer")
     return replace(first, decided_by=rule)

@@ -114,9 +114,7 @@ def headline(sel: Selected, result: RunResult) -> None:
         parts.append("every logged value is finite")
     else:
         last = "none" if inc.last_finite_step is None else inc.last_finite_step
-        where = "with **no step**" if inc.step is None else f"at **step {inc.step}**"
-        if inc.after:
-            where = f"after **step {inc.step}**"
+        where = views.step_phrase(inc.step, inc.after)
         parts.append(f"first non-finite {where} (`{inc.tag}` = {inc.kind}, "
                      f"last finite step {last})")
     layer = failing_layer(result)

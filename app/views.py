@@ -60,6 +60,8 @@ class RunRow:
     sources: str
     issues: int
     first_issue: str | None
+    first_after: bool = False
+    """The failure comes after ``first_step``: a log line that names no step of its own."""
 
     @classmethod
     def columns(cls) -> list[str]:
@@ -111,6 +113,20 @@ def replay_brief(result: RunResult) -> str | None:
     return f"{r.phase}{op}{where}: {r.verdict.kind}"
 
 
+def step_text(step: int | None, after: bool) -> str:
+    """How a failure's step reads in a sentence."""
+    if step is None:
+        return "no step"
+    return f"after step {step}" if after else f"step {step}"
+
+
+def step_phrase(step: int | None, after: bool) -> str:
+    """Where a failure is, in Markdown, to follow "first non-finite"."""
+    if step is None:
+        return "with **no step**"
+    return f"after **step {step}**" if after else f"at **step {step}**"
+
+
 def run_row(name: str, result: RunResult | None, error: str | None) -> RunRow:
     if result is None:
         return RunRow(name, "unreadable", None, None, None, None, None, None, None, None,
@@ -132,6 +148,7 @@ def run_row(name: str, result: RunResult | None, error: str | None) -> RunRow:
         sources=sources_text(result.run),
         issues=len(issues),
         first_issue=str(issues[0]) if issues else error,
+        first_after=inc.after if inc else False,
     )
 
 
@@ -285,6 +302,12 @@ class LogHit:
     line: int
     step: int | None
     what: str
+    after: bool = False
+    """The line names no step; ``step`` is the last one logged before it."""
+
+    @property
+    def step_text(self) -> str:
+        return step_text(self.step, self.after)
 
 
 def log_hits(result: RunResult) -> list[LogHit]:
@@ -294,7 +317,7 @@ def log_hits(result: RunResult) -> list[LogHit]:
         loc = inc.location
         if loc.line is None:
             continue
-        hit = LogHit(loc.file, loc.line, inc.step, f"{inc.tag} = {inc.kind}")
+        hit = LogHit(loc.file, loc.line, inc.step, f"{inc.tag} = {inc.kind}", inc.after)
         held = hits.get(loc.file)
         if held is None or (hit.line < held.line):
             hits[loc.file] = hit
@@ -303,7 +326,8 @@ def log_hits(result: RunResult) -> list[LogHit]:
             held = hits.get(e.location.file)
             if held is None or e.location.line < held.line:
                 hits[e.location.file] = LogHit(e.location.file, e.location.line,
-                                               event_step(e), e.message)
+                                               event_step(e), e.message,
+                                               e.step is None and event_step(e) is not None)
     return sorted(hits.values(), key=lambda h: (h.step is None, h.step or 0, h.file))
 
 

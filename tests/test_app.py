@@ -379,7 +379,8 @@ def test_log_only_runs_on_every_page(tmp_path: Path, monkeypatch: pytest.MonkeyP
     # Folders holding nothing but a log: one whose failure has no step (an anomaly error
     # before any numbered step), one in the torchvision references' MetricLogger format.
     fixtures = ROOT / "tests" / "fixtures" / "logs"
-    for name in ("autograd_anomaly.err", "torchvision_classification_nan.log"):
+    for name in ("autograd_anomaly.err", "torchvision_classification_nan.log",
+                 "detr_loss_stop.log"):
         folder = tmp_path / "runs" / Path(name).stem
         folder.mkdir(parents=True)
         shutil.copy(fixtures / name, folder / name)
@@ -390,7 +391,15 @@ def test_log_only_runs_on_every_page(tmp_path: Path, monkeypatch: pytest.MonkeyP
     expected = {
         "autograd_anomaly": "with **no step**",
         "torchvision_classification_nan": "at **step 30**",
+        "detr_loss_stop": "after **step 20**",
     }
+    table = at.dataframe[0].value
+    for i, name in enumerate(table["run"]):
+        # Picking the row, as a click does, shows the run's first step in words.
+        at.session_state["runs_table"] = {"selection": {"rows": [i], "columns": []}}
+        at.run()
+        no_error(at)
+        assert expected[name] in texts(at), name
     for name, verdict in expected.items():
         at.selectbox(key="run").set_value(name)
         for page in PAGES:

@@ -66,6 +66,7 @@ FAILING = [
     ("torchvision_classification_nan.log", "metric_logger", First(12, 30, "loss")),
     ("hf_deepspeed.log", "transformers+deepspeed", First(27, 100, "grad_norm")),
     ("timm_nan.log", "timm", First(29, 462, "loss")),
+    ("imagenet_example_nan.log", "progress_meter", First(14, 60, "loss")),
     ("generic_loop.txt", "generic", First(6, 400, "loss")),
     ("torchrun_ranks.log", "generic", First(5, 30, "grad_norm", rank=1)),
 ]
@@ -468,7 +469,7 @@ def test_metric_logger_steps_passes_and_evaluation() -> None:
         ("Epoch: [2]  [ 30/100]  eta: 0:00:09  lr: 0.1  loss: nan (nan)  time: 0.1", 230, "loss"),
         ("Epoch: [2/300]  [ 30/100]  eta: 0:00:09  loss: inf (inf)  time: 0.1", 230, "loss"),
         ("[ 30/100]\teta: 0:00:09\tloss: nan (nan)\ttime: 0.1", 30, "loss"),
-        ("Test: EMA  [ 30/100]  eta: 0:00:09  loss: nan (nan)  time: 0.1", 30, "test/loss"),
+        ("Test: EMA  [ 30/100]  eta: 0:00:09  loss: nan (nan)  time: 0.1", 30, "test_ema/loss"),
         ("2024-05-02 10:11:12 INFO Epoch: [1]  [ 3/10]  eta: 0:00:09  loss: nan (3.1)", 13, "loss"),
     ],
 )
@@ -563,3 +564,25 @@ def test_timm_line_variants(tmp_path: Path, line: str, step: int, tag: str) -> N
     read = read_log(str(path))
     assert read.framework == "timm"
     assert first_nonfinite(read) == First(1, step, tag)
+
+
+def test_mmengine_evaluation_lines_are_not_metric_logger_lines(tmp_path: Path) -> None:
+    path = tmp_path / "test.log"
+    path.write_text(
+        "2024/06/19 01:21:51 - mmengine - INFO - Epoch(test) [ 50/500]    eta: 0:00:10  "
+        "time: 0.1002  data_time: 0.0031  memory: 1024\n"
+    )
+    read = read_log(str(path))
+    assert read.framework != "metric_logger"
+    assert not [s for s in read.series if s.tag in ("memory", "data_time")]
+
+
+def test_deepspeed_under_a_trainer_is_named_whoever_prints_more(tmp_path: Path) -> None:
+    # One DeepSpeed message in a Hugging Face log: the run used DeepSpeed all the same.
+    text = (FIXTURES / "hf_trainer_healthy.log").read_text() + (
+        "[2024-03-11 10:02:31,378] [INFO] [loss_scaler.py:183:update_scale] [deepspeed] "
+        "OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, reducing to 32768\n"
+    )
+    path = tmp_path / "train.log"
+    path.write_text(text)
+    assert read_log(str(path)).framework == "transformers+deepspeed"

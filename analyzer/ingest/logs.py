@@ -74,6 +74,7 @@ _MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("yolo", ("GPU_mem", "gpu_mem", "ultralytics", "YOLOv5")),
     ("metric_logger", ("Averaged stats:", "max mem:", "stopping training")),
     ("timm", ("Train: ", "*** Best metric:", "Model ", "param count:")),
+    ("progress_meter", ("=> creating model", " * Acc@1", "Epoch: [")),
 )
 
 
@@ -187,14 +188,14 @@ def _verdict(ctx: Context) -> tuple[str | None, float]:
         # log that framework's.
         name = max(loose, key=lambda k: (votes[k], k))
     count = votes[name]
-    if name == "deepspeed":
-        # DeepSpeed is an engine under a trainer; its messages outnumber the trainer's
-        # lines (every steps_per_print steps, every overflow), yet the log is the
-        # trainer's, run with DeepSpeed.
+    if name == "deepspeed" or (name in _TRAINERS and "deepspeed" in votes):
+        # DeepSpeed is an engine under a trainer; its messages may outnumber the
+        # trainer's lines (every steps_per_print steps, every overflow) or not, yet the
+        # log is the trainer's, run with DeepSpeed.
         trainers = [k for k in specific if k in _TRAINERS]
         if trainers:
             trainer = max(trainers, key=lambda k: (votes[k], k))
-            name, count = f"{trainer}+deepspeed", count + votes[trainer]
+            name, count = f"{trainer}+deepspeed", votes["deepspeed"] + votes[trainer]
     share = count / sum(votes.values())
     # A handful of matching lines is weaker evidence than thousands.
     weight = 1.0 - 0.5 ** min(count, 60)

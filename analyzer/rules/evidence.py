@@ -84,7 +84,12 @@ class RunEvidence:
 
     @property
     def failure_step(self) -> int | None:
-        return self.result.incident.step if self.result.incident else None
+        """The first step that can hold the failure: the incident's, or the one after it
+        for a log line placed after a step (``Incident.after``)."""
+        inc = self.result.incident
+        if inc is None or inc.step is None:
+            return None
+        return inc.step + 1 if inc.after else inc.step
 
     def _best(self, pick: list[Series]) -> Curve | None:
         if not pick:

@@ -54,21 +54,23 @@ if target is None:
 
 if len(hits) > 1:
     st.caption("First non-finite line of each log: " + "; ".join(
-        f"{os.path.basename(h.file)}:{h.line} (step {h.step})" for h in hits))
+        f"{os.path.basename(h.file)}:{h.line} ({h.step_text})" for h in hits))
 radius = st.slider("Lines of context", 2, 60, 8, key="logs_radius")
 first = max(1, target.line - radius)
 lines = data.log_lines(target.file, first, target.line + radius, sel.ref.digest)
-step_text = f", step {target.step}" if target.step is not None else ""
+step_text = f", {target.step_text}" if target.step is not None else ""
 st.subheader(f"{os.path.basename(target.file)}:{target.line}{step_text}")
 st.caption(target.what)
 st.code("\n".join(f"{'>' if n == target.line else ' '} {n:>6} | {text}" for n, text in lines)
         or "(the line could not be read)", language=None)
 
 step = target.step
-if step is None and result.incident is not None:
+if step is None and result.incident is not None and result.incident.step is not None:
     step = result.incident.step
     st.caption(f"The line names no step the log reader recognised; below is the run's first "
-               f"non-finite step, {step}.")
+               f"non-finite {views.step_text(step, result.incident.after)}.")
+elif target.after:
+    st.caption(f"The line names no step: it follows step {step}, shown below.")
 if step is None:
     st.caption("The line names no step, so the other sources cannot be lined up with it.")
     st.stop()

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import pandas as pd
 import streamlit as st
 
-from app import data, ui
+from app import data, ui, views
 
 st.title("Runs")
 refs = ui.all_refs()
@@ -53,6 +54,8 @@ columns = {
     "sources": st.column_config.TextColumn("sources found"),
     "issues": st.column_config.NumberColumn("read issues", format="%d"),
     "first_issue": st.column_config.TextColumn("first read issue"),
+    "first_after": st.column_config.CheckboxColumn(
+        "after that step", help="a log line that names no step, after the step shown"),
 }
 event = st.dataframe(shown, hide_index=True, column_config=columns, on_select="rerun",
                      selection_mode="single-row", key="runs_table")
@@ -62,8 +65,10 @@ if rows:
     st.subheader(name)
     row = shown.iloc[rows[0]]
     if row["status"] == "failed":
-        st.markdown(f"First non-finite at **step {int(row['first_step'])}** in `{row['tag']}`; "
-                    f"top cause **{row['cause'] or 'none ranked'}**.")
+        step = None if pd.isna(row["first_step"]) else int(row["first_step"])
+        where = views.step_phrase(step, bool(row["first_after"]))
+        cause = "none ranked" if pd.isna(row["cause"]) else row["cause"]
+        st.markdown(f"First non-finite {where} in `{row['tag']}`; top cause **{cause}**.")
     cols = st.columns(5)
     for col, page in zip(cols, ["timeline", "layers", "findings", "replay", "logs"],
                          strict=True):

@@ -20,6 +20,7 @@ from analyzer.ingest.logformats.metric_logger import MetricLoggerParser
 from analyzer.ingest.logformats.mixed_precision import MixedPrecisionParser
 from analyzer.ingest.logformats.mmengine import MMEngineParser
 from analyzer.ingest.logformats.nanogpt import NanoGPTParser
+from analyzer.ingest.logformats.progress_meter import ProgressMeterParser
 from analyzer.ingest.logformats.stopping import StoppingParser
 from analyzer.ingest.logformats.tensorflow import TensorFlowParser
 from analyzer.ingest.logformats.timm import TimmParser
@@ -33,6 +34,7 @@ PARSERS: tuple[type[LineParser], ...] = (
     MMEngineParser,
     MetricLoggerParser,
     TimmParser,
+    ProgressMeterParser,
     FairseqParser,
     LightningParser,
     KerasParser,

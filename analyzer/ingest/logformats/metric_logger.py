@@ -13,11 +13,13 @@ after a NaN update, while the global average stays NaN for good.
 
 Training steps are ``epoch * length + i``. Without an epoch in the header, a count
 that goes back starts another pass. Lines of another header (``Test:``) are
-evaluation: their tags get the header word as a prefix (``test/loss``) and their
-step is the last training step read, when there was one. The ``Averaged stats:``
-line after a pass holds global averages, and DeiT-style scripts end an evaluation
-with ``* Acc@1 81.2 Acc@5 95.3 loss 0.80``: both are kept under ``avg/`` (``avg/test/``
-after an evaluation pass) at the last training step.
+evaluation: their tags get the header word as a prefix (``test/loss``, ``test_ema/loss``
+for ``Test: EMA``) and their step is the last training step read, when there was one.
+The ``Averaged stats:`` line after a pass holds global averages, and DeiT-style scripts
+end an evaluation with ``* Acc@1 81.2 Acc@5 95.3 loss 0.80``: both are kept under
+``avg/`` (``avg/test/`` after an evaluation pass) at the last training step. A line
+with no meter to read is left to the other parsers, and so is a count without a
+header that does not start the record (mmengine's ``Epoch(test) [ 50/500]  eta: ...``).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from analyzer.ingest.logformats.context import Context
 from analyzer.ingest.logformats.numbers import NUM, to_float
 
 _LINE = re.compile(
-    r"(?:(?P<head>[A-Za-z][\w ]{0,40}+):(?:[ \t]{1,8}+[A-Za-z]\w{0,20}+)?+"
+    r"(?:(?P<head>[A-Za-z][\w ]{0,40}+):(?:[ \t]{1,8}+(?P<suffix>[A-Za-z]\w{0,20}+))?+"
     r"[ \t]{0,8}+(?:\[(?P<epoch>\d{1,9}+)(?:/\d{1,9}+)?+\](?=[ \t]{0,8}+\[))?+)?+"
     r"[ \t]{0,8}+\[[ \t]{0,12}+(?P<i>\d{1,12}+)/(?P<n>\d{1,12}+)\][ \t]{1,8}+eta: "
 )
@@ -59,9 +61,15 @@ class MetricLoggerParser:
         m = _LINE.search(text)
         if m is None:
             return self._averages(text, ctx)
-        i, n = int(m.group("i")), int(m.group("n"))
         head = (m.group("head") or "").strip()
+        if not head and text[: m.start()].strip():
+            # A bare count must start the record: ``Epoch(test) [ 50/500]  eta: ...`` is
+            # mmengine's, whatever its parser made of it.
+            return False
         pairs = colon_pairs(text[m.end() - len("eta: ") :], _SKIP)
+        if not pairs:
+            return False  # no meter to read: perhaps another script's line
+        i, n = int(m.group("i")), int(m.group("n"))
         epoch = m.group("epoch")
         if epoch is not None or not head:
             if epoch is not None:
@@ -73,7 +81,8 @@ class MetricLoggerParser:
                 step = self.passes * n + i
             self.train_step, self.mode = step, None
         else:
-            self.mode = head.split()[-1].lower()
+            suffix = m.group("suffix")
+            self.mode = head.split()[-1].lower() + (f"_{suffix.lower()}" if suffix else "")
             pairs = [(f"{self.mode}/{name}", value) for name, value in pairs]
             step = self.train_step if self.train_step is not None else i
         ctx.points_at(step, pairs)

@@ -37,18 +37,23 @@ class TimmParser:
 
     def parse(self, text: str, ctx: Context) -> bool:
         m = _TRAIN.search(text)
+        test = None if m is not None else _TEST.search(text)
+        found = m or test
+        if found is None:
+            return False
+        pairs = colon_pairs(text[found.end() :], _SKIP)
+        if not pairs:
+            # ``Test: [ 10/196]\tTime ...\tLoss nan (nan)`` is pytorch/examples' ImageNet
+            # script (no colons), not timm: left to the parsers after this one.
+            return False
         if m is not None:
             epoch, index, per_epoch = (int(g) for g in m.groups())
-            step = epoch * per_epoch + index
-            self.train_step = step
+            step = self.train_step = epoch * per_epoch + index
             prefix = ""
         else:
-            m = _TEST.search(text)
-            if m is None:
-                return False
-            prefix = "test_ema/" if m.group(1) else "test/"
-            step = self.train_step if self.train_step is not None else int(m.group(2))
-        pairs = colon_pairs(text[m.end() :], _SKIP)
+            assert test is not None
+            prefix = "test_ema/" if test.group(1) else "test/"
+            step = self.train_step if self.train_step is not None else int(test.group(2))
         ctx.points_at(step, [(prefix + _RENAME.get(name, name), value) for name, value in pairs])
         ctx.votes["timm"] += 1
         return True
