@@ -185,6 +185,9 @@ ADVERSARIAL = [
     "Train: 1 [" + " " * (LINE_CAP - 20),
     "Train: 1 [ 1/2 (" * (LINE_CAP // 16),
     "Test: [ 1/2]  Loss:" * (LINE_CAP // 19),
+    "Epoch: [1][1/2]\t" + "Loss 1 (" * (LINE_CAP // 8 - 4),
+    "Test: [1/2]\t" + "a 1 (1)\t" * (LINE_CAP // 8 - 4),
+    "Epoch: [" * (LINE_CAP // 8),
 ]
 
 
