@@ -586,3 +586,21 @@ def test_deepspeed_under_a_trainer_is_named_whoever_prints_more(tmp_path: Path) 
     path = tmp_path / "train.log"
     path.write_text(text)
     assert read_log(str(path)).framework == "transformers+deepspeed"
+
+
+def test_hugging_face_values_printed_inside_their_type(tmp_path: Path) -> None:
+    # numpy 2 prints scalars as np.float64(0.85); some releases log grad_norm as a tensor.
+    path = tmp_path / "train.log"
+    path.write_text(
+        "  1%|1         | 10/1000 [00:02<02:40,  3.07it/s]{'loss': 2.31, 'grad_norm': "
+        "tensor(nan, device='cuda:0'), 'learning_rate': 4.9e-05, 'epoch': 0.01}\n"
+        "{'eval_loss': 2.1, 'eval_accuracy': np.float64(0.85), 'epoch': 0.01}\n"
+        "  2%|2         | 20/1000 [00:04<02:40,  3.07it/s]{'loss': np.float32(nan), "
+        "'grad_norm': tensor([inf]), 'learning_rate': 4.8e-05, 'epoch': 0.02}\n"
+    )
+    read = read_log(str(path))
+    by_tag = {s.tag: s for s in read.series}
+    assert first_nonfinite(read) == First(1, 10, "grad_norm")
+    assert by_tag["eval_accuracy"].values.tolist() == [0.85]
+    assert math.isnan(by_tag["loss"].values[1]) and math.isinf(by_tag["grad_norm"].values[1])
+    assert any("logging_nan_inf_filter" in note for note in read.notes)

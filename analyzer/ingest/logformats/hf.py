@@ -16,7 +16,7 @@ import re
 
 from analyzer.ingest.logformats import fast
 from analyzer.ingest.logformats.context import Context, is_finite
-from analyzer.ingest.logformats.numbers import number_value
+from analyzer.ingest.logformats.numbers import number_value, wrapped_value
 from analyzer.ingest.logformats.store import Block
 
 RENAME = {"learning_rate": "lr"}
@@ -84,16 +84,25 @@ class HuggingFaceParser:
 
     def _record(self, body: str, text: str, ctx: Context) -> bool:
         values: dict[str, float] = {}
+        plain = False
         for item in body[2:-1].split(", '"):
             key, sep, raw = item.partition("': ")
             if not sep or key in SKIP:
+                plain = plain or key == "epoch"
                 continue
             value = number_value(raw)
             if value is None:
                 value = number_value(raw.strip().strip("'"))  # releases that quote numbers
+            if value is None:
+                # numpy 2 prints np.float64(0.85); some releases log grad_norm as a tensor.
+                value = wrapped_value(raw)
+            else:
+                plain = True
             if value is not None:
                 values[RENAME.get(key, key)] = value
-        if not values:
+        if not values or not plain:
+            # A dict of tensors only is a loss dict printed by the script (DETR's, after
+            # its stop message), not the Trainer's log, which always holds plain numbers.
             return False
         self.records += 1
         ctx.votes["transformers"] += 1

@@ -56,6 +56,19 @@ def number_value(text: str) -> float | None:
     return to_float(text)
 
 
+_WRAPPED = re.compile(
+    r"\s*+(?:(?:np|numpy)\.(?:float|int|uint)\d{0,3}+\(|tensor\(\[?+)([^,()\[\]]{1,64}+)"
+)
+"""A number printed inside its type: numpy 2's ``np.float32(nan)``, torch's
+``tensor(nan, device='cuda:0')`` or ``tensor([2.3])``."""
+
+
+def wrapped_value(text: str) -> float | None:
+    """The number a numpy scalar's or a torch tensor's repr holds, or None."""
+    m = _WRAPPED.match(text)
+    return None if m is None else number_value(m.group(1))
+
+
 def to_step(token: str) -> int:
     """A STEP token as an int."""
     return int(token.replace(",", ""))
