@@ -71,9 +71,9 @@ class LineParser(Protocol):
     framework: str
     triggers: tuple[str, ...]
     repeats: bool
-    """True when the format's records come in runs, so the parser that took the last
-    record may try the next one before the others; False for a parser whose patterns
-    would take lines meant for parsers earlier in the order."""
+    """True when the format's records come in runs: the parser that took the last
+    records becomes the recent one, whose ``bulk`` (if it has one) may then take the
+    following lines in one call (see ``dispatch``); False for one-off messages."""
 
     def parse(self, text: str, ctx: Context) -> bool: ...
 
