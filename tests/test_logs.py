@@ -463,21 +463,36 @@ def test_metric_logger_steps_passes_and_evaluation() -> None:
     assert "lr" in by_tag and "time" not in by_tag and "mem" not in by_tag
 
 
+ML, TIMM, PM = "metric_logger", "timm", "progress_meter"
+
+
 @pytest.mark.parametrize(
-    ("line", "step", "tag"),
+    ("framework", "line", "step", "tag"),
     [
-        ("Epoch: [2]  [ 30/100]  eta: 0:00:09  lr: 0.1  loss: nan (nan)  time: 0.1", 230, "loss"),
-        ("Epoch: [2/300]  [ 30/100]  eta: 0:00:09  loss: inf (inf)  time: 0.1", 230, "loss"),
-        ("[ 30/100]\teta: 0:00:09\tloss: nan (nan)\ttime: 0.1", 30, "loss"),
-        ("Test: EMA  [ 30/100]  eta: 0:00:09  loss: nan (nan)  time: 0.1", 30, "test_ema/loss"),
-        ("2024-05-02 10:11:12 INFO Epoch: [1]  [ 3/10]  eta: 0:00:09  loss: nan (3.1)", 13, "loss"),
+        (ML, "Epoch: [2]  [ 30/100]  eta: 0:00:09  lr: 0.1  loss: nan (nan)  time: 0.1", 230,
+         "loss"),
+        (ML, "Epoch: [2/300]  [ 30/100]  eta: 0:00:09  loss: inf (inf)  time: 0.1", 230, "loss"),
+        (ML, "[ 30/100]\teta: 0:00:09\tloss: nan (nan)\ttime: 0.1", 30, "loss"),
+        (ML, "Test: EMA  [ 30/100]  eta: 0:00:09  loss: nan (nan)  time: 0.1", 30,
+         "test_ema/loss"),
+        (ML, "2024-05-02 10:11:12 INFO Epoch: [1]  [ 3/10]  eta: 0:00:09  loss: nan (3.1)", 13,
+         "loss"),
+        (TIMM, "Train: 2 [  30/100 ( 31%)]  Loss: nan (nan)  Time: 0.3s,  80.1/s  LR: 1e-4", 230,
+         "loss"),
+        (TIMM, "Test: [  10/48]  Time: 0.2 (0.2)  Loss:     nan (   nan)  Acc@1: 0 (0)", 10,
+         "test/loss"),
+        (TIMM, "Test (EMA): [  10/48]  Time: 0.2 (0.2)  Loss:   inf (inf)", 10, "test_ema/loss"),
+        (PM, "Epoch: [2][ 30/100]\tTime  0.3 ( 0.4)\tLoss nan (nan)\tAcc@1   0.0 (  0.1)", 230,
+         "loss"),
+        (PM, "Test: [ 10/196]\tTime  0.2 ( 0.2)\tLoss 1.2e+00 (1.1e+00)\tAcc@1   nan (  0.1)", 10,
+         "test/acc1"),
     ],
 )
-def test_metric_logger_line_variants(tmp_path: Path, line: str, step: int, tag: str) -> None:
+def test_line_variants(tmp_path: Path, framework: str, line: str, step: int, tag: str) -> None:
     path = tmp_path / "train.log"
     path.write_text(line + "\n")
     read = read_log(str(path))
-    assert read.framework == "metric_logger"
+    assert read.framework == framework
     assert first_nonfinite(read) == First(1, step, tag)
 
 
@@ -550,20 +565,6 @@ def test_overflow_skips_that_recover_are_not_a_failure(tmp_path: Path) -> None:
     assert result.overflow_skips == (4,)
 
 
-@pytest.mark.parametrize(
-    ("line", "step", "tag"),
-    [
-        ("Train: 2 [  30/100 ( 31%)]  Loss: nan (nan)  Time: 0.3s,  80.1/s  LR: 1e-4", 230, "loss"),
-        ("Test: [  10/48]  Time: 0.2 (0.2)  Loss:     nan (   nan)  Acc@1: 0 (0)", 10, "test/loss"),
-        ("Test (EMA): [  10/48]  Time: 0.2 (0.2)  Loss:   inf (inf)", 10, "test_ema/loss"),
-    ],
-)
-def test_timm_line_variants(tmp_path: Path, line: str, step: int, tag: str) -> None:
-    path = tmp_path / "train.log"
-    path.write_text(line + "\n")
-    read = read_log(str(path))
-    assert read.framework == "timm"
-    assert first_nonfinite(read) == First(1, step, tag)
 
 
 def test_mmengine_evaluation_lines_are_not_metric_logger_lines(tmp_path: Path) -> None:
