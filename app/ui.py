@@ -133,6 +133,16 @@ def headline(sel: Selected, result: RunResult) -> None:
     st.markdown(" · ".join(parts))
 
 
+def run_page(title: str) -> tuple[Selected, RunResult]:
+    """The head of every run page: its title, the chosen run analysed, the run's verdict
+    in one line and links to the other pages."""
+    st.title(title)
+    sel, result = load_selected()
+    headline(sel, result)
+    page_links(sel.ref.name, title.lower())
+    return sel, result
+
+
 def page_links(run: str, here: str) -> None:
     cols = st.columns(len(PAGES) - 1)
     others = [title for _, title, _ in PAGES[1:]]

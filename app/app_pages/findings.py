@@ -10,10 +10,7 @@ import streamlit as st
 from analyzer.model import Evidence, Finding
 from app import data, ui, views
 
-st.title("Findings")
-sel, result = ui.load_selected()
-ui.headline(sel, result)
-ui.page_links(sel.ref.name, "findings")
+sel, result = ui.run_page("Findings")
 
 run = result.run
 logs = {log.path for log in run.logs}

@@ -9,10 +9,7 @@ import streamlit as st
 
 from app import charts, data, ui, views
 
-st.title("Layers")
-sel, result = ui.load_selected()
-ui.headline(sel, result)
-ui.page_links(sel.ref.name, "layers")
+sel, result = ui.run_page("Layers")
 
 run = result.run
 roles = data.tag_roles(sel.ref.path, sel.ref.digest, tuple(run.tags()))

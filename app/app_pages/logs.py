@@ -10,10 +10,7 @@ import streamlit as st
 
 from app import data, ui, views
 
-st.title("Logs")
-sel, result = ui.load_selected()
-ui.headline(sel, result)
-ui.page_links(sel.ref.name, "logs")
+sel, result = ui.run_page("Logs")
 
 run = result.run
 if not run.logs:

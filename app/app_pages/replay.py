@@ -10,10 +10,7 @@ import streamlit as st
 
 from app import data, ui
 
-st.title("Replay")
-sel, result = ui.load_selected()
-ui.headline(sel, result)
-ui.page_links(sel.ref.name, "replay")
+sel, result = ui.run_page("Replay")
 
 
 def _stats(stats: Any) -> str:

@@ -8,10 +8,7 @@ import streamlit as st
 
 from app import charts, data, ui, views
 
-st.title("Timeline")
-sel, result = ui.load_selected()
-ui.headline(sel, result)
-ui.page_links(sel.ref.name, "timeline")
+sel, result = ui.run_page("Timeline")
 
 run = result.run
 roles = data.tag_roles(sel.ref.path, sel.ref.digest, tuple(run.tags()))
