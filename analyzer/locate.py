@@ -27,6 +27,7 @@ from analyzer.model import (
     RunResult,
     Series,
     nonfinite_kind,
+    step_words,
 )
 
 _FAMILY = re.compile(r"grad|weight|param|activ|norm|hist|update|act$|acts$", re.IGNORECASE)
@@ -229,9 +230,8 @@ def _step_key(inc: Incident) -> float:
     earliest it can be: a value seen at that step, which it may well be, goes first on
     the tie, being more precise. An incident without a step comes after every numbered
     one: it is evidence of a failure, but of none placed before the others."""
-    if inc.step is None:
-        return math.inf
-    return inc.step + 1 if inc.after else inc.step
+    earliest = inc.earliest_step
+    return math.inf if earliest is None else earliest
 
 
 def _rank(inc: Incident) -> tuple[float, bool, int, int, str, int, str]:
@@ -243,6 +243,12 @@ def _rank(inc: Incident) -> tuple[float, bool, int, int, str, int, str]:
             file, position, inc.tag)
 
 
+def _where(inc: Incident) -> str:
+    """``at step N``, or ``after step N`` for a line placed after a step."""
+    words = step_words(inc.step, inc.after)
+    return words if inc.after else f"at {words}"
+
+
 def run_incident(incidents: list[Incident]) -> Incident | None:
     """The earliest incident of the run, saying how a tie at that step was broken."""
     if not incidents:
@@ -252,7 +258,7 @@ def run_incident(incidents: list[Incident]) -> Incident | None:
     if first.step is None:
         return first  # its decided_by says why it has no step
     tied = [i for i in ordered if _step_key(i) == _step_key(first)]
-    where = f"after step {first.step}" if first.after else f"at step {first.step}"
+    where = _where(first)
     if len(tied) == 1:
         if first.after:
             return first  # its decided_by says where it was placed
@@ -280,7 +286,7 @@ def layer_incident(incidents: list[Incident]) -> Incident | None:
     tied = sorted((i for i in layered if _step_key(i) == key),
                   key=lambda i: (i.after, _position(i)))
     first = tied[0]
-    where = f"after step {first.step}" if first.after else f"at step {first.step}"
+    where = _where(first)
     layers = sorted({i.layer for i in tied if i.layer})
     rule = ("earliest step" if len(layers) == 1 else
             f"{len(layers)} layers {where} ({', '.join(layers[:6])}"

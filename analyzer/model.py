@@ -245,6 +245,21 @@ class Incident:
     """True when the source names no step and ``step`` is the last step logged before it:
     the value went non-finite at some later step, not at ``step``."""
 
+    @property
+    def earliest_step(self) -> int | None:
+        """The first step that can hold the failure: ``step``, or the one after it for a
+        line placed after a step; None when unknown."""
+        if self.step is None:
+            return None
+        return self.step + 1 if self.after else self.step
+
+
+def step_words(step: int | None, after: bool = False) -> str:
+    """A failure's step in words: ``step 12``, ``after step 12`` or ``no step``."""
+    if step is None:
+        return "no step"
+    return f"after step {step}" if after else f"step {step}"
+
 
 Confidence = Literal["low", "medium", "high"]
 CONFIDENCE_ORDER: dict[str, int] = {"low": 0, "medium": 1, "high": 2}

@@ -22,6 +22,7 @@ from analyzer.model import (
     Run,
     RunResult,
     json_safe,
+    step_words,
 )
 
 _MAX_LISTED = 8
@@ -138,9 +139,7 @@ def _run_block(result: RunResult) -> str:
     else:
         last = "none" if inc.last_finite_step is None else str(inc.last_finite_step)
         rank = f" on rank {inc.rank}" if inc.rank is not None else ""
-        step = "no step" if inc.step is None else f"step {inc.step}"
-        if inc.after:
-            step = f"after step {inc.step}"
+        step = step_words(inc.step, inc.after)
         lines.append(f"   FIRST NON-FINITE  {step}  {inc.tag} = {inc.kind}{rank}  "
                      f"(last finite step {last})")
         lines.append(f"     at {_shown(inc.location)}")

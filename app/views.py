@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, fields
 import numpy as np
 import numpy.typing as npt
 
-from analyzer.model import Event, Location, Run, RunResult, Series
+from analyzer.model import Event, Location, Run, RunResult, Series, step_words
 from analyzer.replay.records import LOSS_NAME
 
 FloatArray = npt.NDArray[np.float64]
@@ -111,13 +111,6 @@ def replay_brief(result: RunResult) -> str | None:
     op = f" {r.op.op}" if r.op is not None else ""
     where = f" in {r.op.module}" if r.op is not None and r.op.module else ""
     return f"{r.phase}{op}{where}: {r.verdict.kind}"
-
-
-def step_text(step: int | None, after: bool) -> str:
-    """How a failure's step reads in a sentence."""
-    if step is None:
-        return "no step"
-    return f"after step {step}" if after else f"step {step}"
 
 
 def step_phrase(step: int | None, after: bool) -> str:
@@ -307,7 +300,7 @@ class LogHit:
 
     @property
     def step_text(self) -> str:
-        return step_text(self.step, self.after)
+        return step_words(self.step, self.after)
 
 
 def log_hits(result: RunResult) -> list[LogHit]:

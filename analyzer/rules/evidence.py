@@ -87,9 +87,7 @@ class RunEvidence:
         """The first step that can hold the failure: the incident's, or the one after it
         for a log line placed after a step (``Incident.after``)."""
         inc = self.result.incident
-        if inc is None or inc.step is None:
-            return None
-        return inc.step + 1 if inc.after else inc.step
+        return inc.earliest_step if inc is not None else None
 
     def _best(self, pick: list[Series]) -> Curve | None:
         if not pick:

@@ -8,6 +8,7 @@ import os
 import pandas as pd
 import streamlit as st
 
+from analyzer.model import step_words
 from app import data, ui, views
 
 sel, result = ui.run_page("Logs")
@@ -65,7 +66,7 @@ step = target.step
 if step is None and result.incident is not None and result.incident.step is not None:
     step = result.incident.step
     st.caption(f"The line names no step the log reader recognised; below is the run's first "
-               f"non-finite {views.step_text(step, result.incident.after)}.")
+               f"non-finite {step_words(step, result.incident.after)}.")
 elif target.after:
     st.caption(f"The line names no step: it follows step {step}, shown below.")
 if step is None:
