@@ -318,9 +318,10 @@ def log_hits(result: RunResult) -> list[LogHit]:
         if e.kind in ("nonfinite", "error") and e.location.line is not None:
             held = hits.get(e.location.file)
             if held is None or e.location.line < held.line:
-                hits[e.location.file] = LogHit(e.location.file, e.location.line,
-                                               event_step(e), e.message,
-                                               e.step is None and event_step(e) is not None)
+                step = event_step(e)
+                placed_after = e.step is None and step is not None
+                hits[e.location.file] = LogHit(e.location.file, e.location.line, step,
+                                               e.message, placed_after)
     return sorted(hits.values(), key=lambda h: (h.step is None, h.step or 0, h.file))
 
 
