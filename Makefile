@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # makes pip fetch a multi-GB CUDA build, so it is installed first when missing.
 TORCH  := torch==2.13.0
 
-.PHONY: setup demo test lint bench samples app clean
+.PHONY: setup demo test fuzz lint bench samples app clean
 
 setup: $(STAMP)
 
@@ -27,6 +27,10 @@ demo: setup
 test: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 0; fi; exit $$rc
+
+# The fuzz targets with a long budget (FORENSICS_FUZZ_EXAMPLES per target, default 20,000).
+fuzz: setup
+	FORENSICS_FUZZ=long $(BIN)/python -m pytest -q -p no:cacheprovider -m fuzz tests/fuzz
 
 # The dashboard on the sample runs, served on 127.0.0.1 only.
 app: setup

@@ -174,7 +174,19 @@ IssueKind = Literal[
     "bad_step",
     "unsafe_checkpoint",
     "bad_checkpoint",
+    "not_regular",
+    "read_limit",
+    "too_large",
+    "bad_record",
+    "not_followed",
+    "too_deep",
 ]
+"""Each kind has one written policy, in the docstring of the module that reports it.
+``not_regular`` (a FIFO, device or socket: refused before opening), ``read_limit`` (a read
+stopped at its byte or time budget; what came before is kept), ``too_large`` (refused by a
+size limit before anything was allocated), ``bad_record`` (a record framed intact whose
+contents are malformed: skipped), ``not_followed`` (a symlinked folder, not walked) and
+``too_deep`` (a folder below the walk's depth limit, not walked) are shared by readers."""
 
 
 @dataclass(frozen=True)
