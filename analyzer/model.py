@@ -70,6 +70,10 @@ class Location:
     offset: int | None = None
     line: int | None = None
 
+    def to_dict(self) -> dict[str, Any]:
+        """The one JSON shape of a location, wherever a report holds one."""
+        return {"file": self.file, "offset": self.offset, "line": self.line}
+
     def __str__(self) -> str:
         if self.line is not None:
             return f"{self.file}:{self.line}"
@@ -196,6 +200,10 @@ class IngestIssue:
     location: Location
     kind: str
     message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """The one JSON shape of a read issue, wherever a report holds one."""
+        return {"kind": self.kind, "message": self.message, "location": self.location.to_dict()}
 
     def __str__(self) -> str:
         return f"{self.location}: {self.kind}: {self.message}"

@@ -16,7 +16,6 @@ from analyzer.model import (
     Event,
     Finding,
     Incident,
-    IngestIssue,
     Location,
     Report,
     Run,
@@ -63,12 +62,8 @@ def _run_dict(result: RunResult) -> dict[str, Any]:
                   "notes": list(g.notes)} for g in run.logs],
         "checkpoints": run.checkpoints.to_dict() if run.checkpoints is not None else None,
         "captures": list(run.captures),
-        "issues": [_issue_dict(i) for i in run.issues],
+        "issues": [i.to_dict() for i in run.issues],
     }
-
-
-def _location_dict(loc: Location) -> dict[str, Any]:
-    return {"file": loc.file, "offset": loc.offset, "line": loc.line}
 
 
 def _incident_dict(inc: Incident | None) -> dict[str, Any] | None:
@@ -80,7 +75,7 @@ def _incident_dict(inc: Incident | None) -> dict[str, Any] | None:
         "kind": inc.kind,
         "last_finite_step": inc.last_finite_step,
         "layer": inc.layer,
-        "location": _location_dict(inc.location),
+        "location": inc.location.to_dict(),
         "decided_by": inc.decided_by,
         "origin": inc.origin,
         "rank": inc.rank,
@@ -93,19 +88,14 @@ def _finding_dict(f: Finding) -> dict[str, Any]:
         "code": f.code, "name": f.name, "title": f.title, "confidence": f.confidence,
         "role": f.role, "score": f.score, "rank_note": f.rank_note, "fix": f.fix,
         "evidence": [{"text": e.text, "step": e.step, "subject": e.subject,
-                      "location": _location_dict(e.location) if e.location else None}
+                      "location": e.location.to_dict() if e.location else None}
                      for e in f.evidence],
     }
 
 
 def _event_dict(event: Event) -> dict[str, Any]:
     return {"kind": event.kind, "step": event.step, "message": event.message,
-            "location": _location_dict(event.location), "detail": json_safe(event.detail)}
-
-
-def _issue_dict(issue: IngestIssue) -> dict[str, Any]:
-    return {"kind": issue.kind, "message": issue.message,
-            "location": _location_dict(issue.location)}
+            "location": event.location.to_dict(), "detail": json_safe(event.detail)}
 
 
 def format_text(report: Report) -> str:
