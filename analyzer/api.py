@@ -44,11 +44,15 @@ def read(paths: str | list[str], *, verify: bool = True, jobs: int = 1,
 def analyze(paths: str | list[str], *, verify: bool = True, jobs: int = 1,
             progress: Progress | None = None, checkpoints: bool = True,
             trust_pickle: bool = False, logs: Sequence[str] = (), replay: bool = True,
-            device: str = "cpu", import_paths: Sequence[str] = (),
+            device: str = "cpu", import_paths: Sequence[str] = (), trust_code: bool = False,
             rules: bool = True, status: Callable[[str], None] | None = None) -> Report:
     """Read every run below ``paths``, locate its first non-finite values, replay its
     captured failing step (when it has one) and rank the root causes.
 
+    A replay imports the factories its capture names only from trusted folders (see
+    :mod:`analyzer.trust`): ``import_paths``, the folders recorded with ``forensics trust``,
+    the tool's own, or wherever they are with ``trust_code``; otherwise the result says
+    which code it would have imported (``replay_refused``) and the rest is analysed.
     ``status`` is told, in a few words, what slow step comes next (a replay).
     """
     runs = read(paths, verify=verify, jobs=jobs, progress=progress, checkpoints=checkpoints,
@@ -59,23 +63,30 @@ def analyze(paths: str | list[str], *, verify: bool = True, jobs: int = 1,
         for k, r in enumerate(results):
             if status is not None and r.run.captures:
                 status(f"replaying {r.run.name} ({k + 1}/{len(results)})")
-            replayed.append(with_replay(r, device=device, import_paths=import_paths))
+            replayed.append(with_replay(r, device=device, import_paths=import_paths,
+                                        trust_code=trust_code))
         results = replayed
     if rules:
         results = with_findings(results)
     return Report(results=tuple(results), tool_version=tool_version())
 
 
-def with_replay(result: RunResult, *, device: str = "cpu",
-                import_paths: Sequence[str] = ()) -> RunResult:
-    """The result with the replay of its run's earliest capture, or the reason it failed."""
+def with_replay(result: RunResult, *, device: str = "cpu", import_paths: Sequence[str] = (),
+                trust_code: bool = False) -> RunResult:
+    """The result with the replay of its run's earliest capture, or the reason it was not
+    run (code not trusted) or failed."""
     if not result.run.captures:
         return result
     from analyzer.replay import replay as run_replay
+    from analyzer.trust import refusal_of
 
     try:
-        done = run_replay(result.run.captures[0], device=device, import_paths=import_paths)
+        done = run_replay(result.run.captures[0], device=device, import_paths=import_paths,
+                          trust_code=trust_code)
     except ForensicsError as exc:
+        refused = refusal_of(exc)
+        if refused is not None:
+            return replace(result, replay_refused=refused)
         return replace(result, replay_error=str(exc))
     return replace(result, replay=done)
 

@@ -1,7 +1,12 @@
 """The ``forensics`` command.
 
-Exit status: 0 when every value read is finite, 1 when something non-finite was found,
-2 on a usage error or a path that cannot be read, so ``forensics analyze`` can gate a CI job.
+Exit status, the same for every command, so ``forensics analyze`` can gate a CI job:
+
+    0   every value read is finite
+    1   something non-finite was found
+    2   a usage error, a path that cannot be read, or nothing readable at all
+    3   an internal error: a one-line message; ``--debug`` prints the traceback
+
 Start-up imports neither torch nor streamlit; commands that need them import them late.
 """
 
@@ -16,7 +21,10 @@ from typing import TextIO
 
 from analyzer.errors import ForensicsError
 
-EXIT_OK, EXIT_FOUND, EXIT_ERROR = 0, 1, 2
+EXIT_OK, EXIT_FOUND, EXIT_ERROR, EXIT_INTERNAL = 0, 1, 2, 3
+
+_TRUST_CODE_HELP = ("import the capture's model and loss factories wherever they are found, "
+                    "for this call only; only for runs whose code you trust")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -24,6 +32,8 @@ def _parser() -> argparse.ArgumentParser:
         prog="forensics",
         description="Find when, where and why a PyTorch training run went NaN or Inf.")
     parser.add_argument("--version", action="store_true", help="print the version and exit")
+    parser.add_argument("--debug", action="store_true",
+                        help="on an internal error, print the traceback")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     analyze = sub.add_parser(
@@ -49,7 +59,9 @@ def _parser() -> argparse.ArgumentParser:
     analyze.add_argument("--device", default="cpu",
                          help="where to replay captured steps: cpu (default), cuda, cuda:N")
     analyze.add_argument("--import-path", action="append", default=[], metavar="DIR",
-                         help="where to import a capture's model and loss factories from")
+                         help="a folder whose code you trust, to import a capture's model and "
+                              "loss factories from (see 'forensics trust')")
+    analyze.add_argument("--trust-code", action="store_true", help=_TRUST_CODE_HELP)
     analyze.add_argument("--no-checkpoints", action="store_true",
                          help="do not scan the runs' checkpoints")
     analyze.add_argument("--trust-pickle", action="store_true",
@@ -73,6 +85,9 @@ def _parser() -> argparse.ArgumentParser:
     app.add_argument("path", nargs="?", default="sample_runs", metavar="PATH")
     app.add_argument("--port", type=int, default=8501)
     app.add_argument("--open", action="store_true", help="open the dashboard in a web browser")
+    app.add_argument("--import-path", action="append", default=[], metavar="DIR",
+                     help="a folder whose code you trust, to replay captures from")
+    _trust_parser(sub)
     sub.add_parser("rules", help="list the catalogue of root causes",
                    description="List every rule: its stable code, name and title.")
     explain = sub.add_parser("explain", help="print one rule's documentation",
@@ -80,6 +95,9 @@ def _parser() -> argparse.ArgumentParser:
                                          "the evidence it uses, the fix and its false "
                                          "positives.")
     explain.add_argument("code", metavar="CODE", help="a rule code (NF101) or name")
+    for command in sub.choices.values():  # also accepted after the command's name
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                             help="on an internal error, print the traceback")
     return parser
 
 
@@ -97,7 +115,22 @@ def _replay_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     rp.add_argument("--dtype", default="as-run", choices=DTYPE_CHOICES)
     rp.add_argument("--json", metavar="FILE", help="also write JSON to FILE ('-' for stdout)")
     rp.add_argument("--import-path", action="append", default=[], metavar="DIR",
-                    help="where to import the capture's model and loss factories from")
+                    help="a folder whose code you trust, to import the capture's model and "
+                         "loss factories from (see 'forensics trust')")
+    rp.add_argument("--trust-code", action="store_true", help=_TRUST_CODE_HELP)
+
+
+def _trust_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    trust = sub.add_parser(
+        "trust", help="trust a folder's code, so that replays may import factories from it",
+        description="Replaying a capture imports and calls the model and loss factories its "
+                    "meta.json names. They are imported only from folders you trust: those "
+                    "given with --import-path, those recorded here (kept in your "
+                    "configuration folder, never in an analysed one), and the tool's own. "
+                    "With no argument, list the trusted folders.")
+    trust.add_argument("folders", nargs="*", metavar="DIR")
+    trust.add_argument("--remove", action="store_true",
+                       help="forget the given folders instead of trusting them")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -112,34 +145,75 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return EXIT_ERROR
     try:
-        if args.command == "analyze":
-            return _analyze(args)
-        if args.command == "replay":
-            from analyzer.replay.command import replay_command
-
-            return replay_command(args.path, device=args.device, dtype=args.dtype,
-                                  json_file=args.json, import_paths=args.import_path)
-        if args.command == "app":
-            from analyzer.dashboard import launch
-
-            return launch(args.path, port=args.port, open_browser=args.open)
-        if args.command == "rules":
-            return _rules()
-        if args.command == "explain":
-            return _explain(args.code)
-        if args.command == "inspect":
-            from analyzer.ingest.checkpoints import inspect_command
-
-            return inspect_command(args.paths, trust_pickle=args.trust_pickle,
-                                   as_json=args.json)
+        return _dispatch(args)
     except ForensicsError as exc:
         print(f"forensics: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
         print("forensics: interrupted", file=sys.stderr)
         return 130
-    parser.error(f"unknown command {args.command}")
-    return EXIT_ERROR
+    except BrokenPipeError:
+        raise
+    except Exception as exc:  # a bug of ours: one line, and the traceback on request
+        if args.debug:
+            import traceback
+
+            traceback.print_exc()
+        detail = str(exc).strip().splitlines()
+        print(f"forensics: internal error: {type(exc).__name__}"
+              f"{': ' + detail[0] if detail else ''}"
+              + ("" if args.debug else " (run again with --debug for the traceback)"),
+              file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "analyze":
+        return _analyze(args)
+    if args.command == "replay":
+        from analyzer.replay.command import replay_command
+
+        return replay_command(args.path, device=args.device, dtype=args.dtype,
+                              json_file=args.json, import_paths=args.import_path,
+                              trust_code=args.trust_code)
+    if args.command == "app":
+        from analyzer.dashboard import launch
+
+        return launch(args.path, port=args.port, open_browser=args.open,
+                      import_paths=args.import_path)
+    if args.command == "trust":
+        return _trust(args.folders, remove=args.remove)
+    if args.command == "rules":
+        return _rules()
+    if args.command == "explain":
+        return _explain(args.code)
+    if args.command == "inspect":
+        from analyzer.ingest.checkpoints import inspect_command
+
+        return inspect_command(args.paths, trust_pickle=args.trust_pickle, as_json=args.json)
+    raise AssertionError(f"unknown command {args.command}")
+
+
+def _trust(folders: list[str], *, remove: bool) -> int:
+    from analyzer import trust
+    from analyzer.errors import UsageError
+
+    if remove:
+        if not folders:
+            raise UsageError("--remove needs the folders to forget")
+        for folder in folders:
+            gone = trust.distrust_folder(folder)
+            print(f"{'no longer trusted' if gone else 'was not trusted'}: {folder}")
+        return EXIT_OK
+    for folder in folders:
+        print(f"trusted: {trust.trust_folder(folder)}")
+    if not folders:
+        held = trust.trusted_folders()
+        for folder in held:
+            print(folder)
+        print(f"{len(held)} trusted folder{'' if len(held) == 1 else 's'} "
+              f"(in {trust.config_path()})", file=sys.stderr)
+    return EXIT_OK
 
 
 def _analyze(args: argparse.Namespace) -> int:
@@ -154,7 +228,7 @@ def _analyze(args: argparse.Namespace) -> int:
                      progress=progress, checkpoints=not args.no_checkpoints,
                      trust_pickle=args.trust_pickle, logs=args.log,
                      replay=not args.no_replay, device=args.device,
-                     import_paths=args.import_path,
+                     import_paths=args.import_path, trust_code=args.trust_code,
                      status=progress.note if progress is not None else None)
     if progress is not None:
         progress.close()
@@ -167,7 +241,13 @@ def _analyze(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
         if args.json:
             _write_json(args.json, to_json(report))
-    return EXIT_FOUND if report.failed else EXIT_OK
+    if report.failed:
+        return EXIT_FOUND
+    if not report.readable:
+        print(f"forensics: nothing readable under {', '.join(args.paths)}: no value, event or "
+              "checkpoint tensor could be read (see the read issues)", file=sys.stderr)
+        return EXIT_ERROR
+    return EXIT_OK
 
 
 def _rules() -> int:

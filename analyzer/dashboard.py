@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -47,14 +48,16 @@ def app_script() -> str:
                      "beside the analyzer package); install the project from its source tree")
 
 
-def command(path: str, *, port: int = 8501) -> list[str]:
-    """The command line that serves the dashboard on ``path``."""
+def command(path: str, *, port: int = 8501, import_paths: Sequence[str] = ()) -> list[str]:
+    """The command line that serves the dashboard on ``path``; ``import_paths`` are
+    folders whose code the user trusts for this session's replays."""
+    trusted = [arg for p in import_paths for arg in ("--import-path", os.path.abspath(p))]
     return [sys.executable, "-m", "streamlit", "run", app_script(),
             "--server.address", HOST, "--server.port", str(port),
             "--server.headless", "true", "--browser.gatherUsageStats", "false",
             "--browser.serverAddress", HOST, "--server.fileWatcherType", "none",
             "--client.toolbarMode", "viewer",
-            "--", "--runs", os.path.abspath(path)]
+            "--", "--runs", os.path.abspath(path), *trusted]
 
 
 def url(port: int) -> str:
@@ -78,7 +81,8 @@ def wait_until_up(port: int, timeout: float = 60.0,
     return False
 
 
-def launch(path: str, *, port: int = 8501, open_browser: bool = False) -> int:
+def launch(path: str, *, port: int = 8501, open_browser: bool = False,
+           import_paths: Sequence[str] = ()) -> int:
     """Serve the dashboard on ``path`` until the server stops; its exit status.
 
     Ctrl-C or SIGTERM stop the server too. ``open_browser`` opens the page once the server
@@ -86,6 +90,9 @@ def launch(path: str, *, port: int = 8501, open_browser: bool = False) -> int:
     """
     if not os.path.exists(path):
         raise UsageError(f"{path}: no such file or folder")
+    for folder in import_paths:
+        if not os.path.isdir(folder):
+            raise UsageError(f"--import-path {folder}: not a folder")
     if not 0 < port < 65536:
         raise UsageError(f"--port {port}: not a TCP port")
     if importlib.util.find_spec("streamlit") is None:
@@ -93,7 +100,7 @@ def launch(path: str, *, port: int = 8501, open_browser: bool = False) -> int:
     env = dict(os.environ, STREAMLIT_BROWSER_GATHER_USAGE_STATS="false")
     print(f"forensics: dashboard on {url(port)} for {os.path.abspath(path)} (Ctrl-C stops it)",
           file=sys.stderr)
-    proc = subprocess.Popen(command(path, port=port), env=env)
+    proc = subprocess.Popen(command(path, port=port, import_paths=import_paths), env=env)
     if open_browser:
         threading.Thread(target=_open_when_up, args=(port, proc), daemon=True).start()
     previous = _forward_sigterm(proc)

@@ -12,6 +12,7 @@ treated as read-only; a record never changes after it is built.
     Incident        the first non-finite value of a tag (or of the whole run)
     Evidence        a fact a finding rests on, with its location
     Finding         a ranked root cause (or symptom) with its evidence and fix
+    CodeRefusal     a replay not run: it would import code nobody trusted
     RunResult       a run plus what the analysis found in it
     Report          the versioned result of one analysis
 """
@@ -238,6 +239,15 @@ class Run:
     def tags(self) -> list[str]:
         return sorted({s.tag for s in self.series})
 
+    @property
+    def readable(self) -> bool:
+        """Whether anything could be read at all: a value, an event, a checkpoint tensor or
+        a capture. A run of empty, unreadable or foreign files is not."""
+        if self.series or self.histograms or self.events or self.captures:
+            return True
+        return self.checkpoints is not None and any(
+            t.stats is not None for scan in self.checkpoints.scans for t in scan.tensors)
+
 
 @dataclass(frozen=True)
 class Incident:
@@ -330,6 +340,26 @@ class SkippedRule:
 
 
 @dataclass(frozen=True)
+class CodeRefusal:
+    """A replay not run because it would import code nobody trusted (:mod:`analyzer.trust`).
+
+    ``folder`` is where the code would come from and ``command`` the one that trusts it;
+    both None when no trust allows the name (the standard library, say)."""
+
+    target: str
+    message: str
+    folder: str | None = None
+    command: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"target": self.target, "message": self.message, "folder": self.folder,
+                "command": self.command}
+
+
+RunStatus = Literal["failed", "finite", "unreadable"]
+
+
+@dataclass(frozen=True)
 class RunResult:
     """One run and what the analysis found in it."""
 
@@ -345,10 +375,19 @@ class RunResult:
     replay: ReplayResult | None = None
     replay_error: str | None = None
     """Why the capture could not be replayed, when it could not."""
+    replay_refused: CodeRefusal | None = None
+    """Why the capture was not replayed: it would import code that is not trusted."""
 
     @property
     def failed(self) -> bool:
         return self.incident is not None
+
+    @property
+    def status(self) -> RunStatus:
+        """``failed`` (a non-finite value), ``finite``, or ``unreadable`` (nothing read)."""
+        if self.failed:
+            return "failed"
+        return "finite" if self.run.readable else "unreadable"
 
 
 @dataclass(frozen=True)
@@ -362,3 +401,8 @@ class Report:
     @property
     def failed(self) -> bool:
         return any(r.failed for r in self.results)
+
+    @property
+    def readable(self) -> bool:
+        """False when no run held anything readable: nothing was checked."""
+        return any(r.status != "unreadable" for r in self.results)

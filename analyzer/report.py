@@ -45,25 +45,37 @@ def _run_dict(result: RunResult) -> dict[str, Any]:
     return {
         "name": run.name,
         "path": run.path,
-        "status": "failed" if result.failed else "finite",
+        "status": result.status,
         "files": list(run.files),
         "incident": _incident_dict(result.incident),
         "layer_incident": _incident_dict(result.layer_incident),
         "tag_incidents": [_incident_dict(i) for i in result.tag_incidents],
         "overflow_skips": list(result.overflow_skips),
-        "tags": {s.tag: len(s) for s in run.series} | {h.tag: len(h) for h in run.histograms},
+        "tags": _tag_counts(run),
         "events": [_event_dict(e) for e in run.events],
         "findings": [_finding_dict(f) for f in result.findings],
         "skipped_rules": [{"code": k.code, "name": k.name, "reason": k.reason}
                           for k in result.skipped_rules],
         "replay": result.replay.to_dict() if result.replay is not None else None,
         "replay_error": result.replay_error,
+        "replay_refused": (result.replay_refused.to_dict()
+                           if result.replay_refused is not None else None),
         "logs": [{"path": g.path, "framework": g.framework, "confidence": g.confidence,
                   "notes": list(g.notes)} for g in run.logs],
         "checkpoints": run.checkpoints.to_dict() if run.checkpoints is not None else None,
         "captures": list(run.captures),
         "issues": [i.to_dict() for i in run.issues],
     }
+
+
+def _tag_counts(run: Run) -> dict[str, int]:
+    """Points per tag over every series and histogram of it: a restarted writer, several
+    ranks or a tag in both a log and an event file each add their points."""
+    counts: dict[str, int] = {}
+    for tag, points in [(s.tag, len(s)) for s in run.series] + \
+            [(h.tag, len(h)) for h in run.histograms]:
+        counts[tag] = counts.get(tag, 0) + points
+    return counts
 
 
 def _incident_dict(inc: Incident | None) -> dict[str, Any] | None:
@@ -124,7 +136,10 @@ def _run_block(result: RunResult) -> str:
         sources.append(_count(len(run.captures), "capture"))
     lines = [f"== {run.name}  ({', '.join(sources)})"]
     inc = result.incident
-    if inc is None:
+    if result.status == "unreadable":
+        lines.append("   nothing readable: no value, event or checkpoint tensor could be read "
+                     f"({_count(len(run.issues), 'read issue')})")
+    elif inc is None:
         lines.append("   every logged value is finite")
     else:
         last = "none" if inc.last_finite_step is None else str(inc.last_finite_step)
@@ -178,6 +193,8 @@ def _replay_lines(result: RunResult) -> list[str]:
         from analyzer.replay import brief_replay
 
         return [f"   {brief_replay(result.replay)}"]
+    if result.replay_refused is not None:
+        return [f"   {result.replay_refused.message}"]
     if result.replay_error:
         return [f"   replay failed: {result.replay_error}"]
     return []
@@ -224,12 +241,15 @@ def _checkpoint_lines(run: Run) -> list[str]:
         return []
     steps = [s.step for s in history.saves if s.step is not None]
     span = f", steps {min(steps)}..{max(steps)}" if steps else ""
+    stepless = len(history.saves) - len(steps)
+    if stepless:
+        span += f", {stepless} with no step"
     lines = [f"   checkpoints: {_count(len(history.saves), 'save')}{span}"]
     if history.first_nonfinite is not None:
         bad = history.saves[history.first_nonfinite]
         layers = ", ".join(history.nonfinite_layers[:_MAX_LISTED]) or "-"
-        lines.append(f"     first non-finite save: step {bad.step} ({bad.nonfinite_tensors} "
-                     f"tensors) at {bad.path}; layers {layers}")
+        lines.append(f"     first non-finite save: {step_words(bad.step)} "
+                     f"({bad.nonfinite_tensors} tensors) at {bad.path}; layers {layers}")
     else:
         lines.append("     every saved tensor is finite")
     growing = [g for g in history.layers if g.growth is not None and g.growth > 10]
@@ -252,7 +272,7 @@ def _summary(report: Report) -> str:
     for r in report.results:
         inc = r.incident
         if inc is None:
-            rows.append((r.run.name, "finite", "-", "-", "-", "-", "-", "-"))
+            rows.append((r.run.name, r.status, "-", "-", "-", "-", "-", "-"))
         else:
             last = "-" if inc.last_finite_step is None else str(inc.last_finite_step)
             layer = r.layer_incident.layer if r.layer_incident else None
@@ -267,8 +287,11 @@ def _summary(report: Report) -> str:
     table = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
              for row in rows]
     failed = sum(r.failed for r in report.results)
+    unreadable = sum(r.status == "unreadable" for r in report.results)
     issues = sum(len(r.run.issues) for r in report.results)
+    nothing = f", {unreadable} with nothing readable" if unreadable else ""
     table.append(f"{len(report.results)} run{'s' if len(report.results) != 1 else ''}: "
-                 f"{failed} with non-finite values, {len(report.results) - failed} finite; "
+                 f"{failed} with non-finite values, "
+                 f"{len(report.results) - failed - unreadable} finite{nothing}; "
                  f"{issues} read issue{'s' if issues != 1 else ''}")
     return "\n".join(table)

@@ -11,7 +11,12 @@ then the rules, which compare a failed run with the healthy runs beside it. Find
 therefore keyed by the run and by a digest of its healthy siblings' environments.
 
 Nothing here writes into an analysed folder: the analyzer only reads, and a replay runs
-in memory.
+in memory. A replay imports the factories its capture names only from trusted folders
+(:mod:`analyzer.trust`: ``--import-path`` folders given to ``forensics app``, folders recorded
+with ``forensics trust``, the tool's own); a run whose capture names other code is analysed
+without it, and the Replay page asks before running that code. The trust in force is part
+of a run's fingerprint when the run has a capture, so trusting a folder re-analyses just
+those runs.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import pandas as pd
 import streamlit as st
 
 from analyzer.errors import ForensicsError
-from analyzer.model import RunResult
+from analyzer.model import CodeRefusal, RunResult
 from app.views import Growth, RunRow, TagRoles, run_row
 
 ENV_ROOT = "FORENSICS_RUNS"
@@ -75,6 +80,7 @@ class ReplayOutcome:
     result: Any
     error: str | None = None
     seconds: float = 0.0
+    refused: CodeRefusal | None = None
 
 
 def _siblings_hash(siblings: Siblings) -> str:
@@ -91,6 +97,34 @@ def runs_root(argv: list[str] | None = None) -> str:
     parser.add_argument("--runs")
     known, _ = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     return str(known.runs or os.environ.get(ENV_ROOT) or DEFAULT_ROOT)
+
+
+def import_paths(argv: list[str] | None = None) -> tuple[str, ...]:
+    """Folders trusted for this session: ``--import-path DIR`` after ``--``."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--import-path", action="append", default=[])
+    known, _ = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    return tuple(known.import_path)
+
+
+def trust_state() -> str:
+    """A digest of the trust in force: this session's import paths and the folders recorded
+    with ``forensics trust``."""
+    from analyzer.trust import trusted_folders
+
+    return _digest(["trust", *import_paths(), "\0", *trusted_folders()])
+
+
+def trust_folder(folder: str) -> str:
+    """Record ``folder`` as trusted (in the user's configuration, never in a run folder)
+    and forget the fingerprints, so that the runs whose captures it unlocks are analysed
+    again."""
+    from analyzer.trust import trust_folder as record
+
+    real = record(folder)
+    list_runs.clear()
+    st.session_state.pop(_TABLE_KEY, None)
+    return real
 
 
 def _digest(parts: list[str]) -> str:
@@ -130,10 +164,12 @@ def list_runs(root: str) -> list[RunRef] | str:
     if not found:
         return f"no runs (folders with event files, logs or checkpoints) found under {root}"
     refs = []
+    trust = trust_state()
     for rf in found:
         files = sorted([*rf.event_files, *rf.log_files, *rf.checkpoint_files,
                         *_capture_files(rf.capture_dirs), os.path.join(rf.path, "env.json")])
-        refs.append(RunRef(rf.name, rf.path, _digest([_stat_line(f) for f in files])))
+        lines = [_stat_line(f) for f in files] + ([trust] if rf.capture_dirs else [])
+        refs.append(RunRef(rf.name, rf.path, _digest(lines)))
     return refs
 
 
@@ -159,7 +195,8 @@ def _located(path: str, digest: str) -> Loaded:
     if capture is None:
         return Loaded(result)
     done = _analysis_replay(capture, digest)
-    return Loaded(replace(result, replay=done.result, replay_error=done.error))
+    return Loaded(replace(result, replay=done.result, replay_error=done.error,
+                          replay_refused=done.refused))
 
 
 @st.cache_data(max_entries=100_000, show_spinner=False)
@@ -381,15 +418,22 @@ def capture_of(result: RunResult) -> str | None:
 
 
 @st.cache_data(max_entries=32, show_spinner=False)
-def replay(capture: str, digest: str, device: str, dtype: str) -> ReplayOutcome:
-    """Replay a captured step in memory, kept under the run's fingerprint."""
+def replay(capture: str, digest: str, device: str, dtype: str,
+           trust_code: bool = False) -> ReplayOutcome:
+    """Replay a captured step in memory, kept under the run's fingerprint (which holds the
+    trust in force). ``trust_code`` imports the capture's code wherever it is, for this
+    replay only: the Replay page passes it once the user has said so."""
     from analyzer.replay import replay as run_replay
+    from analyzer.trust import refusal_of
 
     start = time.monotonic()
     try:
-        result = run_replay(capture, device=device, dtype=dtype)
+        result = run_replay(capture, device=device, dtype=dtype, import_paths=import_paths(),
+                            trust_code=trust_code)
     except ForensicsError as exc:
-        return ReplayOutcome(None, str(exc), time.monotonic() - start)
+        refused = refusal_of(exc)
+        return ReplayOutcome(None, None if refused else str(exc), time.monotonic() - start,
+                             refused)
     except Exception as exc:  # a capture that breaks the replay is reported, not raised
         return ReplayOutcome(None, f"the replay failed: {type(exc).__name__}: {exc}",
                              time.monotonic() - start)

@@ -104,6 +104,8 @@ def failing_layer(result: RunResult) -> str | None:
 
 def replay_brief(result: RunResult) -> str | None:
     r = result.replay
+    if r is None and result.replay_refused is not None:
+        return "not run: its code is not trusted (Replay page)"
     if r is None:
         return f"failed: {result.replay_error}" if result.replay_error else None
     if r.phase is None:
@@ -129,7 +131,7 @@ def run_row(name: str, result: RunResult | None, error: str | None) -> RunRow:
     issues = result.run.issues
     return RunRow(
         run=name,
-        status="failed" if inc is not None else "finite",
+        status=result.status,
         first_step=inc.step if inc else None,
         tag=inc.tag if inc else None,
         kind=inc.kind if inc else None,

@@ -5,11 +5,15 @@ from __future__ import annotations
 import glob
 import os
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The trusted folders of `forensics trust` live in the user's configuration folder: the
+# tests (and the commands they start) get one of their own, empty at start.
+os.environ["FORENSICS_CONFIG_DIR"] = tempfile.mkdtemp(prefix="forensics-config-")
 sys.path.insert(0, os.path.join(ROOT, "bench"))  # the event generator benchmarks use
 
 REAL_FIXTURES = os.path.join(os.path.dirname(ROOT), "shared", "fixtures", "real-tfevents")

@@ -113,3 +113,62 @@ def test_jobs_fall_back_when_workers_cannot_start(runs, monkeypatch) -> None:  #
     monkeypatch.setattr(runs_module, "ProcessPoolExecutor", Broken)
     report = analyze(str(runs), jobs=2, replay=False)
     assert [r.incident.step if r.incident else None for r in report.results] == [2, None]
+
+
+def test_regression_internal_error_exits_3_with_one_line(runs, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import analyzer.api
+
+    def broken(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise RuntimeError("a bug\nwith a second line")
+
+    monkeypatch.setattr(analyzer.api, "analyze", broken)
+    assert main(["analyze", str(runs)]) == 3
+    err = capsys.readouterr().err
+    assert err.strip() == ("forensics: internal error: RuntimeError: a bug "
+                           "(run again with --debug for the traceback)")
+    assert main(["analyze", str(runs), "--debug"]) == 3
+    assert "Traceback" in capsys.readouterr().err
+    assert main(["--debug", "analyze", str(runs)]) == 3
+    assert "Traceback" in capsys.readouterr().err
+
+
+def test_regression_nothing_readable_exits_2(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "events.out.tfevents.1.host").write_bytes(b"")
+    (run / "events.out.tfevents.2.host").write_bytes(b"not an event file at all" * 10)
+    before = _snapshot(str(run))
+    assert main(["analyze", str(run), "--json", str(tmp_path / "r.json")]) == 2
+    captured = capsys.readouterr()
+    assert "nothing readable" in captured.out and "nothing readable" in captured.err
+    assert "1 run: 0 with non-finite values, 0 finite, 1 with nothing readable" in captured.out
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["runs"][0]["status"] == "unreadable" and not report["failed"]
+    assert _snapshot(str(run)) == before
+
+
+def test_regression_readable_and_unreadable_runs_exit_0_when_the_readable_are_finite(
+        tmp_path, summary_run, capsys) -> None:  # type: ignore[no-untyped-def]
+    summary_run({"train/loss": [1.0, 0.5]}, name="good")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "events.out.tfevents.1.host").write_bytes(b"")
+    assert main(["analyze", str(tmp_path), "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "2 runs: 0 with non-finite values, 1 finite, 1 with nothing readable" in out
+    assert "unreadable" in out
+
+
+def test_regression_json_tag_counts_keep_every_series_of_a_tag(tmp_path, summary_run) -> None:  # type: ignore[no-untyped-def]
+    import shutil
+
+    first = summary_run({"train/loss": [1.0] * 100, "lr": [0.1] * 100}, name="a")
+    second = summary_run({"train/loss": [1.0] * 100}, name="b", start=100)
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(first, run / "events.out.tfevents.1000.host")
+    shutil.copy(second, run / "events.out.tfevents.2000.host")
+    (run / "train.log").write_text("".join(f"step {i} train/loss 1.0\n" for i in range(50)))
+    out = tmp_path / "r.json"
+    assert main(["analyze", str(run), "--json", str(out), "-q"]) == 0
+    tags = json.loads(out.read_text())["runs"][0]["tags"]
+    assert tags["train/loss"] == 250 and tags["lr"] == 100

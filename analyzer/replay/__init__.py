@@ -43,19 +43,27 @@ DTYPE_CHOICES = ("as-run", "float64", "float32", "bfloat16", "float16")
 """Values of ``--dtype``; kept here so the CLI can list them without importing torch."""
 
 
-def load_capture(path: str, *, import_paths: Sequence[str] = ()) -> Capture:
+def load_capture(path: str, *, import_paths: Sequence[str] = (),
+                 trust_code: bool = False) -> Capture:
     """Read a capture; see :func:`analyzer.replay.loading.load_capture`."""
     from analyzer.replay.loading import load_capture as load
+    from analyzer.trust import TrustPolicy
 
-    return load(path, import_paths=import_paths)
+    return load(path, policy=TrustPolicy.of(import_paths, trust_code))
 
 
 def replay(path: str, *, device: str = "cpu", dtype: str = "as-run",
-           import_paths: Sequence[str] = ()) -> ReplayResult:
-    """Load the capture at ``path`` (a capture folder or a run folder) and replay it."""
+           import_paths: Sequence[str] = (), trust_code: bool = False) -> ReplayResult:
+    """Load the capture at ``path`` (a capture folder or a run folder) and replay it.
+
+    Its factories are imported only from trusted folders (:mod:`analyzer.trust`): the
+    ``import_paths``, those recorded with ``forensics trust``, the tool's own, or, with
+    ``trust_code``, wherever they are found.
+    """
     from analyzer.replay.run import replay_capture
 
-    return replay_capture(path, device=device, dtype=dtype, import_paths=import_paths)
+    return replay_capture(path, device=device, dtype=dtype, import_paths=import_paths,
+                          trust_code=trust_code)
 
 
 def replay_step(model: nn.Module, inputs: Any, targets: Any, loss_fn: Any,

@@ -20,7 +20,7 @@ from analyzer.replay.records import ReplayResult
 
 def replay_command(path: str, *, device: str = "cpu", dtype: str = "as-run",
                    json_file: str | None = None, import_paths: Sequence[str] = (),
-                   out: TextIO | None = None) -> int:
+                   trust_code: bool = False, out: TextIO | None = None) -> int:
     """Replay the capture behind ``path``; print the report; return the exit status.
 
     1 when the replay found a non-finite value, 0 when the step stayed finite.
@@ -29,7 +29,8 @@ def replay_command(path: str, *, device: str = "cpu", dtype: str = "as-run",
     stream = out if out is not None else sys.stdout
     if json_file and json_file != "-":
         _check_writable(json_file)
-    result = replay(path, device=device, dtype=dtype, import_paths=import_paths)
+    result = replay(path, device=device, dtype=dtype, import_paths=import_paths,
+                    trust_code=trust_code)
     data = json.dumps(result.to_dict(), indent=2, allow_nan=False) + "\n"
     if json_file == "-":
         stream.write(data)

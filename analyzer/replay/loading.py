@@ -4,19 +4,16 @@ Every ``.pt`` file is opened with ``torch.load(weights_only=True)``; a file that
 needs more than that is refused, never loaded unsafely. The model, the loss and
 the optimizer are rebuilt from the import paths the capture records, which is
 the one place replay runs code named by the capture: it imports the modules the
-run itself used.
+run itself used, and only as :mod:`analyzer.trust` allows.
 """
 
 from __future__ import annotations
 
-import contextlib
-import importlib
 import inspect
 import json
 import os
 import pickle
-import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +23,7 @@ from torch import nn
 from analyzer.capture import FORMAT_NAME, FORMAT_VERSION
 from analyzer.replay.discover import find_capture
 from analyzer.replay.errors import CaptureError, ModelRebuildError
+from analyzer.trust import TrustPolicy, check, resolve
 
 _DTYPES = ("float32", "float16", "bfloat16", "float64")
 _REQUIRED: dict[str, type | tuple[type, ...]] = {
@@ -53,6 +51,9 @@ class Capture:
     targets: Any
     rng: Mapping[str, Any] | None
     history: tuple[Mapping[str, Any], ...] = ()
+    code_folders: tuple[str, ...] = ()
+    """The trusted folders the factories were imported from: the replay keeps them on
+    ``sys.path``, for modules the model imports while it runs."""
 
     @property
     def autocast_dtype(self) -> str | None:
@@ -116,64 +117,25 @@ def load_pt(folder: str, name: str, *, required: bool = True) -> Any:
         raise CaptureError(path, f"cannot be read: {type(exc).__name__}: {exc}") from None
 
 
-@contextlib.contextmanager
-def import_path(paths: Sequence[str]) -> Iterator[None]:
-    """Put ``paths`` first on sys.path while the capture's code is imported and run.
-
-    Bytecode caching is off meanwhile: importing must not write __pycache__
-    folders into a run folder being analysed.
-    """
-    added = [os.path.abspath(p) for p in paths if os.path.abspath(p) not in sys.path]
-    sys.path[:0] = added
-    no_bytecode = sys.dont_write_bytecode
-    sys.dont_write_bytecode = True
+def build(spec: Any, what: str, meta_path: str, policy: TrustPolicy,
+          run_folder: str | None) -> tuple[Any, str | None]:
+    """Call the factory ``spec`` names, if the policy trusts it: (object, folder it came from)."""
+    target, kwargs = factory_of(spec, what, meta_path)
+    found = resolve(target, policy, run_folder=run_folder)
     try:
-        yield
-    finally:
-        sys.dont_write_bytecode = no_bytecode
-        for p in added:
-            with contextlib.suppress(ValueError):
-                sys.path.remove(p)
-
-
-def resolve(target: str, *, separator: str = ":") -> Any:
-    """Import ``package.module:attr`` (or ``package.module.Class`` with separator '.')."""
-    if separator == ".":
-        module_name, _, attr = target.rpartition(".")
-    else:
-        module_name, _, attr = target.partition(":")
-    if not module_name or not attr:
-        raise ModelRebuildError(target, f"not of the form 'module{separator}name'")
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        missing = exc.name or module_name
-        raise ModelRebuildError(target, f"module {missing!r} cannot be imported; add the "
-                                        "folder that holds it with --import-path",
-                                module=missing) from None
+        return found.obj(**kwargs), found.folder
     except Exception as exc:
-        raise ModelRebuildError(target, f"importing module {module_name!r} raised "
-                                        f"{type(exc).__name__}: {exc}",
-                                module=module_name) from None
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ModelRebuildError(target, f"module {module_name!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
-    return obj
+        raise ModelRebuildError(target, f"calling it with {kwargs} raised "
+                                        f"{type(exc).__name__}: {exc}") from None
 
 
-def build(spec: Any, what: str, meta_path: str) -> Any:
+def factory_of(spec: Any, what: str, meta_path: str) -> tuple[str, dict[str, Any]]:
     if not isinstance(spec, dict) or not isinstance(spec.get("factory"), str):
         raise CaptureError(meta_path, f"key {what!r} needs a 'factory' string")
     kwargs = spec.get("kwargs") or {}
     if not isinstance(kwargs, dict):
         raise CaptureError(meta_path, f"{what}.kwargs is not a JSON object")
-    factory = resolve(spec["factory"])
-    try:
-        return factory(**kwargs)
-    except Exception as exc:
-        raise ModelRebuildError(spec["factory"], f"calling it with {kwargs} raised "
-                                                 f"{type(exc).__name__}: {exc}") from None
+    return spec["factory"], kwargs
 
 
 def restore_model(model: nn.Module, state: Mapping[str, Any], factory: str) -> None:
@@ -192,13 +154,13 @@ def restore_model(model: nn.Module, state: Mapping[str, Any], factory: str) -> N
                                          f"built: {str(exc).strip().splitlines()[-1]}") from None
 
 
-def build_optimizer(meta: Mapping[str, Any], model: nn.Module,
-                    state: Mapping[str, Any]) -> torch.optim.Optimizer:
+def build_optimizer(meta: Mapping[str, Any], model: nn.Module, state: Mapping[str, Any],
+                    policy: TrustPolicy, run_folder: str | None) -> torch.optim.Optimizer:
     spec = meta["optimizer"]
     target = spec.get("class")
     if not isinstance(target, str):
         raise CaptureError("meta.json", "optimizer.class is missing")
-    cls = resolve(target, separator=".")
+    cls = resolve(target, policy, run_folder=run_folder, separator=".").obj
     if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)):
         raise ModelRebuildError(target, "is not a torch.optim.Optimizer subclass")
     params = list(model.parameters())
@@ -220,16 +182,47 @@ def build_optimizer(meta: Mapping[str, Any], model: nn.Module,
     return optimizer
 
 
-def load_capture(path: str, *, import_paths: Sequence[str] = ()) -> Capture:
-    """Load the capture at ``path``: a ``step_N`` folder, a ``capture`` folder, or a run.
+def run_folder_of(capture: str) -> str:
+    """The run a ``capture/step_N`` folder belongs to (the folder above ``capture/``)."""
+    parent = os.path.dirname(os.path.abspath(capture))
+    if os.path.basename(parent).lower() in ("capture", "captures"):
+        return os.path.dirname(parent)
+    return parent
 
-    Raises :class:`CaptureError` for a missing, invalid or unsafe file (naming it)
-    and :class:`ModelRebuildError` when the model, loss or optimizer cannot be
-    rebuilt (naming the module that cannot be imported).
-    """
+
+def check_trust(path: str, policy: TrustPolicy) -> None:
+    """Raise UntrustedCode or RefusedCode when replaying the capture at ``path`` would
+    import code the policy does not allow; import nothing. Other damage is left to
+    :func:`load_capture` to report."""
     folder = find_capture(path)
     meta = read_meta(folder)
     meta_path = os.path.join(folder, "meta.json")
+    run_folder = run_folder_of(folder)
+    for what in ("model", "loss"):
+        target, _ = factory_of(meta[what], what, meta_path)
+        check(target, policy, run_folder=run_folder)
+    optimizer = meta["optimizer"].get("class")
+    if isinstance(optimizer, str):
+        check(optimizer, policy, run_folder=run_folder, separator=".")
+
+
+def load_capture(path: str, *, import_paths: Sequence[str] = (),
+                 policy: TrustPolicy | None = None) -> Capture:
+    """Load the capture at ``path``: a ``step_N`` folder, a ``capture`` folder, or a run.
+
+    The factories it names are imported only as ``policy`` allows (by default: the
+    ``import_paths``, the folders recorded with ``forensics trust`` and the tool's own), and
+    checked before any file of the capture is loaded. Raises :class:`UntrustedCode` or
+    :class:`RefusedCode` for code the policy does not allow, :class:`CaptureError` for a
+    missing, invalid or unsafe file (naming it) and :class:`ModelRebuildError` when the
+    model, loss or optimizer cannot be rebuilt (naming the module that cannot be imported).
+    """
+    policy = policy if policy is not None else TrustPolicy.of(import_paths)
+    check_trust(path, policy)
+    folder = find_capture(path)
+    meta = read_meta(folder)
+    meta_path = os.path.join(folder, "meta.json")
+    run_folder = run_folder_of(folder)
     state = load_pt(folder, "state.pt")
     batch = load_pt(folder, "batch.pt")
     if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
@@ -242,16 +235,15 @@ def load_capture(path: str, *, import_paths: Sequence[str] = ()) -> Capture:
         entries = load_pt(folder, "history.pt", required=False)
         if isinstance(entries, dict) and isinstance(entries.get("steps"), list):
             history = tuple(entries["steps"])
-    with import_path(import_paths):
-        model = build(meta["model"], "model", meta_path)
-        if not isinstance(model, nn.Module):
-            raise ModelRebuildError(meta["model"]["factory"],
-                                    f"returned {type(model).__name__}, not an nn.Module")
-        restore_model(model, state["model"], meta["model"]["factory"])
-        loss_fn = build(meta["loss"], "loss", meta_path)
-        if not callable(loss_fn):
-            raise ModelRebuildError(meta["loss"]["factory"], "did not return a callable")
-        optimizer = build_optimizer(meta, model, state.get("optimizer") or {})
+    model, model_folder = build(meta["model"], "model", meta_path, policy, run_folder)
+    if not isinstance(model, nn.Module):
+        raise ModelRebuildError(meta["model"]["factory"],
+                                f"returned {type(model).__name__}, not an nn.Module")
+    restore_model(model, state["model"], meta["model"]["factory"])
+    loss_fn, loss_folder = build(meta["loss"], "loss", meta_path, policy, run_folder)
+    if not callable(loss_fn):
+        raise ModelRebuildError(meta["loss"]["factory"], "did not return a callable")
+    optimizer = build_optimizer(meta, model, state.get("optimizer") or {}, policy, run_folder)
     scaler = None
     if meta["amp"].get("grad_scaler") and isinstance(state.get("scaler"), dict):
         scaler = torch.amp.GradScaler("cpu")
@@ -259,4 +251,5 @@ def load_capture(path: str, *, import_paths: Sequence[str] = ()) -> Capture:
     return Capture(path=folder, meta=meta, step=meta["step"], model=model, loss_fn=loss_fn,
                    optimizer=optimizer, scaler=scaler, inputs=batch["inputs"],
                    targets=batch.get("targets"), rng=rng if isinstance(rng, dict) else None,
-                   history=history)
+                   history=history,
+                   code_folders=tuple(dict.fromkeys(f for f in (model_folder, loss_folder) if f)))

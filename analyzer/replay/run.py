@@ -11,12 +11,13 @@ import torch
 from analyzer.capture import restore_rng
 from analyzer.errors import UsageError
 from analyzer.replay import DTYPE_CHOICES
-from analyzer.replay.loading import Capture, import_path, load_capture
+from analyzer.replay.loading import Capture, load_capture
 from analyzer.replay.passes import backward, forward, update
 from analyzer.replay.records import ReplayResult
 from analyzer.replay.state import StepConfig, TrainState, clone_state, dtype_of
 from analyzer.replay.stats import all_finite
 from analyzer.replay.step import replay_step
+from analyzer.trust import TrustPolicy, import_path
 
 _PHASE_OF_TRIGGER = {"loss": "forward", "grad": "backward", "param": "update"}
 
@@ -98,17 +99,18 @@ def _notes(cap: Capture, device: str) -> list[str]:
 
 
 def replay_capture(path: str, *, device: str = "cpu", dtype: str = "as-run",
-                   import_paths: Sequence[str] = ()) -> ReplayResult:
+                   import_paths: Sequence[str] = (), trust_code: bool = False) -> ReplayResult:
     """Load the capture behind ``path`` and replay its step on ``device``.
 
     ``dtype`` other than "as-run" casts parameters, inputs and optimizer state
-    to it and turns autocast and the grad scaler off.
+    to it and turns autocast and the grad scaler off. The capture's factories are
+    imported only as :class:`analyzer.trust.TrustPolicy` allows.
     """
     if dtype not in DTYPE_CHOICES:
         raise UsageError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPE_CHOICES)}")
     check_device(device)
-    with import_path(import_paths):
-        cap = load_capture(path, import_paths=import_paths)
+    cap = load_capture(path, policy=TrustPolicy.of(import_paths, trust_code))
+    with import_path(cap.code_folders):
         autocast = cap.autocast_dtype
         as_run = StepConfig(device=device, autocast_dtype=dtype_of(autocast),
                             grad_scaler=cap.scaler is not None, grad_clip=cap.grad_clip)

@@ -90,6 +90,25 @@ def show(r: Any) -> None:
         st.code(data.format_replay(r), language=None)
 
 
+def refused(refusal: Any, device: str, dtype: str) -> None:
+    """A replay not run for lack of trust: say what it would import, and ask."""
+    st.warning(refusal.message)
+    if refusal.folder is None:
+        st.caption("No trust makes this name importable: the capture is not replayed.")
+        return
+    st.markdown(f"Replaying runs `{refusal.target}` from `{refusal.folder}`. Run it only if "
+                "you trust the code in that folder.")
+    left, right = st.columns(2)
+    if left.button("Trust this folder and replay", key="replay_trust_folder",
+                   help=f"Records the folder as `{refusal.command}` would, in your "
+                        "configuration; nothing is written into the run."):
+        data.trust_folder(refusal.folder)
+        st.rerun()
+    if right.button("Replay once, without trusting it", key="replay_trust_once"):
+        once[sel.ref.path] = (device, dtype)
+        st.rerun()
+
+
 capture = data.capture_of(result)
 if capture is None:
     st.info("This run has no capture of its failing step (capture/step_<N>/), so there is "
@@ -103,27 +122,36 @@ dtype = mid.selectbox("Precision", data.dtype_choices(), key="replay_dtype",
                       help="as-run replays in the run's own dtype and autocast; another "
                            "dtype casts the model and the batch and turns autocast off.")
 done: dict[str, tuple[str, str]] = st.session_state.setdefault("replays_run", {})
+once: dict[str, tuple[str, str]] = st.session_state.setdefault("replays_trusted_once", {})
 right.write("")
 if right.button("Replay the captured step", type="primary", key="replay_button"):
     with st.status(f"Replaying {sel.ref.name} on {device} in {dtype}", expanded=True) as status:
         st.write("Loading the capture and rebuilding the model, then three passes: "
                  "instrumented, plain, and float64.")
-        outcome = data.replay(capture, sel.ref.digest, device, dtype)
-        status.update(label=f"Replay finished in {outcome.seconds:.1f} s"
-                      if outcome.error is None else "Replay failed",
-                      state="complete" if outcome.error is None else "error", expanded=False)
+        outcome = data.replay(capture, sel.ref.digest, device, dtype,
+                              sel.ref.path in once)
+        ok = outcome.error is None and outcome.refused is None
+        status.update(label=f"Replay finished in {outcome.seconds:.1f} s" if ok else
+                      "Replay not run" if outcome.refused else "Replay failed",
+                      state="complete" if ok else "error", expanded=False)
     done[sel.ref.path] = (device, dtype)
 
-chosen = done.get(sel.ref.path)
+trusted_once = once.get(sel.ref.path)
+chosen = trusted_once or done.get(sel.ref.path)
 if chosen is not None:
-    outcome = data.replay(capture, sel.ref.digest, *chosen)
+    outcome = data.replay(capture, sel.ref.digest, *chosen, trusted_once is not None)
     st.header(f"Replay on {chosen[0]}, {chosen[1]}")
-    if outcome.error:
+    if outcome.refused is not None:
+        refused(outcome.refused, *chosen)
+    elif outcome.error:
         st.error(outcome.error)
     else:
         show(outcome.result)
 elif result.replay is not None:
     st.header("Replay made by the analysis (cpu, as-run)")
     show(result.replay)
+elif result.replay_refused is not None:
+    st.header("Replay not run")
+    refused(result.replay_refused, device, dtype)
 elif result.replay_error:
     st.warning(f"The analysis could not replay this capture: {result.replay_error}")

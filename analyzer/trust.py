@@ -1,0 +1,378 @@
+"""Which code a replay may run: the trust model.
+
+Replaying a capture imports and calls the factories its ``meta.json`` names
+(``"model": {"factory": "mypkg.models:make_mlp"}``). An analysed folder may come from
+anyone, and a name such as ``os:system`` with JSON arguments would run a command, so, as
+git's ``safe.directory`` and editors' trusted workspaces do, a factory is imported only
+from a folder the user trusts:
+
+- a folder given with ``--import-path`` (``import_paths=``), for that call;
+- a folder recorded with ``forensics trust DIR``, kept in the user's configuration folder
+  (``$FORENSICS_CONFIG_DIR``, else ``$XDG_CONFIG_HOME/nan-forensics``, else
+  ``~/.config/nan-forensics``), never in an analysed folder; its sub-folders too;
+- with ``--trust-code`` (``trust_code=True``), whichever folder the module is found in,
+  for that call;
+- the tool's own scenario factories (``analyzer.scenarios.models`` and ``.losses``, which
+  ``sample_runs/`` use), which are part of the tool.
+
+Whatever is trusted, a factory must be a plain attribute name (``module:name``, no dots,
+no leading underscore) of a module whose file lies in the trusted folder, naming a callable
+defined in a module under a trusted folder; the standard library, site-packages, builtins
+and frozen modules are never imported for a factory. Optimizer classes are looked up in
+``torch.optim`` (already imported with torch), or else under the same rules.
+
+Nothing here imports the module it judges: a module is located with
+``importlib.machinery.PathFinder`` over candidate folders, which reads directory listings
+only. The candidates, in order: the import paths, the trusted folders, the current
+folder, the folders on ``sys.path`` (outside the standard library and site-packages), and
+the capture's run folder with the folders above it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.machinery
+import importlib.util
+import json
+import os
+import shlex
+import site
+import sys
+import sysconfig
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from analyzer.errors import ForensicsError, UsageError
+from analyzer.model import CodeRefusal
+
+CONFIG_ENV = "FORENSICS_CONFIG_DIR"
+CONFIG_FILE = "trusted.json"
+BUILTIN_MODULES = frozenset({"analyzer.scenarios.models", "analyzer.scenarios.losses"})
+"""The tool's own factory modules: they build small models and losses, nothing else."""
+
+
+class UntrustedCode(ForensicsError):
+    """A replay was not run: it would import code from a folder nobody trusted."""
+
+    def __init__(self, target: str, folder: str, what: str = "import") -> None:
+        self.target = target
+        self.folder = folder
+        self.command = f"forensics trust {shlex.quote(folder)}"
+        super().__init__(
+            f"replay not run: it would {what} `{target}` from {folder}, a folder not trusted "
+            f"to run code; trust it with `{self.command}`, or pass --trust-code (or "
+            f"--import-path {shlex.quote(folder)}) for one call")
+
+
+class RefusedCode(ForensicsError):
+    """A factory name that no trust makes importable (the standard library, a dunder...)."""
+
+    def __init__(self, target: str, reason: str) -> None:
+        self.target = target
+        self.reason = reason
+        super().__init__(f"replay not run: `{target}` {reason}")
+
+
+def refusal_of(exc: BaseException) -> CodeRefusal | None:
+    """The record of a replay not run for lack of trust, or None for other errors."""
+    if isinstance(exc, UntrustedCode):
+        return CodeRefusal(exc.target, str(exc), exc.folder, exc.command)
+    if isinstance(exc, RefusedCode):
+        return CodeRefusal(exc.target, str(exc))
+    return None
+
+
+# --- the user's list of trusted folders ------------------------------------------------
+
+
+def config_dir() -> str:
+    explicit = os.environ.get(CONFIG_ENV)
+    if explicit:
+        return explicit
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return os.path.join(base, "nan-forensics")
+
+
+def config_path() -> str:
+    return os.path.join(config_dir(), CONFIG_FILE)
+
+
+def trusted_folders() -> tuple[str, ...]:
+    """The folders recorded with ``forensics trust``; a missing or damaged file is none."""
+    try:
+        with open(config_path(), encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return ()
+    folders = data.get("trusted") if isinstance(data, dict) else None
+    if not isinstance(folders, list):
+        return ()
+    return tuple(f for f in folders if isinstance(f, str) and os.path.isabs(f))
+
+
+def _save(folders: Sequence[str]) -> None:
+    folder = config_dir()
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f".{CONFIG_FILE}.{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump({"version": 1, "trusted": list(folders)}, fh, indent=2)
+        fh.write("\n")
+    os.replace(tmp, config_path())
+
+
+def trust_folder(path: str) -> str:
+    """Record ``path`` as trusted; its real path, as recorded."""
+    real = os.path.realpath(path)
+    if not os.path.isdir(real):
+        raise UsageError(f"{path}: not a folder")
+    if _is_system(real):
+        raise UsageError(f"{path}: lies in the standard library or site-packages; code there "
+                         "is never imported for a replay, so it cannot be trusted")
+    held = trusted_folders()
+    if real not in held:
+        _save([*held, real])
+    return real
+
+
+def distrust_folder(path: str) -> bool:
+    """Forget ``path``; False when it was not recorded."""
+    real = os.path.realpath(path)
+    held = trusted_folders()
+    if real not in held and path not in held:
+        return False
+    _save([f for f in held if f not in (real, path)])
+    return True
+
+
+# --- the policy of one call -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TrustPolicy:
+    """What one analysis or replay may import: ``import_paths`` and the recorded folders
+    are trusted; ``trust_code`` trusts wherever the module is found."""
+
+    import_paths: tuple[str, ...] = ()
+    trust_code: bool = False
+    folders: tuple[str, ...] = field(default_factory=trusted_folders)
+
+    @classmethod
+    def of(cls, import_paths: Sequence[str] = (), trust_code: bool = False) -> TrustPolicy:
+        return cls(tuple(os.path.realpath(p) for p in import_paths), trust_code)
+
+    def trusts(self, folder: str) -> bool:
+        if self.trust_code:
+            return True
+        return any(_inside(root, folder) for root in (*self.import_paths, *self.folders))
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A factory found and judged: its object, and the folder it was imported from (None
+    for the tool's own and torch's)."""
+
+    obj: Any
+    folder: str | None
+
+
+def _inside(root: str, path: str) -> bool:
+    root = os.path.realpath(root)
+    path = os.path.realpath(path)
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _system_folders() -> tuple[str, ...]:
+    paths = {sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib", "purelib",
+                                                     "platlib")}
+    with contextlib.suppress(AttributeError):
+        paths.update(site.getsitepackages())
+    with contextlib.suppress(AttributeError):
+        paths.add(site.getusersitepackages())
+    return tuple(os.path.realpath(p) for p in paths if p)
+
+
+def _is_system(path: str) -> bool:
+    return any(_inside(s, path) for s in _system_folders())
+
+
+def _candidates(policy: TrustPolicy, run_folder: str | None) -> list[str]:
+    out = [*policy.import_paths, *policy.folders, os.getcwd()]
+    out += [p or os.getcwd() for p in sys.path if isinstance(p, str)]
+    if run_folder is not None:
+        here = os.path.realpath(run_folder)
+        while True:
+            out.append(here)
+            up = os.path.dirname(here)
+            if up == here:
+                break
+            here = up
+    seen: dict[str, None] = {}
+    for p in out:
+        real = os.path.realpath(p)
+        if os.path.isdir(real) and not _is_system(real):
+            seen.setdefault(real, None)
+    return list(seen)
+
+
+def _split(target: str, separator: str) -> tuple[str, str]:
+    if separator == ".":
+        module, _, attr = target.rpartition(".")
+    else:
+        module, _, attr = target.partition(":")
+    parts = module.split(".")
+    if not module or not attr or not all(p.isidentifier() for p in parts):
+        raise RefusedCode(target, f"is not of the form 'module{separator}name'")
+    if not attr.isidentifier() or attr.startswith("_") or any(p.startswith("__") for p in parts):
+        raise RefusedCode(target, "does not name a plain public attribute of a module")
+    return module, attr
+
+
+def _module_file(module: Any) -> str | None:
+    path = getattr(module, "__file__", None)
+    return os.path.realpath(path) if isinstance(path, str) else None
+
+
+def _locate(top: str, candidates: list[str]) -> str | None:
+    """The first candidate folder holding the top-level module or package ``top``."""
+    for folder in candidates:
+        spec = importlib.machinery.PathFinder.find_spec(top, [folder])
+        if spec is None:
+            continue
+        where = [spec.origin] if spec.origin not in (None, "namespace") else []
+        where += list(spec.submodule_search_locations or [])
+        if where and all(_inside(folder, w) for w in where if isinstance(w, str)):
+            return folder
+    return None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Where a factory would come from, judged without importing it: ``folder`` for code
+    under a trusted folder, ``tool`` for the tool's own factories, ``torch`` for a class
+    of ``torch.optim``."""
+
+    target: str
+    module: str
+    attr: str
+    source: Literal["folder", "tool", "torch"]
+    folder: str | None = None
+
+
+def check(target: str, policy: TrustPolicy, *, run_folder: str | None = None,
+          separator: str = ":") -> Plan:
+    """Judge the factory ``target`` without importing it.
+
+    Raises :class:`RefusedCode` for what no trust allows, :class:`UntrustedCode` for a
+    folder not trusted, and ``ModelRebuildError`` when no candidate folder holds it.
+    """
+    from analyzer.replay.errors import ModelRebuildError
+
+    module_name, attr = _split(target, separator)
+    if separator == "." and (module_name + ".").startswith("torch.optim."):
+        return Plan(target, module_name, attr, "torch")
+    if module_name in BUILTIN_MODULES:
+        return Plan(target, module_name, attr, "tool")
+    top = module_name.split(".")[0]
+    if top in sys.stdlib_module_names or top in sys.builtin_module_names:
+        raise RefusedCode(target, f"names the standard library module {top!r}, which a replay "
+                                  "never imports")
+    if top == "analyzer":
+        raise RefusedCode(target, "names a module of this tool that builds no model or loss")
+    folder = _locate(top, _candidates(policy, run_folder))
+    if folder is None:
+        if top in sys.modules or _installed(top):
+            raise RefusedCode(target, f"names {top!r}, which is installed (site-packages) or "
+                                      "already loaded, not in a folder a replay imports "
+                                      "factories from; pass its source folder with "
+                                      "--import-path")
+        raise ModelRebuildError(target, f"module {top!r} cannot be imported; add the folder "
+                                        "that holds it with --import-path", module=top)
+    if not policy.trusts(folder):
+        raise UntrustedCode(target, folder)
+    loaded = sys.modules.get(top)
+    if loaded is not None and not _inside(folder, _module_file(loaded) or os.sep + "\0"):
+        raise RefusedCode(target, f"names {top!r}, already loaded here from another folder")
+    return Plan(target, module_name, attr, "folder", folder)
+
+
+def resolve(target: str, policy: TrustPolicy, *, run_folder: str | None = None,
+            separator: str = ":") -> Resolved:
+    """Judge the factory ``target`` as :func:`check` does, then import it."""
+    from analyzer.replay.errors import ModelRebuildError
+
+    plan = check(target, policy, run_folder=run_folder, separator=separator)
+    if plan.source == "torch":
+        module = sys.modules.get(plan.module)  # imported with torch: nothing new runs
+        obj = vars(module).get(plan.attr) if module is not None else None
+        if not isinstance(obj, type):
+            raise RefusedCode(target, "is not a class of torch.optim")
+        return Resolved(obj, None)
+    if plan.source == "tool":
+        module = importlib.import_module(plan.module)
+        obj = vars(module).get(plan.attr)
+        if not callable(obj) or getattr(obj, "__module__", None) != plan.module:
+            raise RefusedCode(target, f"is not a factory of the tool's module {plan.module}")
+        return Resolved(obj, None)
+    assert plan.folder is not None
+    module = _import(target, plan.module, plan.folder)
+    obj = vars(module).get(plan.attr)
+    if obj is None:
+        raise ModelRebuildError(target, f"module {plan.module!r} has no attribute {plan.attr!r}")
+    defined = sys.modules.get(getattr(obj, "__module__", "") or "")
+    where = _module_file(defined) if defined is not None else None
+    if (not callable(obj) or where is None or _is_system(where)
+            or not policy.trusts(os.path.dirname(where))):
+        raise RefusedCode(target, "is not a function or class defined under the trusted folder")
+    return Resolved(obj, plan.folder)
+
+
+def _installed(top: str) -> bool:
+    """Whether ``top`` can be imported from outside the candidate folders (site-packages,
+    an editable install's finder); finding a top-level spec runs no module code."""
+    try:
+        return importlib.util.find_spec(top) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _import(target: str, module_name: str, folder: str) -> Any:
+    from analyzer.replay.errors import ModelRebuildError
+
+    with import_path([folder]):
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            missing = exc.name or module_name
+            raise ModelRebuildError(target, f"module {missing!r} cannot be imported; add the "
+                                            "folder that holds it with --import-path",
+                                    module=missing) from None
+        except Exception as exc:
+            raise ModelRebuildError(target, f"importing module {module_name!r} raised "
+                                            f"{type(exc).__name__}: {exc}",
+                                    module=module_name) from None
+    where = _module_file(module)
+    if where is None or not _inside(folder, where):
+        raise RefusedCode(target, f"module {module_name!r} was not loaded from {folder}")
+    return module
+
+
+@contextlib.contextmanager
+def import_path(paths: Sequence[str]) -> Iterator[None]:
+    """Put ``paths`` first on sys.path while trusted code is imported and run.
+
+    Bytecode caching is off meanwhile: importing must not write ``__pycache__`` folders
+    into a folder being analysed.
+    """
+    added = [os.path.abspath(p) for p in paths if os.path.abspath(p) not in sys.path]
+    sys.path[:0] = added
+    no_bytecode = sys.dont_write_bytecode
+    sys.dont_write_bytecode = True
+    try:
+        yield
+    finally:
+        sys.dont_write_bytecode = no_bytecode
+        for p in added:
+            with contextlib.suppress(ValueError):
+                sys.path.remove(p)

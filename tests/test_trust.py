@@ -1,0 +1,306 @@
+"""No entry point runs code named by an analysed folder unless the user trusts it.
+
+A capture's meta.json names the factories a replay imports and calls. These tests give
+captures hostile names (the standard library, a module shipped inside the run folder, a
+name defined elsewhere) and check, by every entry point (the CLI's analyze and replay, the
+Python API, the dashboard), that none of them ran: each payload would create a marker
+file. They also check that trusting a folder, --import-path and --trust-code do let
+ordinary code run, and that the tool's own sample runs still replay.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from analyzer import trust
+from analyzer.api import analyze
+from analyzer.cli import main
+from analyzer.replay import load_capture, replay
+from analyzer.trust import RefusedCode, TrustPolicy, UntrustedCode
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE = ROOT / "sample_runs" / "log_softmax_underflow"
+
+BENIGN = textwrap.dedent("""
+    from analyzer.scenarios.models import mlp
+
+    def make(**kwargs):
+        return mlp(**kwargs)
+""")
+
+
+@pytest.fixture(autouse=True)
+def own_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    folder = tmp_path / "config"
+    monkeypatch.setenv("FORENSICS_CONFIG_DIR", str(folder))
+    return folder
+
+
+def _run(tmp_path: Path, name: str = "run", parent: str = "runs") -> Path:
+    if not (SAMPLE / "capture").is_dir():
+        pytest.skip("sample_runs/ has no capture (make samples)")
+    run = tmp_path / parent / name
+    shutil.copytree(SAMPLE, run)
+    return run
+
+
+def _meta_path(run: Path) -> Path:
+    return next((run / "capture").glob("step_*/meta.json"))
+
+
+def _set(run: Path, what: str, value: Any) -> None:
+    path = _meta_path(run)
+    meta = json.loads(path.read_text())
+    meta[what] = value
+    path.write_text(json.dumps(meta))
+
+
+def _snapshot(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _payloads(marker: Path) -> dict[str, tuple[str, dict[str, Any]]]:
+    return {
+        "os_system": ("os:system", {"command": f"touch {marker}"}),
+        "subprocess_run": ("subprocess:run", {"args": ["touch", str(marker)]}),
+        "builtins_exec": ("builtins:exec", {"source": f"open({str(marker)!r}, 'w')"}),
+        "posix_system": ("posix:system", {"command": f"touch {marker}"}),
+        "shutil_rmtree": ("shutil:rmtree", {"path": str(marker.parent / "victim")}),
+    }
+
+
+@pytest.mark.parametrize("payload", ["os_system", "subprocess_run", "builtins_exec",
+                                     "posix_system", "shutil_rmtree"])
+@pytest.mark.parametrize("slot", ["model", "loss"])
+def test_standard_library_factories_never_run_by_any_entry_point(
+        tmp_path: Path, payload: str, slot: str, capsys: pytest.CaptureFixture[str]) -> None:
+    run = _run(tmp_path)
+    marker = tmp_path / "marker"
+    (tmp_path / "victim").mkdir()
+    target, kwargs = _payloads(marker)[payload]
+    _set(run, slot, {"factory": target, "kwargs": kwargs})
+    before = _snapshot(run)
+    for trust_code in (False, True):  # no trust makes the standard library importable
+        report = analyze(str(run), trust_code=trust_code)
+        refused = report.results[0].replay_refused
+        assert refused is not None and refused.target == target
+        assert "standard library" in refused.message and refused.folder is None
+        with pytest.raises(RefusedCode):
+            replay(str(run), trust_code=trust_code)
+        with pytest.raises(RefusedCode):
+            load_capture(str(run), trust_code=trust_code)
+        flags = ["--trust-code"] if trust_code else []
+        assert main(["analyze", str(run), "-q", *flags]) == 1  # analysed all the same
+        assert main(["replay", str(run), *flags]) == 2
+        assert "replay not run" in capsys.readouterr().err
+    assert not marker.exists() and (tmp_path / "victim").is_dir()
+    assert _snapshot(run) == before
+
+
+def test_optimizer_class_from_the_standard_library_never_runs(tmp_path: Path) -> None:
+    run = _run(tmp_path)
+    marker = tmp_path / "marker"
+    meta = json.loads(_meta_path(run).read_text())
+    meta["optimizer"]["class"] = "os.system"
+    meta["optimizer"]["hyperparameters"] = {"command": f"touch {marker}"}
+    _meta_path(run).write_text(json.dumps(meta))
+    result = analyze(str(run), trust_code=True).results[0]
+    assert result.replay_refused is not None and result.replay_refused.target == "os.system"
+    assert not marker.exists()
+
+
+def _evil_module(folder: Path, marker: Path) -> None:
+    # Importing this module is enough to leave the marker.
+    (folder / "evilnets.py").write_text(
+        f"open({str(marker)!r}, 'w').close()\n\ndef make(**kwargs):\n    return None\n")
+
+
+def test_a_module_in_the_analysed_folder_is_not_imported_without_trust(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = _run(tmp_path)
+    marker = tmp_path / "marker"
+    _evil_module(run, marker)
+    _set(run, "model", {"factory": "evilnets:make", "kwargs": {}})
+    before = _snapshot(run)
+    result = analyze(str(run)).results[0]
+    refused = result.replay_refused
+    assert refused is not None and refused.folder == os.path.realpath(run)
+    assert refused.message.startswith(
+        f"replay not run: it would import `evilnets:make` from {os.path.realpath(run)}")
+    assert refused.command == f"forensics trust {os.path.realpath(run)}"
+    assert result.failed and result.findings  # everything else is analysed
+    with pytest.raises(UntrustedCode):
+        replay(str(run))
+    assert main(["analyze", str(run)]) == 1
+    out = capsys.readouterr().out
+    assert "replay not run: it would import `evilnets:make`" in out
+    assert "forensics trust" in out
+    assert main(["replay", str(run)]) == 2
+    assert not marker.exists()
+    assert _snapshot(run) == before
+
+
+def test_the_cli_in_a_fresh_process_runs_no_untrusted_code(tmp_path: Path) -> None:
+    run = _run(tmp_path)
+    marker = tmp_path / "marker"
+    _evil_module(run, marker)
+    _set(run, "loss", {"factory": "evilnets:make", "kwargs": {}})
+    for command in (["analyze", str(run)], ["replay", str(run)]):
+        done = subprocess.run([sys.executable, "-m", "analyzer.cli", *command], cwd=run,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode in (1, 2), done.stderr
+        assert "Traceback" not in done.stderr
+        assert "replay not run" in done.stdout + done.stderr
+    assert not marker.exists()
+
+
+def _benign_run(tmp_path: Path, parent: str = "runs") -> tuple[Path, Path]:
+    """A run whose model factory lives in a module one folder above the run."""
+    run = _run(tmp_path, parent=parent)
+    (run.parent / "mynets_trusted.py").write_text(BENIGN)
+    meta = json.loads(_meta_path(run).read_text())
+    meta["model"] = {"factory": "mynets_trusted:make", "kwargs": meta["model"]["kwargs"]}
+    _meta_path(run).write_text(json.dumps(meta))
+    return run, run.parent
+
+
+def _forget_module() -> None:
+    sys.modules.pop("mynets_trusted", None)
+
+
+def test_trusted_folder_import_path_and_trust_code_let_ordinary_code_run(
+        tmp_path: Path, own_config: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run, code = _benign_run(tmp_path)
+    real = os.path.realpath(code)
+    result = analyze(str(run)).results[0]
+    assert result.replay is None and result.replay_refused is not None
+    assert result.replay_refused.folder == real
+    for kwargs in ({"import_paths": [str(code)]}, {"trust_code": True}):
+        _forget_module()
+        done = analyze(str(run), **kwargs).results[0]  # type: ignore[arg-type]
+        assert done.replay is not None and done.replay.phase == "forward", kwargs
+    _forget_module()
+    assert main(["trust", str(code)]) == 0
+    assert trust.trusted_folders() == (real,)
+    assert own_config.joinpath("trusted.json").is_file()
+    assert not any(p.name == "trusted.json" for p in run.rglob("*"))
+    done = analyze(str(run)).results[0]
+    assert done.replay is not None and done.replay.phase == "forward"
+    assert main(["trust"]) == 0 and real in capsys.readouterr().out
+    assert main(["trust", "--remove", str(code)]) == 0
+    _forget_module()
+    assert analyze(str(run)).results[0].replay_refused is not None
+    _forget_module()
+
+
+def test_a_copy_of_a_sample_run_replays_but_not_when_its_meta_names_other_code(
+        tmp_path: Path) -> None:
+    run = _run(tmp_path)
+    assert analyze(str(run)).results[0].replay is not None  # the tool's own factories
+    _set(run, "loss", {"factory": "analyzer.cli:main", "kwargs": {"argv": ["trust", "/"]}})
+    refused = analyze(str(run)).results[0].replay_refused
+    assert refused is not None and "module of this tool" in refused.message
+    assert trust.trusted_folders() == ()
+
+
+@pytest.mark.parametrize("target", ["mynets_trusted:make.__globals__", "mynets_trusted:_make",
+                                    "mynets_trusted:__import__", "mynets_trusted",
+                                    "__main__:make", "mynets_trusted:os"])
+def test_factory_names_must_be_plain_public_attributes(tmp_path: Path, target: str) -> None:
+    run, code = _benign_run(tmp_path)
+    (code / "mynets_trusted.py").write_text(BENIGN + "\nimport os\n_make = make\n")
+    _set(run, "model", {"factory": target, "kwargs": {}})
+    _forget_module()
+    with pytest.raises(RefusedCode):
+        replay(str(run), import_paths=[str(code)])
+    _forget_module()
+
+
+def test_a_name_imported_from_elsewhere_is_not_a_factory(tmp_path: Path) -> None:
+    run, code = _benign_run(tmp_path)
+    marker = tmp_path / "marker"
+    (code / "mynets_trusted.py").write_text("from os import system\n")
+    _set(run, "model", {"factory": "mynets_trusted:system",
+                        "kwargs": {"command": f"touch {marker}"}})
+    _forget_module()
+    with pytest.raises(RefusedCode, match="not a function or class defined"):
+        replay(str(run), trust_code=True)
+    assert not marker.exists()
+    _forget_module()
+
+
+def test_installed_packages_are_never_imported_for_a_factory(tmp_path: Path) -> None:
+    run = _run(tmp_path)
+    _set(run, "model", {"factory": "torch.hub:load", "kwargs": {"repo_or_dir": "x/y",
+                                                                 "model": "m"}})
+    with pytest.raises(RefusedCode, match="installed"):
+        replay(str(run), trust_code=True)
+
+
+def test_trusting_site_packages_or_a_missing_folder_is_refused(tmp_path: Path) -> None:
+    import sysconfig
+
+    assert main(["trust", sysconfig.get_paths()["purelib"]]) == 2
+    assert main(["trust", str(tmp_path / "missing")]) == 2
+    assert trust.trusted_folders() == ()
+
+
+def test_policy_trusts_sub_folders_of_a_trusted_folder(tmp_path: Path) -> None:
+    inner = tmp_path / "a" / "b"
+    inner.mkdir(parents=True)
+    policy = TrustPolicy.of([str(tmp_path / "a")])
+    assert policy.trusts(str(inner)) and not policy.trusts(str(tmp_path))
+    assert not TrustPolicy.of([str(tmp_path / "a")]).trusts(str(tmp_path / "ab"))
+
+
+def test_a_damaged_config_file_trusts_nothing(own_config: Path) -> None:
+    own_config.mkdir()
+    (own_config / "trusted.json").write_text("{not json")
+    assert trust.trusted_folders() == ()
+    (own_config / "trusted.json").write_text(json.dumps({"trusted": ["relative/path", 3]}))
+    assert trust.trusted_folders() == ()
+
+
+def test_the_dashboard_replays_untrusted_code_only_when_asked(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("streamlit")
+    from streamlit.testing.v1 import AppTest
+
+    hostile = _run(tmp_path, "hostile", parent="runs")
+    marker = tmp_path / "marker"
+    _evil_module(hostile, marker)
+    _set(hostile, "model", {"factory": "evilnets:make", "kwargs": {}})
+    _, code = _benign_run(tmp_path, parent="runs/team")  # trusting team/ leaves hostile/ out
+    before = _snapshot(hostile)
+    monkeypatch.setenv("FORENSICS_RUNS", str(tmp_path / "runs"))
+    _forget_module()
+    at = AppTest.from_file(str(ROOT / "app" / "streamlit_app.py"), default_timeout=300).run()
+    assert not at.exception
+    table = at.dataframe[0].value.set_index("run")
+    assert table.loc["hostile", "replay"].startswith("not run")
+    at.selectbox(key="run").set_value("hostile")
+    at.switch_page("app_pages/replay.py").run()
+    assert any("replay not run: it would import `evilnets:make`" in w.value for w in at.warning)
+    at.button(key="replay_button").click().run()
+    assert not at.exception and not marker.exists()
+    assert _snapshot(hostile) == before
+    at.selectbox(key="run").set_value("team/run")
+    at.switch_page("app_pages/replay.py").run()
+    assert any("mynets_trusted:make" in w.value for w in at.warning)
+    at.button(key="replay_trust_folder").click().run()
+    assert not at.exception
+    assert trust.trusted_folders() == (os.path.realpath(code),)
+    assert any("Verdict: math-fault" in i.value for i in at.info)
+    assert not marker.exists()
+    _forget_module()
