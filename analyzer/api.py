@@ -9,10 +9,10 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 from analyzer.errors import ForensicsError, UsageError
-from analyzer.ingest.discover import find_runs
+from analyzer.ingest.discover import discover
 from analyzer.ingest.runs import Progress, read_runs
 from analyzer.locate import locate
-from analyzer.model import Report, Run, RunResult
+from analyzer.model import IngestIssue, Report, Run, RunResult
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -32,13 +32,22 @@ def read(paths: str | list[str], *, verify: bool = True, jobs: int = 1,
 
     ``logs`` are extra text logs whose file names do not say they are logs.
     """
+    return _read(paths, verify=verify, jobs=jobs, progress=progress, checkpoints=checkpoints,
+                 trust_pickle=trust_pickle, logs=logs)[0]
+
+
+def _read(paths: str | list[str], *, verify: bool, jobs: int, progress: Progress | None,
+          checkpoints: bool, trust_pickle: bool, logs: Sequence[str],
+          ) -> tuple[list[Run], tuple[IngestIssue, ...]]:
     roots = [paths] if isinstance(paths, str) else list(paths)
-    found = find_runs(roots, logs)
-    if not found:
+    found = discover(roots, logs)
+    if not found.runs:
+        skipped = "".join(f"; {issue}" for issue in found.issues[:4])
         raise UsageError("no runs (folders with event files, logs or checkpoints) found "
-                         f"under {', '.join(roots)}")
-    return read_runs(found, verify=verify, jobs=jobs, progress=progress,
+                         f"under {', '.join(roots)}{skipped}")
+    runs = read_runs(list(found.runs), verify=verify, jobs=jobs, progress=progress,
                      checkpoints=checkpoints, trust_pickle=trust_pickle)
+    return runs, found.issues
 
 
 def analyze(paths: str | list[str], *, verify: bool = True, jobs: int = 1,
@@ -55,8 +64,8 @@ def analyze(paths: str | list[str], *, verify: bool = True, jobs: int = 1,
     which code it would have imported (``replay_refused``) and the rest is analysed.
     ``status`` is told, in a few words, what slow step comes next (a replay).
     """
-    runs = read(paths, verify=verify, jobs=jobs, progress=progress, checkpoints=checkpoints,
-                trust_pickle=trust_pickle, logs=logs)
+    runs, issues = _read(paths, verify=verify, jobs=jobs, progress=progress,
+                         checkpoints=checkpoints, trust_pickle=trust_pickle, logs=logs)
     results = [locate(r) for r in runs]
     if replay:
         replayed = []
@@ -68,7 +77,7 @@ def analyze(paths: str | list[str], *, verify: bool = True, jobs: int = 1,
         results = replayed
     if rules:
         results = with_findings(results)
-    return Report(results=tuple(results), tool_version=tool_version())
+    return Report(results=tuple(results), tool_version=tool_version(), issues=issues)
 
 
 def with_replay(result: RunResult, *, device: str = "cpu", import_paths: Sequence[str] = (),

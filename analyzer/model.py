@@ -397,6 +397,9 @@ class Report:
     results: tuple[RunResult, ...]
     schema_version: int = SCHEMA_VERSION
     tool_version: str = ""
+    issues: tuple[IngestIssue, ...] = ()
+    """What the search for runs passed over outside every run (a symlinked folder, a folder
+    too deep or that cannot be listed)."""
 
     @property
     def failed(self) -> bool:

@@ -33,6 +33,7 @@ def to_dict(report: Report) -> dict[str, Any]:
         "tool_version": report.tool_version,
         "failed": report.failed,
         "runs": [_run_dict(r) for r in report.results],
+        "issues": [i.to_dict() for i in report.issues],
     }
 
 
@@ -294,4 +295,7 @@ def _summary(report: Report) -> str:
                  f"{failed} with non-finite values, "
                  f"{len(report.results) - failed - unreadable} finite{nothing}; "
                  f"{issues} read issue{'s' if issues != 1 else ''}")
+    table += [f"passed over: {issue}" for issue in report.issues[:_MAX_LISTED]]
+    if len(report.issues) > _MAX_LISTED:
+        table.append(f"... and {len(report.issues) - _MAX_LISTED} more passed over (see --json)")
     return "\n".join(table)

@@ -151,6 +151,18 @@ def _capture_files(folders: tuple[str, ...]) -> list[str]:
 
 
 @st.cache_data(ttl=LISTING_TTL_S, show_spinner=False)
+def passed_over(root: str) -> list[str]:
+    """What the search for runs below ``root`` passed over outside every run (symlinked
+    folders, folders too deep or that cannot be listed), one line each."""
+    from analyzer.ingest.discover import discover
+
+    try:
+        return [str(issue) for issue in discover([root]).issues]
+    except (ForensicsError, OSError):
+        return []
+
+
+@st.cache_data(ttl=LISTING_TTL_S, show_spinner=False)
 def list_runs(root: str) -> list[RunRef] | str:
     """Every run below ``root`` with its fingerprint, or a message saying why there is none."""
     from analyzer import find_runs

@@ -79,3 +79,90 @@ def test_checkpoints_can_be_skipped(tmp_path, flag) -> None:  # type: ignore[no-
     torch.save({"w": torch.ones(2)}, tmp_path / "a.pt")
     (result,) = analyze(str(tmp_path), checkpoints=flag).results
     assert (result.run.checkpoints is not None) == flag
+
+
+def _json(capsys):  # type: ignore[no-untyped-def]
+    import json
+
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", ["train.log", "events.out.tfevents.1.host", "model.pt"])
+def test_regression_fifo_with_a_run_file_name_is_refused_not_waited_on(
+        tmp_path, capsys, name) -> None:  # type: ignore[no-untyped-def]
+    from analyzer.cli import main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    os.mkfifo(run / name)
+    assert main(["analyze", str(run), "--json", "-"]) == 2  # nothing readable
+    (result,) = _json(capsys)["runs"]
+    assert result["status"] == "unreadable"
+    assert [i["kind"] for i in result["issues"]] == ["not_regular"]
+    assert "FIFO" in result["issues"][0]["message"]
+    assert result["issues"][0]["location"]["file"] == str(run / name)
+
+
+@pytest.mark.timeout(60)
+def test_regression_symlink_to_an_endless_device_is_refused(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from analyzer.cli import main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    os.symlink("/dev/urandom", run / "events.out.tfevents.1.host")
+    os.symlink("/dev/zero", run / "train.log")
+    assert main(["analyze", str(run), "--json", "-"]) == 2
+    (result,) = _json(capsys)["runs"]
+    assert sorted(i["kind"] for i in result["issues"]) == ["not_regular", "not_regular"]
+    assert all("character device" in i["message"] for i in result["issues"])
+    assert main(["analyze", str(run / "train.log")]) == 2  # named directly, too
+
+
+def test_regression_a_thousand_nested_folders_give_no_recursion_error(tmp_path, capsys,
+                                                                      summary_run) -> None:  # type: ignore[no-untyped-def]
+    from analyzer.cli import main
+    from analyzer.ingest.discover import MAX_DEPTH
+
+    summary_run({"train/loss": [1.0, 0.5]}, name="shallow/run")
+    deep = str(tmp_path)
+    for _ in range(1200):  # one level at a time: os.makedirs recurses
+        deep = os.path.join(deep, "d")
+        os.mkdir(deep)
+    _touch(os.path.join(deep, "events.out.tfevents.1.host"))
+    assert main(["analyze", str(tmp_path), "--json", "-"]) == 0
+    report = _json(capsys)
+    assert [r["name"] for r in report["runs"]] == ["shallow/run"]
+    (issue,) = report["issues"]
+    assert issue["kind"] == "too_deep" and f"{MAX_DEPTH} levels" in issue["message"]
+    assert issue["location"]["file"].count(os.sep + "d") == MAX_DEPTH
+    assert main(["analyze", deep]) == 2  # named directly, the deep run is read (empty)
+
+
+def test_regression_symlinked_run_folders_are_reported_not_skipped_silently(
+        tmp_path, capsys, summary_run) -> None:  # type: ignore[no-untyped-def]
+    from analyzer.cli import main
+
+    summary_run({"train/loss": [1.0, float("nan")]}, name="real")
+    root = tmp_path / "sweep"
+    root.mkdir()
+    summary_run({"train/loss": [1.0, 0.5]}, name="sweep/own")
+    os.symlink(tmp_path / "real", root / "latest")
+    os.symlink(root, root / "own" / "loop")  # a link inside a run, pointing back up
+    assert main(["analyze", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert f"passed over: {root / 'latest'}: not_followed: symlink to the folder" in out
+    assert "read issue: " in out and "loop" in out  # the run's own link, on the run
+    assert main(["analyze", str(root / "latest"), "-q"]) == 1  # the link named directly
+
+
+def test_no_runs_message_names_what_was_passed_over(tmp_path, capsys, summary_run) -> None:  # type: ignore[no-untyped-def]
+    from analyzer.cli import main
+
+    summary_run({"train/loss": [1.0]}, name="elsewhere")
+    root = tmp_path / "root"
+    root.mkdir()
+    os.symlink(tmp_path / "elsewhere", root / "link")
+    assert main(["analyze", str(root)]) == 2
+    err = capsys.readouterr().err
+    assert "no runs" in err and "not_followed" in err and "link" in err

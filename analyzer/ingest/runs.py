@@ -115,7 +115,7 @@ def merge_run(run: RunFiles, files: list[EventFile]) -> Run:
                                 "another event file: the writer was started again",
                                 {"reason": "new_file"}))
         events.extend(f.events)
-    issues = tuple(i for f in files for i in f.issues)
+    issues = run.issues + tuple(i for f in files for i in f.issues)
     return Run(path=run.path, name=run.name, files=run.event_files, series=series,
                histograms=histograms, events=tuple(events), issues=issues,
                captures=_by_step(run.capture_dirs))

@@ -24,6 +24,11 @@ st.caption(f"{len(table)} runs: {failed} failed, {int((table['status'] == 'finit
            f"finite, {int((table['status'] == 'unreadable').sum())} unreadable; "
            f"{int(table['issues'].sum())} read issues. Pick a row to open the run.")
 
+skipped = data.passed_over(data.runs_root())
+if skipped:
+    with st.expander(f"{len(skipped)} folder(s) passed over while looking for runs"):
+        st.code("\n".join(skipped), language=None)
+
 left, mid, right, far = st.columns([3, 2, 3, 2])
 needle = left.text_input("Run name contains", key="runs_filter_name")
 statuses = mid.multiselect("Status", ["failed", "finite", "unreadable"],
