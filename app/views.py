@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
 from analyzer.model import Event, Location, Run, RunResult, Series, step_words
 from analyzer.replay.records import LOSS_NAME
+
+if TYPE_CHECKING:
+    from analyzer.ingest.ckpt.records import SaveRef
 
 FloatArray = npt.NDArray[np.float64]
 TIMELINE_ROLES = ("loss", "grad norm", "learning rate", "loss scale")
@@ -100,6 +104,22 @@ def failing_layer(result: RunResult) -> str | None:
         if r.op is not None and (r.op.module or "").startswith(LOSS_NAME):
             return LOSS_NAME
     return result.layer_incident.layer if result.layer_incident else None
+
+
+def save_labels(saves: Sequence[SaveRef]) -> list[str]:
+    """One distinct column label per save: ``step 10``, with the file name where two saves
+    share a step (Lightning's ``last.ckpt`` beside ``epoch=0-step=10.ckpt``), and a number
+    where even that repeats."""
+    base = [f"step {s.step}" if s.step is not None else os.path.basename(s.path) for s in saves]
+    repeated = {b for b in base if base.count(b) > 1}
+    labels = [f"{b} ({os.path.basename(s.path)})" if b in repeated and s.step is not None else b
+              for b, s in zip(base, saves, strict=True)]
+    seen: dict[str, int] = {}
+    out = []
+    for label in labels:
+        seen[label] = seen.get(label, 0) + 1
+        out.append(label if seen[label] == 1 else f"{label} #{seen[label]}")
+    return out
 
 
 def replay_brief(result: RunResult) -> str | None:

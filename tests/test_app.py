@@ -407,3 +407,38 @@ def test_log_only_runs_on_every_page(tmp_path: Path, monkeypatch: pytest.MonkeyP
             no_error(at)
             assert verdict in texts(at), (name, page)
     assert tree(tmp_path / "runs") == before
+
+
+def test_regression_layers_page_with_two_checkpoints_at_one_step(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+    from torch.utils.tensorboard import SummaryWriter
+
+    run = tmp_path / "runs" / "version_0"
+    writer = SummaryWriter(str(run))
+    for step, loss in enumerate([1.0, 0.5, float("nan")]):
+        writer.add_scalar("train/loss", loss, step)
+    writer.close()
+    (run / "checkpoints").mkdir()
+    state = {"fc.weight": torch.ones(2, 2), "fc.bias": torch.full((2,), float("nan"))}
+    for name in ("epoch=0-step=10.ckpt", "last.ckpt"):  # Lightning's pair at one step
+        torch.save({"state_dict": state, "global_step": 10}, run / "checkpoints" / name)
+    monkeypatch.setenv("FORENSICS_RUNS", str(tmp_path / "runs"))
+    at = open_app()
+    at.switch_page("app_pages/layers.py").run()
+    no_error(at)
+    counts = next(f.value for f in at.dataframe if "step 10 (last.ckpt)" in f.value.columns)
+    assert list(counts.columns) == ["step 10 (epoch=0-step=10.ckpt)", "step 10 (last.ckpt)"]
+
+
+def test_save_labels_are_distinct() -> None:
+    from analyzer.ingest.ckpt.records import SaveRef
+    from app.views import save_labels
+
+    saves = [SaveRef("a/epoch=0-step=10.ckpt", 10, 0, None), SaveRef("a/last.ckpt", 10, 0, None),
+             SaveRef("b/last.ckpt", 10, 0, None), SaveRef("final.pt", None, 1, None),
+             SaveRef("c/final.pt", None, 1, None), SaveRef("x/step_20.pt", 20, 0, None)]
+    labels = save_labels(saves)
+    assert len(set(labels)) == len(labels)
+    assert labels == ["step 10 (epoch=0-step=10.ckpt)", "step 10 (last.ckpt)",
+                      "step 10 (last.ckpt) #2", "final.pt", "final.pt #2", "step 20"]

@@ -7,6 +7,7 @@ import os
 import pandas as pd
 import streamlit as st
 
+from analyzer.model import step_words
 from app import charts, data, ui, views
 
 sel, result = ui.run_page("Layers")
@@ -58,12 +59,11 @@ else:
         st.markdown(f"{len(history.saves)} saves; every saved tensor is finite.")
     else:
         save = history.saves[bad]
-        st.markdown(f"First non-finite save: **step {save.step}** "
+        st.markdown(f"First non-finite save: **{step_words(save.step)}** "
                     f"(`{os.path.basename(save.path)}`, {save.nonfinite_tensors} non-finite "
                     f"tensors); layers: {', '.join(history.nonfinite_layers) or '-'}.")
     steps = [s.step for s in history.saves]
-    labels = [f"step {s.step}" if s.step is not None else os.path.basename(s.path)
-              for s in history.saves]
+    labels = views.save_labels(history.saves)
     counts: dict[str, dict[str, int]] = {}
     for label, scan in zip(labels, history.scans, strict=False):
         for layer_stats in scan.layers:
