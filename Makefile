@@ -7,16 +7,17 @@ STAMP  := $(VENV)/.installed
 # makes pip fetch a multi-GB CUDA build, so it is installed first when missing.
 TORCH  := torch==2.13.0
 
-.PHONY: setup demo test fuzz lint bench samples app clean
+.PHONY: setup demo test fuzz lint audit bench samples app clean
 
 setup: $(STAMP)
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): pyproject.toml | $(BIN)/python
+# constraints.txt pins every package to versions known to work together.
+$(STAMP): pyproject.toml constraints.txt | $(BIN)/python
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q $(TORCH)
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
 # analyze exits 1 when it finds a failure: that is the demo's point, not an error.
@@ -35,6 +36,10 @@ fuzz: setup
 # The dashboard on the sample runs, served on 127.0.0.1 only.
 app: setup
 	$(BIN)/forensics app sample_runs/
+
+# The pinned dependencies against known vulnerabilities (needs the network; says so without).
+audit: setup
+	$(BIN)/python .ci/audit.py
 
 lint: setup
 	$(BIN)/ruff check analyzer app tests bench
