@@ -204,7 +204,11 @@ def test_compact_trainer_state_goes_through_json(tmp_path: Path) -> None:
     assert first_nonfinite(read_log(str(path))) == First(1, 10, "loss")
     path.write_text('{"log_history": [{"loss": 1.0, "st')
     read = read_log(str(path))
-    assert read.series == () and read.issues[0].kind == "bad_json"
+    (issue,) = read.issues
+    assert read.series == () and issue.kind == "truncated"
+    assert (issue.location.line, issue.location.offset) == (1, len('{"log_history": ['))
+    path.write_text('{"log_history": [{"loss": 1.0 "step": 5}]}')
+    assert [i.kind for i in read_log(str(path)).issues] == ["bad_json"]
 
 
 def test_megatron_missing_loss_is_the_evidence() -> None:

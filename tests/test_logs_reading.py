@@ -143,8 +143,11 @@ def test_srun_labels_are_ranks_and_cat_n_numbers_are_not(tmp_path: Path) -> None
 
 def test_empty_unreadable_and_binary_files(tmp_path: Path) -> None:
     assert [i.kind for i in read_log(write(tmp_path, b"")).issues] == ["empty_file"]
-    assert [i.kind for i in read_log(str(tmp_path)).issues] == ["unreadable"]
+    assert [i.kind for i in read_log(str(tmp_path)).issues] == ["not_regular"]
     assert [i.kind for i in read_log(write(tmp_path, b"\x00" * 4096, "x.out")).issues] == [
+        "empty_file"
+    ]
+    assert [i.kind for i in read_log(write(tmp_path, bytes(range(256)) * 64, "y.out")).issues] == [
         "not_text"
     ]
     missing = read_log(str(tmp_path / "gone.log"))

@@ -9,6 +9,18 @@ and how sure that guess is. Each format lives in its own module under
 Event kinds produced: ``nonfinite`` (a line reports a NaN/Inf without a number to
 plot; detail ``tag`` and ``kind``), ``overflow_skip``, ``loss_scale``,
 ``min_loss_scale`` and ``error``.
+
+A log may come from anyone, so it is opened through :mod:`analyzer.ingest.safeio` and
+never read past the size it had when opened. Policy for the kinds reported here (the
+reading itself reports more: see ``logformats.source``, ``logformats.reader`` and
+``logformats.trainer_state``):
+
+- ``not_regular``: a FIFO, device, socket or folder under a log's name is not opened;
+- ``unreadable``: the file cannot be opened or read; what was read before is kept;
+- ``empty_file``: no text at all, NUL bytes and blanks aside;
+- ``not_text``: the head of the file, NUL bytes aside, is more than 2% control bytes
+  that text never holds (a compressed or binary file under a log's name): not read;
+- ``too_large``: a ``trainer_state.json`` above 256 MiB is refused before it is read.
 """
 
 from __future__ import annotations
@@ -20,11 +32,14 @@ from typing import BinaryIO
 
 import numpy as np
 
+from analyzer.ingest.logformats import reader
 from analyzer.ingest.logformats.context import Context
 from analyzer.ingest.logformats.dispatch import Dispatcher
 from analyzer.ingest.logformats.prefixes import PrefixRule, decide_rule
 from analyzer.ingest.logformats.reader import Lines, iter_batches
+from analyzer.ingest.logformats.source import Chunks, sniff
 from analyzer.ingest.logformats.trainer_state import read_trainer_state
+from analyzer.ingest.safeio import Deadline, NotRegularFile, open_regular
 from analyzer.model import Event, IngestIssue, Series
 
 LOG_SUFFIXES = (".log", ".txt", ".out", ".err")
@@ -32,9 +47,10 @@ TRAINER_STATE = "trainer_state.json"
 _NOT_LOGS = frozenset(
     {"readme.txt", "license.txt", "requirements.txt", "notes.txt", "cmake_install.txt"}
 )
-_HEAD_BYTES = 1 << 16
 _TRAINER_STATE_CAP = 1 << 28
 """A trainer_state.json is read whole; past this size it is refused, not loaded."""
+_CONTROL_SHARE = 0.02
+"""Share of control bytes above which a file's head is not text."""
 
 
 @dataclass(frozen=True)
@@ -94,48 +110,65 @@ def sniff_framework(text_head: str) -> tuple[str | None, float]:
     return best, round(min(1.0, best_hits / 2) * best_hits / total, 3)
 
 
-def read_log(path: str) -> LogRead:
-    """Read one log. Never raises for damaged content: damage becomes issues."""
+def read_log(path: str, deadline: Deadline | None = None) -> LogRead:
+    """Read one log. Never raises for damaged content: damage becomes issues. Reading
+    stops at ``deadline`` (by default ``safeio.READ_SECONDS`` from now), keeping what
+    was read."""
     ctx = Context(path)
     try:
-        with open(path, "rb") as stream:
-            if os.path.basename(path).lower() == TRAINER_STATE:
-                _read_state(stream, ctx)
-            else:
-                head = stream.read(_HEAD_BYTES)
-                stream.seek(0)
-                _read_text(stream, head, ctx)
+        stream, size = open_regular(path)
+    except NotRegularFile as exc:
+        ctx.issue("not_regular", str(exc), 0)
+        return _result(ctx)
     except OSError as exc:
         ctx.issue("unreadable", f"cannot read: {exc.strerror or exc}", 0)
+        return _result(ctx)
+    budget = Deadline() if deadline is None else deadline
+    try:
+        with stream:
+            if os.path.basename(path).lower() == TRAINER_STATE:
+                _read_state(stream, size, ctx, budget)
+            else:
+                _read_text(stream, size, ctx, budget)
+    except OSError as exc:
+        ctx.issue("unreadable", f"cannot read on: {exc.strerror or exc}; what came before is kept")
     return _result(ctx)
 
 
-def _read_state(stream: BinaryIO, ctx: Context) -> None:
-    data = stream.read(_TRAINER_STATE_CAP + 1)
-    if len(data) > _TRAINER_STATE_CAP:
-        ctx.issue("unreadable", f"larger than {_TRAINER_STATE_CAP} bytes; not read", 1)
+def _read_state(stream: BinaryIO, size: int, ctx: Context, deadline: Deadline) -> None:
+    if size > _TRAINER_STATE_CAP:
+        message = f"{size} bytes, above the {_TRAINER_STATE_CAP} read whole: not read"
+        ctx.issue("too_large", message, 1)
         return
-    if not data.strip():
-        ctx.issue("empty_file", "the file is empty", 1)
-        return
-    read_trainer_state(data.decode("utf-8", errors="replace"), ctx)
-
-
-def _read_text(stream: BinaryIO, head: bytes, ctx: Context) -> None:
-    if not head.strip():
+    data = stream.read(size)
+    if not data.strip(b" \t\r\n\x00"):
         ctx.issue("empty_file", "the file holds no text", 1)
         return
-    if head.count(b"\x00") > len(head) // 10:
-        ctx.issue("not_text", "mostly NUL bytes: not a text log", 1)
+    read_trainer_state(data, ctx, deadline)
+
+
+def _read_text(stream: BinaryIO, size: int, ctx: Context, deadline: Deadline) -> None:
+    head = sniff(stream, size, deadline, reader.CHUNK_BYTES)
+    if not head.text.strip() and head.whole:
+        nuls = f" ({head.nul_bytes} NUL bytes only)" if head.nul_bytes else ""
+        ctx.issue("empty_file", f"the file holds no text{nuls}", 1)
         return
-    head_lines = head.decode("utf-8", errors="replace").splitlines()[:200]
-    rule = decide_rule(head_lines)
-    _run(stream, rule, ctx)
+    share = head.control_share()
+    if share > _CONTROL_SHARE:
+        ctx.issue(
+            "not_text",
+            f"{share:.0%} of its first {len(head.text)} bytes (NULs aside) are control "
+            "bytes text never holds: not a text log",
+            1,
+        )
+        return
+    head_lines = head.text.decode("utf-8", errors="replace").splitlines()[:200]
+    _run(Chunks(stream, size, ctx, head, deadline), decide_rule(head_lines), ctx)
 
 
-def _run(stream: BinaryIO, rule: PrefixRule, ctx: Context) -> None:
+def _run(chunks: Chunks, rule: PrefixRule, ctx: Context) -> None:
     dispatcher = Dispatcher(rule, ctx)
-    for batch in iter_batches(stream, ctx):
+    for batch in iter_batches(chunks, ctx):
         if isinstance(batch, Lines):
             dispatcher.lines(batch)
         else:

@@ -83,12 +83,17 @@ class Context:
             self._noted.add(key)
             self.notes.append(text)
 
-    def issue(self, kind: str, message: str, line: int | None = None) -> None:
+    def issue(
+        self, kind: str, message: str, line: int | None = None, offset: int | None = None
+    ) -> None:
+        """Damage at ``line`` (the record being parsed when None), and at the byte
+        ``offset`` when the reader knows it."""
         where = self.line if line is None else line
         self._issue_counts[kind] += 1
         self._issue_first.setdefault(kind, where)
         if self._issue_counts[kind] <= ISSUES_PER_KIND:
-            self._issues.append(IngestIssue(Location(self.source, line=where), kind, message))
+            place = Location(self.source, offset=offset, line=where)
+            self._issues.append(IngestIssue(place, kind, message))
 
     def issues(self) -> list[IngestIssue]:
         out = list(self._issues)

@@ -20,7 +20,7 @@ import re
 from analyzer.ingest.logformats import FALLBACK, PARSERS, LineParser
 from analyzer.ingest.logformats.context import Context
 from analyzer.ingest.logformats.prefixes import TAGGED, PrefixRule
-from analyzer.ingest.logformats.reader import LINE_CAP, Lines, line_records
+from analyzer.ingest.logformats.reader import Lines, is_simple, line_records
 
 _PREFIX_START = frozenset(" \t>[0123456789")
 _TAGGED_LINE = re.compile(r"(?m)^(?:" + TAGGED.pattern + ")")
@@ -110,12 +110,7 @@ class Dispatcher:
             i += 1
             if not line:
                 continue
-            if batch.plain or (
-                "\r" not in line
-                and "\x1b" not in line
-                and "\x08" not in line
-                and len(line) <= LINE_CAP
-            ):
+            if batch.plain or is_simple(line):
                 record(before + i, line)
             else:
                 for number, text in line_records(line, before + i, self.ctx):

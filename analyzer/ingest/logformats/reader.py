@@ -1,26 +1,33 @@
-"""Bytes of a log file to numbered text records.
+"""Chunks of a log's text to numbered records.
 
-Policy for damage, one rule each:
+The chunks come from :class:`analyzer.ingest.logformats.source.Chunks` (bounded reads,
+NUL runs collapsed to one NUL). Policy for damage, one rule each:
 
 - invalid UTF-8: replaced with U+FFFD, the line is kept and counted (``bad_line``);
-- a record longer than LINE_CAP characters: the first LINE_CAP are kept, the rest
-  of it is skipped (``long_line``); a physical line that grows past the cap with no
-  newline in sight is not buffered: its rest, up to the next newline, is skipped;
-- a carriage return (or a run of backspaces) separates records inside one physical
-  line, all under that line's number. A run of progress-bar redraws collapses to
-  what a terminal would show, its last segment, but a segment is kept when it is not
-  a bar redraw (a record printed between two redraws), when it holds a NaN or Inf,
-  or when the next segment is not a redraw (the bar state a record belongs to);
+- a carriage return, a run of backspaces or a hole (a NUL) separates records inside one
+  physical line, all under that line's number. A run of progress-bar redraws collapses
+  to what a terminal would show, its last segment, but a segment is kept when it is not
+  a bar redraw (a record printed between two redraws), when it holds a NaN or Inf, when
+  the next segment is not a redraw (the bar state a record belongs to), or when a hole
+  follows it (nothing is known to have been drawn over it);
+- a record longer than LINE_CAP characters (escape sequences included): the first
+  LINE_CAP are kept, the rest of it is skipped (``long_line``). A physical line longer
+  than LINE_CAP bytes is never buffered whole: it is split at its separators as the
+  chunks come, and only its open record is held, up to the cap;
 - a last line without a newline is read like any other.
+
+The records of a file do not depend on where its chunks end: state that a boundary would
+cut (the open record, a bar redraw waiting for the segment after it, a record being
+skipped past its cap) is carried from one chunk to the next.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from typing import BinaryIO
 
 from analyzer.ingest.logformats.context import Context
+from analyzer.ingest.logformats.source import Chunks
 
 CHUNK_BYTES = 1 << 22
 LINE_CAP = 1 << 16
@@ -30,6 +37,8 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*+[A-Za-z]")
 _BACKSPACES = re.compile(r"\x08++")
 _REDRAW_ENDS = ("]", "it/s", "s/it")
 """How tqdm and Lightning bars end a redraw; a record printed onto a bar does not."""
+_SEPARATORS = (b"\r", b"\x08", b"\x00")
+Records = list[tuple[int, str]]
 
 
 def _decode(raw: bytes, line: int, ctx: Context) -> str:
@@ -44,40 +53,35 @@ def _decode(raw: bytes, line: int, ctx: Context) -> str:
         return raw.decode("utf-8", errors="replace")
 
 
-def _records(line: str, number: int, ctx: Context, open_end: bool = False) -> list[tuple[int, str]]:
-    """The records of one physical line; ``open_end`` when more of it is still to come.
-
-    One pass over the segments: a bar redraw is held until the next segment shows
-    whether it was redrawn over."""
-    if "\x1b" in line:
-        line = _ANSI.sub("", line)
-    if "\x08" in line:
-        line = _BACKSPACES.sub("\r", line)
-    out: list[tuple[int, str]] = []
-    held: str | None = None  # the last segment, when it is a bar redraw
-    for part in line.split("\r"):
-        if not part or part.isspace():
-            continue
-        redraw = part.endswith(_REDRAW_ENDS)
-        if held is not None and (not redraw or _mentions_nonfinite(held)):
+def _split(line: str, number: int, ctx: Context, held: str | None, out: Records) -> str | None:
+    """Append the records of ``line`` (a physical line, or whole segments of one) to
+    ``out``. ``held`` is a bar redraw met before it, kept until the next segment shows
+    whether it was redrawn over; the one ``line`` leaves is returned. One pass."""
+    capped = len(line) > LINE_CAP
+    ansi = "\x1b" in line
+    for k, piece in enumerate(line.split("\x00") if "\x00" in line else (line,)):
+        if k and held is not None:
             out.append((number, held))
-        if redraw:
-            held = part
-        else:
             held = None
-            out.append((number, part))
-    if held is not None and (not open_end or _mentions_nonfinite(held)):
-        out.append((number, held))
-    if len(line) > LINE_CAP:
-        for i, (at, part) in enumerate(out):
-            if len(part) > LINE_CAP:
-                ctx.issue(
-                    "long_line",
-                    f"record of {len(part)} characters cut to its first {LINE_CAP}",
-                    at,
-                )
-                out[i] = (at, part[:LINE_CAP])
-    return out
+        if "\x08" in piece:
+            piece = _BACKSPACES.sub("\r", piece)
+        for part in piece.split("\r"):
+            if capped and len(part) > LINE_CAP:
+                ctx.issue("long_line", _cut_message(), number)
+                part = part[:LINE_CAP]
+            if ansi and "\x1b" in part:
+                part = _ANSI.sub("", part)
+            if not part or part.isspace():
+                continue
+            redraw = part.endswith(_REDRAW_ENDS)
+            if held is not None and (not redraw or _mentions_nonfinite(held)):
+                out.append((number, held))
+            if redraw:
+                held = part
+            else:
+                held = None
+                out.append((number, part))
+    return held
 
 
 def _mentions_nonfinite(segment: str) -> bool:
@@ -89,10 +93,14 @@ def _mentions_nonfinite(segment: str) -> bool:
     return "nan" in low or "inf" in low
 
 
+def _cut_message() -> str:
+    return f"a record longer than {LINE_CAP} characters was cut there; the rest of it was skipped"
+
+
 class Lines:
     """Complete physical lines read together: ``lines[i]`` is line ``before + i + 1``.
 
-    ``plain`` is True when no line holds a carriage return, backspace or escape
+    ``plain`` is True when no line holds a carriage return, backspace, hole or escape
     sequence and none is longer than LINE_CAP: then every non-empty line is one
     record as it stands, and ``text`` (the lines joined) may be searched as a whole.
     """
@@ -106,13 +114,13 @@ class Lines:
         self.plain = plain
 
 
-Batch = Lines | list[tuple[int, str]]
-"""Complete lines, or the records of a line cut short or left without a newline."""
+Batch = Lines | Records
+"""Complete lines, or the records of a line read in pieces or left without a newline."""
 
 
-def iter_records(stream: BinaryIO, ctx: Context) -> Iterator[tuple[int, str]]:
-    """Yield (1-based line number, record text) for every record of the stream."""
-    for batch in iter_batches(stream, ctx):
+def iter_records(chunks: Chunks, ctx: Context) -> Iterator[tuple[int, str]]:
+    """Yield (1-based line number, record text) for every record of the file."""
+    for batch in iter_batches(chunks, ctx):
         if not isinstance(batch, Lines):
             yield from batch
             continue
@@ -122,65 +130,141 @@ def iter_records(stream: BinaryIO, ctx: Context) -> Iterator[tuple[int, str]]:
             yield from line_records(line, number, ctx)
 
 
-def line_records(line: str, number: int, ctx: Context) -> list[tuple[int, str]]:
+def is_simple(line: str) -> bool:
+    """True when ``line`` is one record as it stands."""
+    return (
+        "\r" not in line
+        and "\x1b" not in line
+        and "\x08" not in line
+        and "\x00" not in line
+        and len(line) <= LINE_CAP
+    )
+
+
+def line_records(line: str, number: int, ctx: Context) -> Records:
     """The records of one complete physical line."""
     if not line:
         return []
-    if "\r" in line or len(line) > LINE_CAP or "\x1b" in line or "\x08" in line:
-        return _records(line, number, ctx)
-    return [(number, line)]
+    if is_simple(line):
+        return [(number, line)]
+    out: Records = []
+    held = _split(line, number, ctx, None, out)
+    if held is not None:
+        out.append((number, held))
+    return out
 
 
-def iter_batches(stream: BinaryIO, ctx: Context) -> Iterator[Batch]:
-    """The stream as batches of complete lines, in order."""
-    number = 0
+def iter_batches(chunks: Chunks, ctx: Context) -> Iterator[Batch]:
+    """The file as batches of complete lines, and the records of the lines that
+    outgrow LINE_CAP bytes before their newline, in order."""
+    number = 0  # lines complete before ``pending``
     pending = b""
-    skipping = False  # inside a physical line already cut at LINE_CAP
-    first = True
-    while True:
-        chunk = stream.read(CHUNK_BYTES)
-        if first:
-            first = False
-            if chunk.startswith(b"\xef\xbb\xbf"):
-                chunk = chunk[3:]
-        if not chunk:
-            break
-        if skipping:
+    long: _LongLine | None = None
+    while chunk := chunks.read(number + 1, CHUNK_BYTES):
+        if long is not None:
             cut = chunk.find(b"\n")
+            out = long.feed(chunk if cut < 0 else chunk[:cut], cut >= 0)
+            if out:
+                yield out
             if cut < 0:
                 continue
-            chunk = chunk[cut + 1 :]
-            skipping = False
+            long = None
             number += 1
+            chunk = chunk[cut + 1 :]
         buffer = pending + chunk if pending else chunk
         cut = buffer.rfind(b"\n")
         if cut < 0:
-            complete, pending = b"", buffer
+            pending = buffer
         else:
-            complete, pending = buffer[: cut + 1], buffer[cut + 1 :]
-        if complete:
-            yield _complete_lines(complete[:-1], number, ctx)
-            number += complete.count(b"\n")
+            pending = buffer[cut + 1 :]
+            yield _complete_lines(buffer[:cut], number, ctx)
+            number += buffer.count(b"\n", 0, cut + 1)
         if len(pending) > LINE_CAP:
-            # A physical line with no newline in sight: emit what a progress bar
-            # already finished, and cut the rest rather than buffer it whole.
-            cr = pending.rfind(b"\r")
-            if cr >= 0:
-                head, pending = pending[:cr], pending[cr + 1 :]
-                yield _records(_decode(head, number + 1, ctx), number + 1, ctx, True)
-            if len(pending) > LINE_CAP:
-                ctx.issue(
-                    "long_line",
-                    f"line longer than {LINE_CAP} bytes; the rest of it was skipped",
-                    number + 1,
+            long = _LongLine(number + 1, ctx)
+            out = long.feed(pending, False)
+            pending = b""
+            if out:
+                yield out
+    if not chunks.stopped:  # a line the time budget cut is not read
+        if long is not None:
+            out = long.feed(b"", True)
+            if out:
+                yield out
+        elif pending:
+            number += 1
+            yield line_records(_decode(pending, number, ctx), number, ctx)
+    chunks.finish()
+
+
+class _LongLine:
+    """A physical line that outgrew LINE_CAP bytes before its newline, read as its
+    chunks come: split after its last separator each time, holding only the open record
+    (up to the cap) and the bar redraw waiting for the segment after it. What it gives is
+    what ``line_records`` gives the whole line."""
+
+    __slots__ = ("bad", "buf", "ctx", "held", "number", "seen", "skipping")
+
+    def __init__(self, number: int, ctx: Context) -> None:
+        self.number = number
+        self.ctx = ctx
+        self.buf = b""
+        self.held: str | None = None
+        self.skipping = False
+        """Inside a record already cut at LINE_CAP: its rest is skipped."""
+        self.seen = 0
+        """Bytes of the line before ``buf``, for the place of invalid UTF-8."""
+        self.bad = False
+
+    def feed(self, data: bytes, end: bool) -> Records:
+        """The records that ``data`` completes; ``end`` when the line ends after it."""
+        out: Records = []
+        if self.skipping:
+            cut = min((i for i in map(data.find, _SEPARATORS) if i >= 0), default=-1)
+            if cut < 0:
+                self.seen += len(data)
+                data = b""
+            else:
+                self.seen += cut
+                data = data[cut:]
+                self.skipping = False
+        buf = self.buf + data if self.buf else data
+        if end:
+            self.held = _split(self._decode(buf, True), self.number, self.ctx, self.held, out)
+            if self.held is not None:
+                out.append((self.number, self.held))
+            return out
+        cut = max(map(buf.rfind, _SEPARATORS))
+        if cut >= 0:
+            head, buf = buf[: cut + 1], buf[cut + 1 :]
+            self.held = _split(self._decode(head, True), self.number, self.ctx, self.held, out)
+            self.seen += cut + 1
+        if len(buf) > LINE_CAP:
+            text = self._decode(buf, False)
+            if len(text) > LINE_CAP:
+                # One character past the cap, so that _split cuts and reports it.
+                part = text[: LINE_CAP + 1]
+                self.held = _split(part, self.number, self.ctx, self.held, out)
+                self.seen += len(buf)
+                buf = b""
+                self.skipping = True
+        self.buf = buf
+        return out
+
+    def _decode(self, raw: bytes, final: bool) -> str:
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            # A character cut by the end of a chunk is not damage: its rest comes next.
+            cut_short = not final and exc.end == len(raw) and exc.reason == "unexpected end of data"
+            if not self.bad and not cut_short:
+                self.bad = True
+                self.ctx.issue(
+                    "bad_line",
+                    f"invalid UTF-8 at byte {self.seen + exc.start} of the line; "
+                    "replaced with U+FFFD",
+                    self.number,
                 )
-                text = pending[:LINE_CAP].decode("utf-8", errors="replace")
-                yield _records(text, number + 1, ctx)
-                pending = b""
-                skipping = True
-    if pending and not skipping:
-        number += 1
-        yield _records(_decode(pending, number, ctx), number, ctx)
+            return raw.decode("utf-8", errors="replace")
 
 
 def _complete_lines(block: bytes, before: int, ctx: Context) -> Lines:
@@ -194,6 +278,7 @@ def _complete_lines(block: bytes, before: int, ctx: Context) -> Lines:
         "\r" not in text
         and "\x1b" not in text
         and "\x08" not in text
+        and "\x00" not in text
         and max(map(len, lines)) <= LINE_CAP
     )
     return Lines(before, lines, text, plain)
