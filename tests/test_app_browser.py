@@ -202,6 +202,18 @@ def _pick(scenarios: dict[str, dict[str, Any]]) -> tuple[str, str]:
     return failed, healthy
 
 
+def _untrusted_copy(run: Path, copy: Path, marker: Path) -> None:
+    """A copy of a failed run whose capture names a module shipped in the run folder, one
+    that leaves ``marker`` when imported."""
+    shutil.copytree(run, copy)
+    (copy / "shipped.py").write_text(f"open({str(marker)!r}, 'w').close()\n"
+                                     "def make(**kwargs):\n    return None\n")
+    meta = next((copy / "capture").glob("step_*/meta.json"))
+    data = json.loads(meta.read_text())
+    data["model"]["factory"] = "shipped:make"
+    meta.write_text(json.dumps(data))
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path, str, str]]:
     """The dashboard served by `launch` on a free port, over a copy of two sample runs."""
@@ -209,6 +221,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
     root = tmp_path_factory.mktemp("browser") / "runs"
     for name in (failed, healthy):
         shutil.copytree(SAMPLES / name, root / name)
+    _untrusted_copy(root / failed, root / "untrusted", root.parent / "marker")
     port = _free_port()
     log = root.parent / "streamlit.log"
     code = ("import sys; from analyzer.dashboard import launch; "
@@ -279,7 +292,7 @@ def test_every_page_in_chromium(served: tuple[str, Path, str, str], browser: Dev
     step = sc["first_nonfinite_step"]
     run = quote(failed)
     # The table's cells are drawn on a canvas: its text is not in the page, its caption is.
-    visit(browser, base, ["Runs", "2 runs: 1 failed, 1 finite"], "runs", timeout=FIRST_LOAD_S)
+    visit(browser, base, ["Runs", "3 runs: 2 failed, 1 finite"], "runs", timeout=FIRST_LOAD_S)
     visit(browser, f"{base}timeline?run={run}", ["Marked steps", f"step {step}"], "timeline")
     visit(browser, f"{base}layers?run={run}", ["Layers", "Checkpoints"], "layers")
     visit(browser, f"{base}findings?run={run}", [sc["cause"], "Evidence", "Fix"], "findings")
@@ -288,5 +301,9 @@ def test_every_page_in_chromium(served: tuple[str, Path, str, str], browser: Dev
     visit(browser, f"{base}logs?run={run}", ["Logs", "in the other sources"], "logs")
     visit(browser, f"{base}findings?run={quote(healthy)}",
           [healthy, "every logged value is finite"], "findings_healthy")
+    visit(browser, f"{base}replay?run=untrusted",
+          ["replay not run: it would import shipped:make", "Trust this folder and replay",
+           "Replay once, without trusting it"], "replay_untrusted")
+    assert not (root.parent / "marker").exists()
     shots = sorted(p.name for p in SHOTS.glob("*.png"))
     assert {"runs.png", "timeline.png", "replay.png", "logs.png"} <= set(shots)
