@@ -30,7 +30,10 @@ _TRUST_CODE_HELP = ("import the capture's model and loss factories wherever they
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="forensics",
-        description="Find when, where and why a PyTorch training run went NaN or Inf.")
+        description="Find when, where and why a PyTorch training run went NaN or Inf.",
+        epilog="exit status: 0 every value read is finite, 1 something non-finite was found, "
+               "2 a usage error or nothing readable, 3 an internal error (--debug prints "
+               "the traceback)")
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     parser.add_argument("--debug", action="store_true",
                         help="on an internal error, print the traceback")
