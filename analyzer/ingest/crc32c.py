@@ -40,10 +40,11 @@ _HI16 = _T1[_IDX16 & 0xFF] ^ _T0[_IDX16 >> 8]
 del _IDX16
 
 
-def crc32c_rows(rows: npt.NDArray[np.uint8]) -> U32:
-    """CRC-32C of every row of a C-contiguous (n, length) uint8 array."""
+def crc32c_rows(rows: npt.NDArray[np.uint8], start: int = 0) -> U32:
+    """CRC-32C of every row of a C-contiguous (n, length) uint8 array, each continuing a
+    CRC ``start`` (of the bytes before it; 0 for none)."""
     n, length = rows.shape
-    crc = np.full(n, 0xFFFFFFFF, dtype=np.uint32)
+    crc = np.full(n, start ^ 0xFFFFFFFF, dtype=np.uint32)
     words = length // 4
     if words:
         block = np.ascontiguousarray(rows[:, : words * 4]).view("<u4")
@@ -67,14 +68,19 @@ def masked_crc32c_rows(rows: npt.NDArray[np.uint8]) -> U32:
 
 def masked_crc32c(data: bytes | memoryview) -> int:
     """Masked CRC-32C of one buffer; uses the C implementation for long payloads."""
-    crc = _crc32c_bytes(data)
+    return mask_int(crc32c_extend(0, data))
+
+
+def mask_int(crc: int) -> int:
     return int(((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF)
 
 
-def _crc32c_bytes(data: bytes | memoryview) -> int:
+def crc32c_extend(crc: int, data: bytes | memoryview) -> int:
+    """The CRC-32C of the bytes a CRC ``crc`` was of, followed by ``data`` (unmasked), so
+    that a long payload can be checked piece by piece."""
     try:
         import google_crc32c
     except ImportError:  # pragma: no cover - the dependency is declared; keep working without
         arr = np.frombuffer(data, dtype=np.uint8)[None, :]
-        return int(crc32c_rows(arr)[0])
-    return int(google_crc32c.value(bytes(data)))
+        return int(crc32c_rows(arr, crc)[0])
+    return int(google_crc32c.extend(crc, bytes(data)))

@@ -19,11 +19,14 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from analyzer.ingest.tfrecord import HEADER, frame, rows
+from analyzer.ingest.safeio import Deadline, NotRegularFile, open_regular
+from analyzer.ingest.tfrecord import HEADER, Framer, IssueLog, rows
+from analyzer.ingest.tfwindow import RecordReader, Window
 from analyzer.model import Event, Histogram, IngestIssue, Location, Series
 
 EVENT_FILE = re.compile(r"tfevents")
@@ -76,6 +79,16 @@ class _Points:
     step: list[IntArray] = field(default_factory=list)
     value: list[FloatArray] = field(default_factory=list)
     wall: list[FloatArray] = field(default_factory=list)
+    bad_walls: int = 0  # records with a non-finite wall time, and the first one
+    first_bad_wall: int = -1
+
+    def check_walls(self, record: IntArray, wall: FloatArray) -> None:
+        bad = ~np.isfinite(wall)
+        if bad.any():
+            self.bad_walls += int(bad.sum())
+            first = int(record[bad].min())
+            self.first_bad_wall = first if self.first_bad_wall < 0 else min(first,
+                                                                            self.first_bad_wall)
 
     def tag_id(self, name: str) -> int:
         return self.names.setdefault(name, len(self.names))
@@ -89,38 +102,82 @@ class _Points:
         self.wall.append(wall)
 
 
-def read_event_file(path: str, *, verify: bool = True) -> EventFile:
-    """Read one event file. Damage becomes issues; nothing is raised for bad content."""
+def read_event_file(path: str, *, verify: bool = True,
+                    deadline: Deadline | None = None) -> EventFile:
+    """Read one event file. Damage becomes issues; nothing is raised for bad content.
+
+    The file is opened only when it is a regular file and read by windows, never past the
+    size it had when opened; reading stops, keeping what it read, once ``deadline`` (by
+    default :data:`~analyzer.ingest.safeio.READ_SECONDS` from now) has passed.
+    """
     try:
-        size = os.path.getsize(path)
-        # A plain ndarray view of the map: memmap's own indexing is several times slower.
-        data: Bytes = (np.memmap(path, dtype=np.uint8, mode="r").view(np.ndarray) if size
-                       else np.zeros(0, dtype=np.uint8))
+        handle, size = open_regular(path)
     except OSError as exc:
-        issue = IngestIssue(Location(path), "unreadable", f"cannot read: {exc.strerror or exc}")
-        return EventFile(path, 0, 0, (), (), (), (issue,))
-    framing = frame(data, path, verify=verify)
-    offsets, lengths = framing.offsets, framing.lengths
-    points = _Points()
-    slow = _decode_fast(data, offsets, lengths, points)
-    decoded = _decode_slow(data, path, offsets, lengths, slow, points)
-    series = _group_series(path, offsets, points)
-    events = list(decoded.events) + _step_restarts(series)
-    events.sort(key=lambda e: e.location.offset or 0)
-    return EventFile(
-        path=path,
-        size=size,
-        records=int(offsets.shape[0]),
-        series=series,
-        histograms=decoded.histograms,
-        events=tuple(events),
-        issues=tuple(framing.issues) + decoded.issues,
-        file_version=decoded.file_version,
-    )
+        return EventFile(path, 0, 0, (), (), (), (_refused(path, exc),))
+    framer = Framer(path, size, verify=verify)
+    decoder = _Decoder(path, framer.log)
+    with handle:
+        for window in RecordReader(handle, size, framer, deadline or Deadline()):
+            decoder.add(window)
+    return decoder.result(size, framer)
 
 
-def _decode_fast(data: Bytes, offsets: IntArray, lengths: IntArray, points: _Points) -> IntArray:
-    """Decode every record with the common scalar layout; return the indices left over."""
+def _refused(path: str, exc: OSError) -> IngestIssue:
+    if isinstance(exc, NotRegularFile) and exc.kind != "folder":
+        return IngestIssue(Location(path), "not_regular", str(exc))
+    return IngestIssue(Location(path), "unreadable", f"cannot read: {exc.strerror or exc}")
+
+
+class _Decoder:
+    """Decodes the records of each window as it comes, then assembles the file."""
+
+    def __init__(self, path: str, log: IssueLog) -> None:
+        self.path = path
+        self.log = log
+        self.points = _Points()
+        self.offsets: list[IntArray] = []
+        self.count = 0
+        self.slow: Any = None  # a tb_proto.SlowDecoder, made when a record needs one
+
+    def add(self, window: Window) -> None:
+        leftover = _decode_fast(window.data, window.offsets, window.lengths, self.points,
+                                self.count)
+        if leftover.size:
+            if self.slow is None:
+                from analyzer.ingest import tb_proto
+
+                self.slow = tb_proto.SlowDecoder(self.path, self.log)
+            self.slow.decode(window, leftover, self.count, self.points)
+        self.offsets.append(window.offsets + window.base)
+        self.count += int(window.offsets.shape[0])
+
+    def result(self, size: int, framer: Framer) -> EventFile:
+        offsets = np.concatenate(self.offsets) if self.offsets else np.zeros(0, np.int64)
+        points = self.points
+        if points.bad_walls:
+            self.log.add(int(offsets[points.first_bad_wall]), "bad_record", (
+                f"{points.bad_walls} record(s) with a non-finite wall time (NaN or Inf), the "
+                "first at this offset; their steps and values are kept"))
+        series = _group_series(self.path, offsets, points)
+        slow = self.slow
+        events = (list(slow.events) if slow else []) + _step_restarts(series)
+        events.sort(key=lambda e: e.location.offset or 0)
+        return EventFile(
+            path=self.path,
+            size=size,
+            records=self.count,
+            series=series,
+            histograms=slow.hists.build(self.path) if slow else (),
+            events=tuple(events),
+            issues=tuple(framer.finish()),
+            file_version=slow.file_version if slow else None,
+        )
+
+
+def _decode_fast(data: Bytes, offsets: IntArray, lengths: IntArray, points: _Points,
+                 first: int) -> IntArray:
+    """Decode every record with the common scalar layout; return the indices left over.
+    Records are numbered from ``first`` on."""
     leftover = [np.flatnonzero((lengths < _FAST_MIN) | (lengths > _FAST_MAX))]
     in_range = np.flatnonzero((lengths >= _FAST_MIN) & (lengths <= _FAST_MAX))
     for n in np.unique(lengths[in_range]).tolist():
@@ -135,7 +192,7 @@ def _decode_fast(data: Bytes, offsets: IntArray, lengths: IntArray, points: _Poi
         ok_head = block[:, 0] == _WALL
         for s in np.unique(start[ok_head]).tolist():
             sel = np.flatnonzero(ok_head & (start == s))
-            taken = _decode_layout(block[sel], n, s, idx[sel], points)
+            taken = _decode_layout(block[sel], n, s, idx[sel] + first, points)
             leftover.append(idx[sel[~taken]])
         leftover.append(idx[~ok_head])
     return np.sort(np.concatenate(leftover)) if leftover else np.zeros(0, dtype=np.int64)
@@ -166,6 +223,7 @@ def _decode_layout(block: Bytes, n: int, s: int, record: IntArray,
     value = np.ascontiguousarray(block[:, s + 7 + taglen: s + 11 + taglen]).view("<f4")[:, 0]
     tag_ids = _tag_ids(np.ascontiguousarray(block[:, s + 6: s + 6 + taglen]), points)
     points.add(record[match], tag_ids, step.view(np.int64), value.astype(np.float64), wall)
+    points.check_walls(record[match], wall)
     return match
 
 
@@ -190,65 +248,17 @@ def _tag_ids(tag_bytes: Bytes, points: _Points) -> IntArray:
     return ids[inverse]
 
 
-@dataclass(frozen=True)
-class _Decoded:
-    histograms: tuple[Histogram, ...]
-    events: tuple[Event, ...]
-    issues: tuple[IngestIssue, ...]
-    file_version: str | None
-
-
-def _decode_slow(data: Bytes, path: str, offsets: IntArray, lengths: IntArray,
-                 which: IntArray, points: _Points) -> _Decoded:
-    from google.protobuf.message import DecodeError
-
-    from analyzer.ingest import tb_proto
-
-    raw = data.data
-    scalars = tb_proto.ScalarSink()
-    hists = tb_proto.HistogramSink()
-    events: list[Event] = []
-    issues: list[IngestIssue] = []
-    file_version: str | None = None
-    for i in which.tolist():
-        off = int(offsets[i])
-        start = off + HEADER
-        try:
-            event = tb_proto.parse_event(bytes(raw[start: start + int(lengths[i])]))
-        except DecodeError as exc:
-            issues.append(IngestIssue(Location(path, offset=off), "not_an_event",
-                                      f"record is not an Event protobuf ({exc}); skipped"))
-            continue
-        what = event.WhichOneof("what")
-        if what == "file_version":
-            if file_version is not None or i != 0:
-                events.append(Event("restart", int(event.step), Location(path, offset=off),
-                                    "writer restarted (a new file_version record)",
-                                    {"reason": "file_version"}))
-            file_version = file_version or event.file_version
-        elif what == "summary":
-            tb_proto.collect_summary(event, i, scalars, hists, off)
-        elif what == "session_log" and tb_proto.is_session_start(event):
-            events.append(Event("restart", int(event.step), Location(path, offset=off),
-                                "session restarted (SessionLog START)", {"reason": "session_log"}))
-    if scalars.record:
-        record, tags, steps, values, walls = scalars.arrays()
-        ids = np.array([points.tag_id(t) for t in tags], dtype=np.int64)
-        points.add(record, ids, steps, values, walls)
-    return _Decoded(hists.build(path), tuple(events), tuple(issues), file_version)
-
-
 def _group_series(path: str, offsets: IntArray, points: _Points) -> tuple[Series, ...]:
     if not points.record:
         return ()
-    record = np.concatenate(points.record)
-    tags = np.concatenate(points.tag)
+    record = _take(points.record)
+    tags = _take(points.tag)
     order = np.lexsort((record, tags))  # by tag, then file order
     tags = tags[order]
     record = record[order]
-    steps = np.concatenate(points.step)[order]
-    values = np.concatenate(points.value)[order]
-    walls = np.concatenate(points.wall)[order]
+    steps = _take(points.step)[order]
+    values = _take(points.value)[order]
+    walls = _take(points.wall)[order]
     bounds = np.searchsorted(tags, np.arange(len(points.names) + 1))
     out = []
     for name, t in sorted(points.names.items()):
@@ -256,6 +266,13 @@ def _group_series(path: str, offsets: IntArray, points: _Points) -> tuple[Series
         out.append(Series(tag=name, steps=steps[lo:hi], values=values[lo:hi],
                           wall_times=walls[lo:hi], source=path, positions=offsets[record[lo:hi]]))
     return tuple(out)
+
+
+def _take(parts: list[Any]) -> Any:
+    """One array from a list of parts, emptying the list so that the parts can be freed."""
+    whole = np.concatenate(parts)
+    parts.clear()
+    return whole
 
 
 def _step_restarts(series: tuple[Series, ...]) -> list[Event]:

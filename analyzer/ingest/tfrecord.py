@@ -1,51 +1,127 @@
 """TFRecord framing: where the records of a file are, and what damage lies between them.
 
 A record is ``u64 length | u32 masked CRC of length | payload | u32 masked CRC of payload``,
-all little-endian. Damage is returned as :class:`IngestIssue` values, one written policy per
-kind, never raised:
+all little-endian. With ``verify`` (the default) a record counts only when both its CRCs
+check; without it the walk trusts length fields and consults the CRCs only where it stops.
+Damage is returned as :class:`IngestIssue` values, one written policy per kind, never raised:
 
     empty_file       0 bytes: the writer was created but never flushed
-    truncated        the last record is cut off (the normal state of a crashed run's file):
-                     everything before it is kept, reading stops
-    zero_tail        the rest of the file is zero bytes (space reserved but never written):
-                     everything before it is kept, reading stops
-    bad_length_crc   a header whose length CRC does not match: the length cannot be trusted,
-                     so the reader scans forward to the next valid header and goes on
-    absurd_length    a header with a valid CRC but a length no event record has: skipped
-                     like a bad header; nothing is allocated for it
-    bad_payload_crc  the payload does not match its CRC: that record is skipped
+    truncated        a record is cut off: its header checks but the file ends inside it.
+                     At the end of the file (the normal state of a crashed run's file)
+                     everything before it is kept; where a valid record follows (a writer
+                     killed mid-record, then another appending) reading resumes there
+    zero_tail        a run of zero bytes where a record should start (space reserved but
+                     never written): passed over whole; at the end of the file nothing
+                     follows, in the middle (a copytruncate hole, a preallocated region
+                     written later) reading resumes at the next valid record
+    bad_length_crc   a header whose length CRC does not match: the length is not trusted
+    absurd_length    a header with a valid CRC but a length no event record has (2 GiB or
+                     more): nothing is allocated for it, the length is not trusted
+    bad_payload_crc  the payload does not match its CRC: the record is dropped, and its
+                     length is not trusted either
+    too_large        a record longer than the reader decodes in bounded memory
+                     (:data:`MAX_LOADED`): checked by streaming, then skipped whole
     not_event_file   no valid record anywhere: the file is not an event file
 
-The framing walk is a tight Python loop over lengths only; CRCs are checked afterwards for
-all records at once (see :mod:`analyzer.ingest.crc32c`).
+Wherever a length is not trusted, the reader scans forward for the next position where a
+header whose CRC checks is followed by a payload whose CRC checks, resumes there, and the
+issue says how many bytes were skipped and where reading resumed (or that nothing valid
+followed). Past :data:`MAX_LISTED` issues of one kind in one file, the rest are counted in
+one closing issue of that kind, so a hostile file cannot fill memory with issues.
+
+The :class:`Framer` is fed the file window by window (see :mod:`analyzer.ingest.tfwindow`);
+:func:`frame` frames a buffer that holds a whole file. The byte work is in
+:mod:`analyzer.ingest.tfwalk`.
 """
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 
-from analyzer.ingest.crc32c import masked_crc32c, masked_crc32c_rows
+from analyzer.ingest.tfwalk import (
+    HEADER,
+    MAX_RECORD,
+    OVERHEAD,
+    BoolArray,
+    Bytes,
+    IntArray,
+    find_record,
+    header_ok,
+    headers_ok,
+    ints,
+    length_at,
+    lengths_at,
+    payload_ok,
+    payloads_ok,
+    rows,
+    walk,
+    zeros_and_last_nonzero,
+)
 from analyzer.model import IngestIssue, Location
 
-HEADER = 12  # u64 length + u32 length CRC
-OVERHEAD = 16  # header + u32 payload CRC
-# Event payloads beyond this are not written by any summary writer (protobuf caps at 2 GiB).
-MAX_RECORD = 1 << 31
-# Payloads up to this length are CRC-checked in vectorised groups; longer ones one by one.
-_VECTOR_MAX = 1024
-# Lengths below this get their header CRCs from a lookup table indexed by length.
-_LUT_MAX = 1 << 20
-# Resynchronisation scans candidate header positions in windows of this many bytes.
-_SCAN_WINDOW = 1 << 16
+__all__ = ["HEADER", "MAX_LISTED", "MAX_LOADED", "OVERHEAD", "Framer", "Framing", "IssueLog",
+           "frame", "rows"]
 
-_LEN = struct.Struct("<Q")
+MAX_LOADED = 256 << 20
+"""Longest record read into memory to be decoded; longer ones are checked and skipped."""
+MAX_LISTED = 100
+"""Issues of one kind listed one by one per file; the rest are counted in one more."""
+# A run of zeros this long at the end of a damaged stretch is reported as a zero tail.
+_ZERO_NOTE = 4096
 
-Bytes = npt.NDArray[np.uint8]
-IntArray = npt.NDArray[np.int64]
+
+class IssueLog:
+    """A file's issues, listing at most :data:`MAX_LISTED` of each kind."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._listed: list[IngestIssue] = []
+        self._counts: dict[str, int] = {}
+        self._more: dict[str, list[int]] = {}  # kind -> [count, first offset, last offset]
+
+    def add(self, offset: int | None, kind: str, message: str) -> None:
+        count = self._counts[kind] = self._counts.get(kind, 0) + 1
+        if count <= MAX_LISTED:
+            self._listed.append(IngestIssue(Location(self.path, offset=offset), kind, message))
+            return
+        more = self._more.setdefault(kind, [0, offset or 0, offset or 0])
+        more[0] += 1
+        more[2] = offset or 0
+
+    def kinds(self) -> set[str]:
+        return set(self._counts)
+
+    def drop(self, kinds: set[str]) -> None:
+        self._listed = [i for i in self._listed if i.kind not in kinds]
+        for kind in kinds:
+            self._counts.pop(kind, None)
+            self._more.pop(kind, None)
+
+    def issues(self) -> list[IngestIssue]:
+        out = sorted(self._listed, key=lambda i: i.location.offset or 0)
+        for kind, (count, first, last) in self._more.items():
+            out.append(IngestIssue(Location(self.path, offset=first), kind,
+                                   f"{count} more issues of this kind between offsets {first} "
+                                   f"and {last}, not listed one by one"))
+        return out
+
+
+@dataclass
+class _Damage:
+    """A stretch of the file where no record could be trusted, still being scanned."""
+
+    start: int
+    kind: str
+    length: int | None  # the length its header claims, when the header checks
+    counted: int  # file offset up to which its bytes were looked at for zeros
+    last_nonzero: int  # file offset of the last nonzero byte looked at (< start: none)
+
+
+# Records walked from one position: offsets, header CRC ok, the indices of records failing a
+# CRC, and where the walk stopped.
+_Walked = tuple[IntArray, BoolArray, IntArray, int]
 
 
 @dataclass(frozen=True)
@@ -58,256 +134,309 @@ class Framing:
 
 
 def frame(data: Bytes, path: str, *, verify: bool = True) -> Framing:
-    """Locate every intact record of ``data`` (the whole file as a uint8 array).
+    """Locate every intact record of ``data`` (the whole file as a uint8 array)."""
+    framer = Framer(path, int(data.shape[0]), verify=verify)
+    offsets, lengths = (framer.feed(data, 0, final=True) if data.shape[0]
+                        else (ints([]), ints([])))
+    return Framing(offsets, lengths, tuple(framer.finish()))
 
-    With ``verify`` both CRCs of every record are checked. Without it the walk trusts the
-    length fields until one points past the end of the file, where the header CRC is still
-    consulted to tell a cut-off record from corruption.
+
+class Framer:
+    """Frames one file fed as consecutive buffers (windows).
+
+    Each :meth:`feed` gets the bytes from :attr:`pos` on, at least :attr:`need` of them
+    unless the file ends first, and returns the records wholly inside them. When
+    :attr:`big` is set, the next record is too long to load: the caller checks its payload
+    CRC by streaming (when :attr:`big_needs_check`) and calls :meth:`resolve_big`.
     """
-    size = int(data.shape[0])
-    if size == 0:
-        issue = IngestIssue(Location(path, offset=0), "empty_file", "file is empty (0 bytes)")
-        return Framing(_ints([]), _ints([]), (issue,))
-    raw = data.data
-    segments: list[IntArray] = []
-    issues: list[IngestIssue] = []
-    pos = 0
-    while pos < size:
-        seg, stop = _walk(raw, pos, size)
-        if verify and seg.size:
-            bad = _first_bad_header(data, seg)
-            if bad is not None:
-                segments.append(seg[:bad])
-                pos = _skip(data, int(seg[bad]), "bad_length_crc", "record header CRC mismatch",
-                            issues, path)
+
+    def __init__(self, path: str, size: int, *, verify: bool = True) -> None:
+        self.path = path
+        self.size = size
+        self.verify = verify
+        self.pos = 0
+        self.need = HEADER
+        self.big: tuple[int, int] | None = None
+        self.done = size == 0
+        self.records = 0
+        self.log = IssueLog(path)
+        self._damage: _Damage | None = None
+        self._end = 0  # end of the current buffer, as a file offset
+        self._limit = size  # the file offset no record may pass
+        if size == 0:
+            self.log.add(0, "empty_file", "file is empty (0 bytes)")
+
+    @property
+    def big_needs_check(self) -> bool:
+        return self.verify or self._damage is not None
+
+    def feed(self, buf: Bytes, base: int, final: bool) -> tuple[IntArray, IntArray]:
+        """Frame ``buf``, the file's bytes from offset ``base`` (== :attr:`pos`) on;
+        ``final`` says the file ends with it. Returns offsets (relative to ``buf``) and
+        payload lengths of the records it accepted."""
+        if base != self.pos or self.done or self.big is not None:
+            raise ValueError("feed() must get the bytes from Framer.pos on")
+        self._end = base + int(buf.shape[0])
+        self._limit = self._end if final else self.size
+        accepted: list[IntArray] = []
+        cache: _Walked | None = None
+        p: int | None = 0
+        while p is not None:
+            if self._damage is not None:
+                p = self._scan(buf, base, p, final)
+                if p is None:
+                    break
+            seg, hdr, bad, stop = self._segment(buf, p, cache)
+            cache = None
+            if bad.size:
+                b = int(bad[0])
+                accepted.append(seg[:b])
+                at = int(seg[b])
+                self._open(base + at, "bad_payload_crc" if hdr[b] else "bad_length_crc",
+                           length_at(buf, at) if hdr[b] else None)
+                cache = (seg[b + 1:], hdr[b + 1:], bad[1:] - (b + 1), stop)
+                p = at + 1
                 continue
-        segments.append(seg)
-        pos = stop
-        if pos < size:
-            pos = _diagnose_stop(data, pos, issues, path)
-    offsets = np.concatenate(segments) if segments else _ints([])
-    lengths = (np.asarray(_lengths_at(data, offsets), dtype=np.int64) if offsets.size
-               else _ints([]))
-    if not offsets.size and data.any() and not any(i.kind == "truncated" for i in issues):
-        issues = [i for i in issues if i.kind not in ("bad_length_crc", "absurd_length")]
-        issues.insert(0, _issue(path, 0, "not_event_file",
-                                f"no valid TFRecord header in {size} bytes: not an event file"))
-    if verify and offsets.size:
-        good = _payload_crc_ok(data, offsets, lengths)
-        for off in offsets[~good].tolist():
-            issues.append(_issue(path, off, "bad_payload_crc",
-                                 "record payload CRC mismatch: record skipped"))
-        offsets, lengths = offsets[good], lengths[good]
-    issues.sort(key=lambda i: i.location.offset or 0)
-    return Framing(offsets, lengths, tuple(issues))
+            accepted.append(seg)
+            p = self._at_stop(buf, base, stop, final, accepted)
+        if final:
+            self.done = True
+        elif not self.verify:
+            self._hold_back_last(buf, base, accepted)
+        offsets = np.concatenate(accepted) if accepted else ints([])
+        self.records += int(offsets.shape[0])
+        return offsets, lengths_at(buf, offsets)
+
+    def _segment(self, buf: Bytes, p: int, cache: _Walked | None) -> _Walked:
+        """Records walked from ``p``, whether each header checks, and which records fail a
+        check. After damage the scan usually resumes at a record already walked and
+        checked: that walk is reused."""
+        if cache is not None and cache[0].size:
+            j = int(np.searchsorted(cache[0], p))
+            if j < cache[0].shape[0] and int(cache[0][j]) == p:
+                seg, hdr, bad, stop = cache
+                bad = bad[int(np.searchsorted(bad, j)):] - j
+                return seg[j:], hdr[j:], bad, stop
+        seg, stop = walk(buf, p, MAX_LOADED)
+        if not self.verify:
+            return seg, np.ones(seg.shape[0], dtype=bool), ints([]), stop
+        hdr = headers_ok(buf, seg)
+        pay = payloads_ok(buf, seg, lengths_at(buf, seg)) if seg.size else hdr
+        return seg, hdr, np.flatnonzero(~(hdr & pay)), stop
+
+    def _at_stop(self, buf: Bytes, base: int, p: int, final: bool,
+                 accepted: list[IntArray]) -> int | None:
+        """The walk stopped at ``p``: say why; the position to go on from, or None."""
+        rest = int(buf.shape[0]) - p
+        if rest < HEADER:
+            if not final:
+                self._wait(base + p, HEADER)
+                return None
+            if rest:
+                self._open(base + p, "truncated", None)
+                self._count(buf, base, rest + p)
+                self._close(None)
+            return None
+        n = length_at(buf, p)
+        if not header_ok(buf, p):
+            back = self._suspect_previous(buf, base, p, accepted)
+            if back is not None:
+                return back + 1
+            self._open(base + p, "bad_length_crc", None)
+            return p + 1
+        if n >= MAX_RECORD:
+            self._open(base + p, "absurd_length", n)
+            return p + 1
+        end = p + OVERHEAD + n
+        if base + end > self._limit:
+            self._open(base + p, "truncated", n)
+            return p + 1
+        if n > MAX_LOADED and end <= buf.shape[0]:
+            ok = not self.big_needs_check or payload_ok(buf, p, n)
+            return self._big_record(base + p, n, ok) - base
+        if end <= buf.shape[0]:  # an empty record, which the walk leaves to be checked here
+            if self.verify and not payload_ok(buf, p, n):
+                self._open(base + p, "bad_payload_crc", n)
+                return p + 1
+            accepted.append(ints([p]))
+            return end
+        self._wait(base + p, OVERHEAD + n)
+        return None
+
+    def _suspect_previous(self, buf: Bytes, base: int, p: int,
+                          accepted: list[IntArray]) -> int | None:
+        """Without verify, a bad header right after a record casts doubt on that record's
+        length (a writer killed mid-record, another appending): check its payload CRC, and
+        when it fails, drop it and scan from there instead. Returns its position then."""
+        if self.verify:
+            return None
+        last = next((a for a in reversed(accepted) if a.size), None)
+        if last is None:
+            return None
+        q = int(last[-1])
+        n = length_at(buf, q)
+        if q + OVERHEAD + n != p or payload_ok(buf, q, n):
+            return None
+        for k in range(len(accepted) - 1, -1, -1):
+            if accepted[k].size:
+                accepted[k] = accepted[k][:-1]
+                break
+        self._open(base + q, "bad_payload_crc", n)
+        return q
+
+    def _hold_back_last(self, buf: Bytes, base: int, accepted: list[IntArray]) -> None:
+        """Without verify, leave the last record before the window's end to the next
+        window, so that :meth:`_suspect_previous` can still look at it there."""
+        if self.big is not None or self._damage is not None:
+            return
+        last = next((k for k in range(len(accepted) - 1, -1, -1) if accepted[k].size), None)
+        if last is None:
+            return
+        q = int(accepted[last][-1])
+        if base + q + OVERHEAD + length_at(buf, q) != self.pos:
+            return
+        accepted[last] = accepted[last][:-1]
+        self.need += self.pos - (base + q)
+        self.pos = base + q
+
+    def _wait(self, pos: int, need: int) -> None:
+        self.pos, self.need = pos, need
+        if need - OVERHEAD > MAX_LOADED:
+            self.big = (pos, need - OVERHEAD)
+
+    def _scan(self, buf: Bytes, base: int, p: int, final: bool) -> int | None:
+        """Look for the next valid record from ``p`` on; its position, or None (waiting for
+        more bytes, or at the end)."""
+        size = int(buf.shape[0])
+        found, n = find_record(buf, p, self._limit - base)
+        if n is not None:  # a header that checks, its payload not read yet
+            self._count(buf, base, found)
+            self._wait(base + found, OVERHEAD + n)
+            return None
+        if found < size - HEADER + 1:
+            self._count(buf, base, found)
+            self._close(base + found)
+            return found
+        if final:
+            self._count(buf, base, size)
+            self._close(None)
+            return None
+        self._count(buf, base, found)
+        self._wait(base + found, HEADER)
+        return None
+
+    def resolve_big(self, ok: bool) -> None:
+        """The answer for :attr:`big`: whether its payload CRC checks (or was not asked)."""
+        if self.big is None:
+            raise ValueError("no record is waiting to be resolved")
+        off, n = self.big
+        self.big = None
+        self.need = HEADER
+        self.pos = self._big_record(off, n, ok)
+
+    def _big_record(self, off: int, n: int, ok: bool) -> int:
+        """A record too long to decode at ``off``: skip it, or treat it as damage when its
+        payload CRC fails. Returns the file offset to go on from."""
+        if ok:
+            if self._damage is not None:
+                self._close(off)
+            self.log.add(off, "too_large", f"record of {n} payload bytes, more than the "
+                         f"{MAX_LOADED} bytes a record may have to be decoded: skipped")
+            return off + OVERHEAD + n
+        if self._damage is None:
+            self._open(off, "bad_payload_crc", n)
+        damage = self._damage
+        assert damage is not None
+        damage.last_nonzero = max(damage.last_nonzero, off)  # a header checks there: not zero
+        damage.counted = max(damage.counted, off + 1)
+        return off + 1
+
+    def stop(self, at: int) -> None:
+        """Reading ends at ``at`` before the end of the file (a time budget, a read error)."""
+        damage = self._damage
+        if damage is not None:
+            self._damage = None
+            self.log.add(damage.start, damage.kind,
+                         f"{_what(damage, False)}; reading stopped {at - damage.start} bytes "
+                         f"later, at offset {at}, before a valid record was found")
+        self.done = True
+
+    def finish(self) -> list[IngestIssue]:
+        """The issues, in file order; call once reading is over."""
+        if self._damage is not None:
+            self.stop(self._end)
+        if self.records == 0 and {"bad_length_crc", "absurd_length"} & self.log.kinds() \
+                and not {"truncated", "bad_payload_crc", "too_large"} & self.log.kinds():
+            self.log.drop({"bad_length_crc", "absurd_length", "zero_tail"})
+            self.log.add(0, "not_event_file", f"no valid TFRecord header in {self.size} "
+                         "bytes: not an event file")
+        return self.log.issues()
+
+    def _open(self, at: int, kind: str, length: int | None) -> None:
+        self._damage = _Damage(at, kind, length, counted=at, last_nonzero=at - 1)
+
+    def _count(self, buf: Bytes, base: int, upto: int) -> None:
+        """Look at the damaged bytes up to ``upto`` (relative) for zeros."""
+        damage = self._damage
+        assert damage is not None
+        lo = max(0, damage.counted - base)
+        if upto > lo:
+            _, last = zeros_and_last_nonzero(buf[lo:upto])
+            if last >= 0:
+                damage.last_nonzero = base + lo + last
+        damage.counted = max(damage.counted, base + upto)
+
+    def _close(self, found: int | None) -> None:
+        """The damaged stretch ends at ``found`` (a valid record) or at the end of the file."""
+        damage = self._damage
+        assert damage is not None
+        self._damage = None
+        end = self._end if found is None else found
+        skipped = end - damage.start
+        if damage.last_nonzero < damage.start:
+            self.log.add(damage.start, "zero_tail", (
+                f"last {skipped} bytes are all zero: nothing was written there" if found is None
+                else f"{skipped} zero bytes (space reserved or a hole, never written); "
+                f"reading resumes at the next valid record, at offset {found}"))
+            return
+        if found is not None:
+            self.log.add(damage.start, damage.kind, f"{_what(damage, True)}; skipped "
+                         f"{skipped} bytes to the next valid record at offset {found}")
+            return
+        self.log.add(damage.start, damage.kind, _at_end(damage, skipped))
+        tail = end - damage.last_nonzero - 1
+        if tail >= _ZERO_NOTE:
+            self.log.add(damage.last_nonzero + 1, "zero_tail",
+                         f"last {tail} bytes are all zero: nothing was written there")
 
 
-def rows(data: Bytes, starts: IntArray, width: int) -> Bytes:
-    """Copy ``width`` bytes from each start into an (n, width) array.
-
-    Indexing a sliding-window view copies whole rows; indexing with an (n, width) array of
-    byte positions would first build an index array eight times the size of the data.
-    """
-    if width == 0:
-        return np.zeros((starts.shape[0], 0), dtype=np.uint8)
-    return np.lib.stride_tricks.sliding_window_view(data, width)[starts]
-
-
-def _lengths_at(data: Bytes, offsets: IntArray) -> npt.NDArray[np.uint64]:
-    return rows(data, offsets, 8).copy().view("<u8")[:, 0]
-
-
-def _walk(raw: memoryview, pos: int, size: int) -> tuple[IntArray, int]:
-    """Follow length fields from ``pos`` while each record fits in the file.
-
-    Summary writers log the same tags in the same order step after step, so record lengths
-    repeat with a short period. Once the recent lengths show a period, the walk predicts the
-    following records and checks the prediction against every length field at once (see
-    :func:`_predict`); the result is the one a record-by-record walk gives, at a fraction of
-    the cost.
-    """
-    data = np.frombuffer(raw, dtype=np.uint8)
-    done: list[IntArray] = []
-    offsets: list[int] = []
-    recent: list[int] = []
-    unpack = _LEN.unpack_from
-    last = size - HEADER
-    while pos <= last:
-        n = unpack(raw, pos)[0]
-        end = pos + OVERHEAD + n
-        if end > size:
-            break
-        offsets.append(pos)
-        recent.append(n)
-        pos = end
-        if len(recent) in _PERIOD_CHECKS:
-            period = _period(recent)
-            if period:
-                done.append(np.asarray(offsets, dtype=np.int64))
-                offsets = []
-                pos, predicted = _predict(data, pos, size, recent[-period:])
-                done.append(predicted)
-            if period or len(recent) == _PERIOD_CHECKS[-1]:
-                recent = []
-    done.append(np.asarray(offsets, dtype=np.int64))
-    return np.concatenate(done), pos
+def _what(damage: _Damage, resumed: bool) -> str:
+    """What went wrong at the start of a damaged stretch; ``resumed``: a valid record
+    follows it."""
+    if damage.kind == "bad_payload_crc":
+        return "record payload CRC mismatch, so its length is not trusted either"
+    if damage.kind == "absurd_length":
+        return f"record claims {damage.length} bytes, more than any event record holds"
+    if damage.kind == "truncated" and resumed:
+        return (f"record cut off: its header claims {damage.length} payload bytes, but a "
+                "valid record starts before their end (a writer stopped mid-record and "
+                "another wrote after it)")
+    if damage.kind == "truncated":
+        return f"record cut off: its header claims {damage.length} payload bytes"
+    return "record header CRC mismatch"
 
 
-# History lengths at which the walk looks for a period (doubling keeps the search cheap).
-_PERIOD_CHECKS = (32, 64, 128, 256, 512, 1024)
-
-
-def _period(lengths: list[int]) -> int | None:
-    """The shortest period of the whole recent history, if it repeats at least twice."""
-    n = len(lengths)
-    for p in range(1, n // 2 + 1):
-        if lengths[p:] == lengths[:-p]:
-            return p
-    return None
-
-
-def _predict(data: Bytes, pos: int, size: int, cycle: list[int]) -> tuple[int, IntArray]:
-    """Walk from ``pos`` while record lengths keep repeating ``cycle``.
-
-    Blocks of predicted records, growing while predictions hold, are checked against the
-    length fields in one go; records are accepted up to the first one whose length differs
-    from the prediction, and the plain walk takes over there.
-    """
-    lengths = np.asarray(cycle, dtype=np.int64)
-    period = lengths.shape[0]
-    heads = np.lib.stride_tricks.sliding_window_view(data, 8)
-    accepted: list[IntArray] = []
-    cycles = 16
-    while True:
-        want = np.tile(lengths, cycles)
-        ends = pos + np.cumsum(want + OVERHEAD)
-        fit = int(np.searchsorted(ends, size, side="right"))
-        fit -= fit % period  # whole cycles only, so the next block starts in phase
-        if fit == 0:
-            break
-        offs = np.concatenate(([pos], ends[: fit - 1]))
-        found = heads[offs].copy().view("<u8")[:, 0]
-        wrong = np.flatnonzero(found != want[:fit].astype(np.uint64))
-        if wrong.size:
-            accepted.append(offs[: int(wrong[0])])
-            pos = int(offs[int(wrong[0])])
-            break
-        accepted.append(offs)
-        pos = int(ends[fit - 1])
-        cycles = min(cycles * 4, (1 << 20) // period + 1)
-    return pos, (np.concatenate(accepted) if accepted else _ints([]))
-
-
-def _diagnose_stop(data: Bytes, pos: int, issues: list[IngestIssue], path: str) -> int:
-    """The walk stopped before the end of the file at ``pos``: say why, return where to go on."""
-    size = int(data.shape[0])
-    rest = size - pos
-    if not data[pos:].any():
-        issues.append(_issue(path, pos, "zero_tail",
-                             f"last {rest} bytes are all zero: nothing was written there"))
-        return size
-    if rest < HEADER:
-        issues.append(_issue(path, pos, "truncated",
-                             f"file ends inside a record header ({rest} of {HEADER} bytes); "
-                             "everything before it was read"))
-        return size
-    if not _header_ok(data, pos):
-        return _skip(data, pos, "bad_length_crc", "record header CRC mismatch", issues, path)
-    (n,) = _LEN.unpack_from(data.data, pos)
-    if n >= MAX_RECORD:
-        return _skip(data, pos, "absurd_length",
-                     f"record claims {n} bytes, more than any event record holds", issues, path)
-    issues.append(_issue(path, pos, "truncated",
-                         f"last record cut off: {rest - OVERHEAD if rest > OVERHEAD else 0} of "
-                         f"{n} payload bytes present; everything before it was read"))
-    return size
-
-
-def _skip(data: Bytes, pos: int, kind: str, what: str,
-          issues: list[IngestIssue], path: str) -> int:
-    """Report damage at ``pos`` and return the offset of the next valid record (or the end)."""
-    size = int(data.shape[0])
-    found = _next_header(data, pos + 1)
-    if found is None:
-        if not data[pos:].any():
-            issues.append(_issue(path, pos, "zero_tail", f"last {size - pos} bytes are all "
-                                 "zero: nothing was written there"))
-        else:
-            issues.append(_issue(path, pos, kind, f"{what}; no valid record after it, last "
-                                 f"{size - pos} bytes skipped"))
-        return size
-    issues.append(_issue(path, pos, kind,
-                         f"{what}; skipped {found - pos} bytes to the next valid record "
-                         f"at offset {found}"))
-    return found
-
-
-def _next_header(data: Bytes, start: int) -> int | None:
-    """The first position at or after ``start`` holding a valid header whose record fits."""
-    size = int(data.shape[0])
-    pos = start
-    while pos + HEADER <= size:
-        stop = min(size - HEADER + 1, pos + _SCAN_WINDOW)
-        windows = np.lib.stride_tricks.sliding_window_view(data[pos: stop + HEADER - 1], HEADER)
-        heads = np.ascontiguousarray(windows[:, :8])
-        stored = np.ascontiguousarray(windows[:, 8:]).view("<u4")[:, 0]
-        room = size - OVERHEAD - np.arange(pos, stop, dtype=np.int64)
-        fits = heads.view("<u8")[:, 0] <= np.maximum(room, 0).astype(np.uint64)
-        hits = np.flatnonzero((masked_crc32c_rows(heads) == stored) & fits)
-        if hits.size:
-            return pos + int(hits[0])
-        pos = stop
-    return None
-
-
-def _header_ok(data: Bytes, pos: int) -> bool:
-    return _first_bad_header(data, _ints([pos])) is None
-
-
-def _first_bad_header(data: Bytes, offsets: IntArray) -> int | None:
-    """Index of the first record whose length CRC is wrong.
-
-    A header's CRC depends on the length alone, and records come in few lengths: each
-    distinct length is hashed once and every stored CRC compared with its own.
-    """
-    heads = rows(data, offsets, HEADER)
-    length_bytes = np.ascontiguousarray(heads[:, :8])
-    stored = np.ascontiguousarray(heads[:, 8:]).view("<u4")[:, 0]
-    lengths = length_bytes.view("<u8")[:, 0]
-    if int(lengths.max()) < _LUT_MAX:  # the usual case: a lookup table indexed by length
-        present = np.flatnonzero(np.bincount(lengths.astype(np.intp)))
-        table = np.zeros(int(present[-1]) + 1, dtype=np.uint32)
-        table[present] = masked_crc32c_rows(
-            np.ascontiguousarray(present.astype("<u8")[:, None]).view(np.uint8))
-        expected = table[lengths.astype(np.intp)]
-    else:
-        _, first, inverse = np.unique(lengths, return_index=True, return_inverse=True)
-        expected = masked_crc32c_rows(length_bytes[first])[inverse.reshape(-1)]
-    bad = np.flatnonzero(expected != stored)
-    return int(bad[0]) if bad.size else None
-
-
-def _payload_crc_ok(data: Bytes, offsets: IntArray, lengths: IntArray) -> npt.NDArray[np.bool_]:
-    ok = np.ones(offsets.shape[0], dtype=bool)
-    short = lengths <= _VECTOR_MAX
-    for n in np.unique(lengths[short]).tolist():
-        idx = np.flatnonzero(short & (lengths == n))
-        per_chunk = max(1, (32 << 20) // (n + 4))  # bounds each copy to about 32 MB
-        for lo in range(0, idx.size, per_chunk):
-            chunk = idx[lo: lo + per_chunk]
-            block = rows(data, offsets[chunk] + HEADER, n + 4)
-            stored = np.ascontiguousarray(block[:, n:]).view("<u4")[:, 0]
-            ok[chunk] = masked_crc32c_rows(block[:, :n]) == stored
-    raw = data.data
-    for i in np.flatnonzero(~short).tolist():
-        s, n = int(offsets[i]) + HEADER, int(lengths[i])
-        ok[i] = masked_crc32c(raw[s: s + n]) == int.from_bytes(raw[s + n: s + n + 4], "little")
-    return ok
-
-
-def _issue(path: str, offset: int, kind: str, message: str) -> IngestIssue:
-    return IngestIssue(Location(path, offset=offset), kind, message)
-
-
-def _ints(values: list[int]) -> IntArray:
-    return np.asarray(values, dtype=np.int64)
+def _at_end(damage: _Damage, skipped: int) -> str:
+    """The message for damage that runs to the end of the file."""
+    n = damage.length
+    if damage.kind == "truncated" and n is None:
+        return (f"file ends inside a record header ({skipped} of {HEADER} bytes); "
+                "everything before it was read")
+    if damage.kind == "truncated" and n is not None:
+        present = skipped - HEADER
+        if present > n:
+            return (f"last record cut off in its CRC: all {n} payload bytes and {present - n} "
+                    "of 4 CRC bytes present; everything before it was read")
+        return (f"last record cut off: {max(present, 0)} of {n} payload bytes present; "
+                "everything before it was read")
+    return f"{_what(damage, False)}; no valid record after it, last {skipped} bytes skipped"
