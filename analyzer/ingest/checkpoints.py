@@ -35,6 +35,7 @@ from analyzer.ingest.ckpt.records import (
     jsonable,
 )
 from analyzer.ingest.ckpt.render import format_history, format_scan
+from analyzer.ingest.safeio import NotRegularFile, is_regular
 from analyzer.model import IngestIssue, Location
 
 __all__ = [
@@ -85,28 +86,41 @@ def scan_checkpoint(path: str, *, trust_pickle: bool = False) -> CheckpointScan:
     ``trust_pickle=True`` lets a pickle that needs globals outside the ``weights_only``
     allow-list run; it is never turned on automatically.
     """
-    from analyzer.ingest.ckpt.scan import scan_file
-    from analyzer.ingest.ckpt.sharded import scan_sharded
-    from analyzer.ingest.ckpt.stats import single_threaded
+    from analyzer.ingest.ckpt.sharded import is_index, scan_sharded
 
     try:
         if os.path.isdir(path):
             return _failed(path, "a folder, not a checkpoint file")
-        if path.endswith(".index.json"):
-            return scan_sharded(
-                path, lambda shard: scan_checkpoint(shard, trust_pickle=trust_pickle)
-            )
-        with single_threaded():
-            return scan_file(path, trust_pickle=trust_pickle)
+        if is_index(path):
+            return scan_sharded(path, lambda shard: _scan_one(shard, trust_pickle))
+        return _scan_one(path, trust_pickle)
+    except NotRegularFile as exc:
+        return _failed(path, str(exc), "not_regular")
     except OSError as exc:
         return _failed(path, exc.strerror or str(exc))
     except Exception as exc:  # the last guard: a damaged file must not stop the analysis
         return _failed(path, f"{type(exc).__name__}: {exc}")
 
 
-def _failed(path: str, reason: str) -> CheckpointScan:
-    size = os.path.getsize(path) if os.path.isfile(path) else 0
-    issue = IngestIssue(Location(path), "unreadable", reason)
+def _scan_one(path: str, trust_pickle: bool) -> CheckpointScan:
+    """One checkpoint file (never an index), behind the same last guard."""
+    from analyzer.ingest.ckpt.scan import scan_file
+    from analyzer.ingest.ckpt.stats import single_threaded
+
+    try:
+        with single_threaded():
+            return scan_file(path, trust_pickle=trust_pickle)
+    except NotRegularFile as exc:
+        return _failed(path, str(exc), "not_regular")
+    except OSError as exc:
+        return _failed(path, exc.strerror or str(exc))
+    except Exception as exc:  # the last guard: a damaged file must not stop the analysis
+        return _failed(path, f"{type(exc).__name__}: {exc}")
+
+
+def _failed(path: str, reason: str, kind: str = "unreadable") -> CheckpointScan:
+    size = os.path.getsize(path) if is_regular(path) else 0
+    issue = IngestIssue(Location(path), kind, reason)
     return CheckpointScan(path, size, "unknown", "none", files=(path,), issues=(issue,))
 
 

@@ -5,7 +5,10 @@ refused when its entries overlap, reach past the end of the file, or claim to un
 far more bytes than they hold (``torch.save`` stores entries uncompressed, so any such
 claim is foreign to a checkpoint). A file cut off mid-save has no central directory: its
 local headers are walked instead, to say how far the save got and to recover the
-entries that were written whole.
+entries that were written whole (``truncated``). A central directory that points where
+there is no local header (outside the file, say) is reported (``bad_checkpoint``) and
+the local headers are walked the same way; entries found so are read statically, never
+by ``torch.load``, whose reader would follow the bad directory.
 """
 
 from __future__ import annotations
@@ -14,8 +17,8 @@ import itertools
 import struct
 import zipfile
 from dataclasses import dataclass
-from typing import BinaryIO
 
+from analyzer.ingest.ckpt.ranges import FileRanges
 from analyzer.model import IngestIssue, Location
 
 LOCAL_MAGIC = b"PK\x03\x04"
@@ -42,8 +45,11 @@ class Entry:
 class Archive:
     """The checked layout of a torch zip archive.
 
-    ``complete`` is False for a truncated file; its ``entries`` are then those written
-    whole before the cut. ``refused`` means nothing in the archive may be read.
+    ``complete`` is False when the entries come from walking the local headers (a file
+    cut off mid-save, or a central directory that cannot be followed); they are then
+    those written whole. ``truncated`` says the walk ended inside the file's last entry
+    or right after a whole one, with no directory: the save was cut off. ``refused``
+    means nothing in the archive may be read.
     """
 
     entries: dict[str, Entry]
@@ -51,6 +57,7 @@ class Archive:
     complete: bool
     refused: bool
     issues: tuple[IngestIssue, ...]
+    truncated: bool = False
 
     @property
     def is_torchscript(self) -> bool:
@@ -73,16 +80,15 @@ class _Local:
     name: str
 
 
-def _read_local(handle: BinaryIO, offset: int) -> _Local | None:
+def _read_local(ranges: FileRanges, offset: int) -> _Local | None:
     """The local header at ``offset``, or None where there is none."""
-    handle.seek(offset)
-    raw = handle.read(_LOCAL.size)
+    raw = ranges.read(offset, _LOCAL.size)
     if len(raw) < _LOCAL.size:
         return None
     magic, _, flags, method, _, _, _, csize, usize, nlen, xlen = _LOCAL.unpack(raw)
     if magic != LOCAL_MAGIC:
         return None
-    name = handle.read(nlen).decode("utf-8", "replace")
+    name = ranges.read(offset + _LOCAL.size, nlen).decode("utf-8", "replace")
     return _Local(offset + _LOCAL.size + nlen + xlen, flags, method, csize, usize, name)
 
 
@@ -93,47 +99,45 @@ def _prefix(names: list[str]) -> str:
     return names[0].split("/", 1)[0] if names else ""
 
 
-def read_archive(path: str, size: int) -> Archive:
-    """Check the archive at ``path`` and map its members; never raises for bad content."""
+def read_archive(ranges: FileRanges) -> Archive:
+    """Check the archive and map its members; never raises for bad content."""
+    path, size = ranges.path, ranges.size
     try:
-        with zipfile.ZipFile(path) as archive:
+        with zipfile.ZipFile(ranges.stream()) as archive:
             infos = archive.infolist()
     except NotImplementedError as exc:
         issue = IngestIssue(Location(path, offset=0), "bad_checkpoint", f"zip archive: {exc}")
         return Archive({}, "", True, True, (issue,))
     except (zipfile.BadZipFile, ValueError, OSError, EOFError, struct.error):
-        return _walk_truncated(path, size)
-    issues: list[IngestIssue] = []
+        return _walk_locals(ranges)
     entries: dict[str, Entry] = {}
-    with open(path, "rb") as handle:
-        for info in infos:
-            inside = 0 <= info.header_offset < size
-            local = _read_local(handle, info.header_offset) if inside else None
-            if local is None:
-                issues.append(
-                    IngestIssue(
-                        Location(path, offset=info.header_offset),
-                        "bad_checkpoint",
-                        f"zip entry {info.filename!r}: no local header where the directory "
-                        "points; archive refused",
-                    )
-                )
-                return Archive({}, "", True, True, tuple(issues))
-            data_offset = local.data_offset
-            entries[info.filename] = Entry(
-                info.filename,
-                info.header_offset,
-                data_offset,
-                info.compress_size,
-                info.file_size,
-                info.compress_type != zipfile.ZIP_STORED,
+    for info in infos:
+        inside = 0 <= info.header_offset < size
+        local = _read_local(ranges, info.header_offset) if inside else None
+        if local is None:
+            where = "outside the file" if not inside else "where there is none"
+            bad = IngestIssue(
+                Location(path, offset=info.header_offset),
+                "bad_checkpoint",
+                f"zip central directory: entry {info.filename!r} points to a local header "
+                f"{where} (offset {info.header_offset}); the entries were found from their "
+                "local headers instead and read without torch.load",
             )
+            return _walk_locals(ranges, directory=bad)
+        entries[info.filename] = Entry(
+            info.filename,
+            info.header_offset,
+            local.data_offset,
+            info.compress_size,
+            info.file_size,
+            info.compress_type != zipfile.ZIP_STORED,
+        )
     problem = _layout_problem(list(entries.values()), size)
     if problem is not None:
         offset, message = problem
-        issues.append(IngestIssue(Location(path, offset=offset), "bad_checkpoint", message))
-        return Archive(entries, _prefix(list(entries)), True, True, tuple(issues))
-    return Archive(entries, _prefix(list(entries)), True, False, tuple(issues))
+        issue = IngestIssue(Location(path, offset=offset), "bad_checkpoint", message)
+        return Archive(entries, _prefix(list(entries)), True, True, (issue,))
+    return Archive(entries, _prefix(list(entries)), True, False, ())
 
 
 def _layout_problem(entries: list[Entry], size: int) -> tuple[int, str] | None:
@@ -166,16 +170,15 @@ def _layout_problem(entries: list[Entry], size: int) -> tuple[int, str] | None:
     return None
 
 
-def _find_descriptor(handle: BinaryIO, data_offset: int, size: int) -> tuple[int, int] | None:
+def _find_descriptor(ranges: FileRanges, data_offset: int) -> tuple[int, int] | None:
     """(stored size, offset after the descriptor) of an entry written with a data
     descriptor, found by looking for a descriptor whose size field matches its position."""
     window = 1 << 20
     position = data_offset
-    while position < size:
-        handle.seek(position)
-        block = handle.read(window + 24)
+    while position < ranges.size:
+        block = ranges.read(position, window + 24)
         at = block.find(DESCRIPTOR_MAGIC)
-        while at != -1:
+        while at != -1 and at < window:
             stored = position + at - data_offset
             small = block[at + 8 : at + 12]
             large = block[at + 8 : at + 16]
@@ -188,31 +191,45 @@ def _find_descriptor(handle: BinaryIO, data_offset: int, size: int) -> tuple[int
     return None
 
 
-def _walk_truncated(path: str, size: int) -> Archive:
-    """Follow the local headers of an archive with no central directory."""
+def _walk_locals(ranges: FileRanges, directory: IngestIssue | None = None) -> Archive:
+    """Follow the local headers from the start of the file. ``directory`` is the issue
+    of a central directory that could not be followed; without one, there is none (the
+    file was cut off mid-save)."""
+    path, size = ranges.path, ranges.size
     entries: dict[str, Entry] = {}
     offset = 0
     cut_in: str | None = None
-    with open(path, "rb") as handle:
-        while offset < size:
-            local = _read_local(handle, offset)
-            if local is None:
-                break
-            stored, after = local.stored_size, local.data_offset + local.stored_size
-            if local.flags & 0x08:
-                found = _find_descriptor(handle, local.data_offset, size)
-                if found is None:
-                    cut_in = local.name
-                    break
-                stored, after = found
-            if local.data_offset + stored > size:
+    while offset < size:
+        local = _read_local(ranges, offset)
+        if local is None:
+            break
+        stored, after = local.stored_size, local.data_offset + local.stored_size
+        if local.flags & 0x08:
+            found = _find_descriptor(ranges, local.data_offset)
+            if found is None:
                 cut_in = local.name
                 break
-            entries[local.name] = Entry(
-                local.name, offset, local.data_offset, stored, stored, local.method != 0
-            )
-            offset = after
+            stored, after = found
+        if local.data_offset + stored > size:
+            cut_in = local.name
+            break
+        entries[local.name] = Entry(
+            local.name, offset, local.data_offset, stored, stored, local.method != 0
+        )
+        offset = after
     names = list(entries)
+    problem = _layout_problem(list(entries.values()), size)
+    if problem is not None:  # local headers can claim bombs and overlaps too
+        issue = IngestIssue(Location(path, offset=problem[0]), "bad_checkpoint", problem[1])
+        issues = (directory, issue) if directory is not None else (issue,)
+        return Archive(entries, _prefix(names), False, True, issues)
+    if directory is not None:
+        if cut_in is not None:
+            message = (f"the file ends inside entry {cut_in!r}; {len(entries)} entries "
+                       "before it are whole")
+            cut = IngestIssue(Location(path, offset=offset), "truncated", message)
+            return Archive(entries, _prefix(names), False, False, (directory, cut), True)
+        return Archive(entries, _prefix(names), False, False, (directory,))
     where = f"inside entry {cut_in!r}" if cut_in else "after the last whole entry"
     message = (
         f"incomplete checkpoint: no zip central directory (file cut off mid-save, {size} "
@@ -221,4 +238,4 @@ def _walk_truncated(path: str, size: int) -> Archive:
     if not entries and cut_in is None:
         message = "not a readable zip archive: no central directory and no local headers"
     issue = IngestIssue(Location(path, offset=offset), "truncated", message)
-    return Archive(entries, _prefix(names), False, False, (issue,))
+    return Archive(entries, _prefix(names), False, False, (issue,), True)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
 from collections.abc import Callable
 
 from analyzer.ingest.ckpt.records import CheckpointHistory, CheckpointScan, LayerGrowth, SaveRef
+from analyzer.ingest.ckpt.sharded import is_index, read_weight_map
 from analyzer.model import Incident, Location, NonFiniteKind
 
 
@@ -17,26 +17,28 @@ def _natural(path: str) -> list[object]:
 
 
 def _shards_named_by(index_path: str) -> set[str]:
+    """The shard files an index would read (never an index: those it does not follow)."""
     try:
-        with open(index_path, "rb") as handle:
-            index = json.loads(handle.read(64 << 20).decode("utf-8"))
-        names = index["weight_map"].values()
-        folder = os.path.dirname(index_path)
-        return {os.path.join(folder, n) for n in names if isinstance(n, str)}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        weight_map, _ = read_weight_map(index_path)
+    except OSError:
         return set()
+    folder = os.path.dirname(index_path)
+    names = weight_map.values() if weight_map is not None else ()
+    return {os.path.normpath(os.path.join(folder, n)) for n in names if not is_index(n)}
 
 
 def drop_shards(paths: list[str]) -> list[str]:
     """Shards named by an index in the list are scanned through that index only."""
     covered: set[str] = set()
     for path in paths:
-        if path.endswith(".index.json"):
-            covered |= {os.path.normpath(p) for p in _shards_named_by(path)}
-    return [p for p in paths if os.path.normpath(p) not in covered]
+        if is_index(path):
+            covered |= _shards_named_by(path)
+    return [p for p in paths if is_index(p) or os.path.normpath(p) not in covered]
 
 
 def build_history(paths: list[str], scan_one: Callable[[str], CheckpointScan]) -> CheckpointHistory:
+    """Scan the saves and order them by step; saves with no step go after every numbered
+    one, in natural file name order, since nothing says when they were written."""
     scans = [scan_one(p) for p in drop_shards(paths)]
     scans.sort(key=lambda s: (s.step is None, s.step or 0, _natural(s.path)))
     first = next((i for i, s in enumerate(scans) if s.has_nonfinite), None)
@@ -98,13 +100,12 @@ def checkpoint_incident(history: CheckpointHistory) -> Incident | None:
 
     ``tag`` is ``checkpoint/<tensor name>`` of the first non-finite model tensor (or any
     tensor when no model tensor is), ``layer`` its module prefix. None when no save is
-    non-finite or the failing save has no known step.
+    non-finite. A save whose step is unknown (``final.pt``) still fails the run: its
+    incident has step None, and ``decided_by`` says why.
     """
     if history.first_nonfinite is None:
         return None
     scan = history.scans[history.first_nonfinite]
-    if scan.step is None:
-        return None
     bad = scan.nonfinite_tensors
     tensor = next((t for t in bad if t.group == "model"), bad[0])
     assert tensor.stats is not None
@@ -112,6 +113,12 @@ def checkpoint_incident(history: CheckpointHistory) -> Incident | None:
     last = history.last_finite
     last_step = history.saves[last].step if last is not None else None
     layer = history.nonfinite_layers[0] if history.nonfinite_layers else None
+    decided_by = "checkpoint-scan"
+    if scan.step is None:
+        decided_by = (
+            "the save names no step (none in its file or folder name, no step key inside "
+            "it): it counts as later than every numbered save"
+        )
     return Incident(
         step=scan.step,
         tag=f"checkpoint/{tensor.name}",
@@ -119,6 +126,6 @@ def checkpoint_incident(history: CheckpointHistory) -> Incident | None:
         last_finite_step=last_step,
         location=Location(scan.path),
         layer=layer,
-        decided_by="checkpoint-scan",
+        decided_by=decided_by,
         origin="checkpoint",
     )

@@ -7,8 +7,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from analyzer.ingest.ckpt.archive import Archive
+from analyzer.ingest.ckpt.extents import unfit
+from analyzer.ingest.ckpt.ranges import (
+    FileRanges,
+    contiguous_chunks,
+    strided_chunks,
+)
 from analyzer.ingest.ckpt.staticpickle import TensorRef
-from analyzer.ingest.ckpt.stats import file_chunks, tensor_chunks
+from analyzer.ingest.ckpt.stats import tensor_chunks
 
 if TYPE_CHECKING:
     import torch
@@ -23,6 +29,10 @@ class Leaf:
     chunks: Callable[[], Iterator[torch.Tensor]] | None
     note: str | None = None
     numeric: bool = True
+    layout: tuple[int, ...] | None = None
+    """The strides of a view whose chunks are not cut from one flat run of its values
+    (they may also follow the storage's order, not the view's); two leaves are read in
+    lockstep, chunk against chunk, only when their layouts agree."""
 
 
 def torch_dtype(name: str) -> torch.dtype | None:
@@ -56,35 +66,60 @@ class TorchLeaves:
         def chunks() -> Iterator[torch.Tensor]:
             return tensor_chunks(value, release=release)
 
-        return Leaf(shape, dtype, chunks, None, _numeric(value.dtype))
+        layout = None if value.is_contiguous() else tuple(int(s) for s in value.stride())
+        return Leaf(shape, dtype, chunks, None, _numeric(value.dtype), layout)
 
 
 class StaticLeaves:
-    """Leaves of a statically read ``torch.save`` pickle, read raw from the archive."""
+    """Leaves of a statically read ``torch.save`` pickle, read raw from the archive.
 
-    def __init__(self, path: str, archive: Archive | None, *, little_endian: bool) -> None:
-        self.path = path
+    Every tensor's extent is checked (:mod:`extents`) before a byte of it is read.
+    """
+
+    def __init__(
+        self, ranges: FileRanges | None, archive: Archive | None, *, little_endian: bool
+    ) -> None:
+        self.ranges = ranges
         self.archive = archive
         self.little_endian = little_endian
+        self._made: dict[int, tuple[TensorRef, Leaf]] = {}
 
     def leaf(self, value: object) -> Leaf | None:
         if not isinstance(value, TensorRef):
             return None
-        dtype_name = value.storage.dtype if value.storage else "unknown"
+        # The tree is walked several times (to classify it, then to scan it): one Leaf
+        # per tensor, kept with the tensor so that its id cannot be reused meanwhile.
+        made = self._made.get(id(value))
+        if made is not None and made[0] is value:
+            return made[1]
+        leaf = self._make(value)
+        self._made[id(value)] = (value, leaf)
+        return leaf
+
+    def _make(self, value: TensorRef) -> Leaf:
+        dtype_name = value.dtype_name
         dtype = torch_dtype(dtype_name)
         numeric = _numeric(dtype)
         note = self._unreadable(value, dtype)
-        if note is not None or dtype is None or value.storage is None or self.archive is None:
+        ranges, archive = self.ranges, self.archive
+        if note is not None or dtype is None or ranges is None or archive is None:
             return Leaf(value.shape, dtype_name, None, note, numeric)
-        entry = self.archive.member(f"data/{value.storage.key}")
-        assert entry is not None  # checked by _unreadable
-        start = entry.data_offset + value.offset * dtype.itemsize
-        path, count = self.path, value.numel
+        assert value.storage is not None  # checked by _unreadable
+        entry = archive.member(f"data/{value.storage.key}")
+        assert entry is not None
+        base = entry.data_offset + value.offset * dtype.itemsize
+        shape, stride, count = value.shape, value.stride, value.numel
+        if value.contiguous:
 
-        def chunks() -> Iterator[torch.Tensor]:
-            return file_chunks(path, start, count, dtype)
+            def chunks() -> Iterator[torch.Tensor]:
+                return contiguous_chunks(ranges, base, count, dtype)
 
-        return Leaf(value.shape, dtype_name, chunks, None, numeric)
+            return Leaf(shape, dtype_name, chunks, None, numeric)
+
+        def strided() -> Iterator[torch.Tensor]:
+            return strided_chunks(ranges, base, shape, stride, dtype)
+
+        return Leaf(shape, dtype_name, strided, None, numeric, stride)
 
     def _unreadable(self, ref: TensorRef, dtype: torch.dtype | None) -> str | None:
         if ref.storage is None or dtype is None:
@@ -93,17 +128,5 @@ class StaticLeaves:
             return "values not read (not a zip archive)"
         if not self.little_endian:
             return "big-endian archive: values not read"
-        if ref.offset < 0 or any(d < 0 for d in ref.shape):
-            return "negative offset or size in the pickle"
-        if not ref.contiguous:
-            return "strided view: values not read"
-        entry = self.archive.member(f"data/{ref.storage.key}")
-        if entry is None and not self.archive.complete:
-            return f"storage data/{ref.storage.key} not written whole before the file ends"
-        if entry is None:
-            return f"storage data/{ref.storage.key} missing from the archive"
-        if entry.compressed:
-            return "compressed storage: values not read"
-        if (ref.offset + ref.numel) * dtype.itemsize > entry.stored_size:
-            return "storage shorter than the tensor"
-        return None
+        reason = unfit(ref, self.archive)
+        return None if reason is None else f"not scanned: {reason}"

@@ -136,8 +136,8 @@ def _paired(slots: Mapping[object, object], leaves: LeafSource) -> tuple[Leaf, L
     v = leaves.leaf(slots.get("exp_avg_sq"))
     if m is None or v is None or m.chunks is None or v.chunks is None:
         return None
-    if m.shape != v.shape or not (m.numeric and v.numeric):
-        return None
+    if m.shape != v.shape or m.layout != v.layout or not (m.numeric and v.numeric):
+        return None  # chunks of the two would not line up value for value
     return m, v
 
 

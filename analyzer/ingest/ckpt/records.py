@@ -226,17 +226,16 @@ class CheckpointHistory:
 
 
 def jsonable(value: object) -> object:
-    """Turn records into plain JSON values; non-finite floats become strings."""
+    """Turn records into plain JSON values; non-finite floats become strings. A read issue
+    takes the one shape every report gives it, :meth:`IngestIssue.to_dict`."""
+    if isinstance(value, IngestIssue):
+        return value.to_dict()
     if is_dataclass(value) and not isinstance(value, type):
         out: dict[str, object] = {f.name: jsonable(getattr(value, f.name)) for f in fields(value)}
         if isinstance(value, TensorStats):
             out["l2_norm"] = jsonable(value.l2_norm)
             out["nonfinite"] = value.nonfinite
             out["beyond_fp16_share"] = value.beyond_fp16_share
-        if isinstance(value, IngestIssue):
-            out["location"] = str(value.location)
-            out["file"] = value.location.file
-            out["offset"] = value.location.offset
         return out
     if isinstance(value, float):
         return json_safe(value)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from analyzer.ingest.ckpt.records import CheckpointHistory, CheckpointScan, LayerStats, TensorStats
+from analyzer.model import step_words
 
 MAX_ROWS = 15
 
@@ -43,10 +44,8 @@ def _layer_rows(layers: tuple[LayerStats, ...]) -> list[str]:
 
 def format_scan(scan: CheckpointScan) -> str:
     """A checkpoint scan for the terminal: issues first, then what went non-finite."""
-    step = "-" if scan.step is None else f"{scan.step} (from {scan.step_source})"
-    lines = [
-        f"{scan.path}  [{scan.format}, read: {scan.read_mode}, {_size(scan.size)}, step {step}]"
-    ]
+    step = "no step" if scan.step is None else f"step {scan.step} (from {scan.step_source})"
+    lines = [f"{scan.path}  [{scan.format}, read: {scan.read_mode}, {_size(scan.size)}, {step}]"]
     lines += [f"  ! {issue}" for issue in scan.issues]
     if scan.static is not None and scan.static.globals_wanted:
         lines.append("  globals wanted: " + ", ".join(scan.static.globals_wanted))
@@ -105,17 +104,26 @@ def format_history(history: CheckpointHistory) -> str:
     lines = [f"{len(history.saves)} checkpoints in step order:"]
     for index, save in enumerate(history.saves):
         mark = "  <- first non-finite" if index == history.first_nonfinite else ""
+        where = f"step {save.step:>8}" if save.step is not None else f"{'no step':>13}"
         lines.append(
-            f"  step {save.step if save.step is not None else '?':>8}  "
-            f"non-finite tensors={save.nonfinite_tensors:<4} scale={_num(save.scale):<8} "
-            f"{save.path}{mark}"
+            f"  {where}  non-finite tensors={save.nonfinite_tensors:<4} "
+            f"scale={_num(save.scale):<8} {save.path}{mark}"
+        )
+    stepless = [save.path for save in history.saves if save.step is None]
+    if stepless:
+        shown = ", ".join(stepless[:MAX_ROWS]) + (" ..." if len(stepless) > MAX_ROWS else "")
+        lines.append(
+            f"{len(stepless)} with no step in their name or contents, placed after the "
+            f"numbered saves: {shown}"
         )
     if history.first_nonfinite is None:
         lines.append("no checkpoint holds a non-finite tensor")
     else:
         save = history.saves[history.first_nonfinite]
         layers = ", ".join(history.nonfinite_layers[:MAX_ROWS]) or "(no model layer)"
-        lines.append(f"first save with a non-finite tensor: step {save.step} ({save.path})")
+        lines.append(
+            f"first save with a non-finite tensor: {step_words(save.step)} ({save.path})"
+        )
         lines.append(f"  layers: {layers}")
         if not history.nonfinite_layers:
             lines.append("  tensors: " + ", ".join(history.nonfinite_tensor_names[:MAX_ROWS]))

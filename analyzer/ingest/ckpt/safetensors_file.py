@@ -5,6 +5,12 @@ name to ``{"dtype", "shape", "data_offsets": [begin, end]}`` (offsets relative t
 byte after the header) plus an optional ``__metadata__`` map of strings, then the data.
 Every check below names the byte offset it is about. Tensors are read one at a time,
 in chunks, straight from the file.
+
+Policy: a header that fails a check yields no tensors (``bad_checkpoint``); holes and
+bytes after the last tensor are reported and the tensors kept. A header larger than
+``MAX_HEADER_BYTES`` or listing more than ``MAX_TENSORS`` tensors is refused
+(``too_large``) before it is parsed: real checkpoints hold at most tens of thousands of
+tensors per file, and a header of millions costs minutes and gigabytes to follow.
 """
 
 from __future__ import annotations
@@ -16,14 +22,19 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from analyzer.ingest.ckpt.leaves import Leaf, torch_dtype
-from analyzer.ingest.ckpt.stats import file_chunks
+from analyzer.ingest.ckpt.ranges import FileRanges, contiguous_chunks
 from analyzer.model import IngestIssue, Location
 
 if TYPE_CHECKING:
     import torch
 
-MAX_HEADER = 100_000_000
-"""The largest header the reference implementation accepts."""
+MAX_HEADER_BYTES = 32 << 20
+"""The largest header read (the reference implementation's own limit is 100 MB). A
+header lists a tensor in about 100 bytes: 32 MiB is room for 300,000 of them."""
+MAX_TENSORS = 100_000
+"""The most tensors one file may list."""
+MAX_LISTED = 5
+"""Holes reported one by one; the rest are counted."""
 
 DTYPES: dict[str, tuple[str, int]] = {
     "BOOL": ("bool", 1),
@@ -62,31 +73,43 @@ class SafeHeader:
     issues: tuple[IngestIssue, ...]
 
 
-def _fail(path: str, offset: int, message: str) -> SafeHeader:
-    issue = IngestIssue(Location(path, offset=offset), "bad_checkpoint", message)
+def _fail(path: str, offset: int, message: str, kind: str = "bad_checkpoint") -> SafeHeader:
+    issue = IngestIssue(Location(path, offset=offset), kind, message)
     return SafeHeader((), {}, 0, (issue,))
 
 
-def read_header(path: str, size: int) -> SafeHeader:
+def read_header(ranges: FileRanges) -> SafeHeader:
     """Parse and check the header; a header that fails a check yields no tensors."""
+    path, size = ranges.path, ranges.size
     if size < 8:
         return _fail(path, 0, f"safetensors file of {size} bytes: too short for a header")
-    with open(path, "rb") as handle:
-        (length,) = struct.unpack("<Q", handle.read(8))
-        if length > MAX_HEADER:
-            return _fail(path, 0, f"safetensors header claims {length} bytes (limit {MAX_HEADER})")
-        if 8 + length > size:
-            return _fail(
-                path, 0, f"safetensors header claims {length} bytes; file has {size - 8} after it"
-            )
-        raw = handle.read(length)
+    (length,) = struct.unpack("<Q", ranges.read(0, 8))
+    if 8 + length > size:
+        limit = f" (and the limit is {MAX_HEADER_BYTES:,})" if length > MAX_HEADER_BYTES else ""
+        return _fail(path, 0, f"safetensors header claims {length} bytes; file has "
+                     f"{size - 8} after it{limit}")
+    if length > MAX_HEADER_BYTES:
+        return _fail(path, 0, f"safetensors header of {length:,} bytes is above the limit of "
+                     f"{MAX_HEADER_BYTES:,} bytes; refused before parsing", "too_large")
+    raw = ranges.read(8, length)
+    listed = raw.count(b'"data_offsets"')  # an upper bound, known before parsing
+    if listed > MAX_TENSORS:
+        return _too_many(path, listed, "about ")
     try:
         header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        return _fail(path, 8, f"safetensors header is not valid JSON: {exc}")
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)[:200]
+        return _fail(path, 8, f"safetensors header is not valid JSON: {reason}")
     if not isinstance(header, dict):
         return _fail(path, 8, "safetensors header is not a JSON object")
+    if len(header) - ("__metadata__" in header) > MAX_TENSORS:
+        return _too_many(path, len(header) - ("__metadata__" in header), "")
     return _check_entries(path, header, 8 + length, size - 8 - length)
+
+
+def _too_many(path: str, count: int, about: str) -> SafeHeader:
+    return _fail(path, 8, f"safetensors header lists {about}{count:,} tensors, above the limit "
+                 f"of {MAX_TENSORS:,} per file; refused", "too_large")
 
 
 def _check_entries(path: str, header: dict[str, object], start: int, data_size: int) -> SafeHeader:
@@ -101,8 +124,9 @@ def _check_entries(path: str, header: dict[str, object], start: int, data_size: 
         assert isinstance(spec, dict)
         begin, end = spec["data_offsets"]
         tensors.append(SafeTensor(name, spec["dtype"], tuple(spec["shape"]), begin, end))
-    ordered = sorted(tensors, key=lambda t: t.begin)
+    ordered = sorted(tensors, key=lambda t: (t.begin, t.end))
     issues: list[IngestIssue] = []
+    holes = 0
     covered = 0
     for tensor in ordered:
         if tensor.begin < covered:
@@ -112,14 +136,21 @@ def _check_entries(path: str, header: dict[str, object], start: int, data_size: 
                 f"safetensors tensor {tensor.name!r} overlaps the tensor before it",
             )
         if tensor.begin > covered:
-            issues.append(
-                IngestIssue(
-                    Location(path, offset=start + covered),
-                    "bad_checkpoint",
-                    f"safetensors data has a hole before {tensor.name!r}",
+            holes += 1
+            if holes <= MAX_LISTED:
+                issues.append(
+                    IngestIssue(
+                        Location(path, offset=start + covered),
+                        "bad_checkpoint",
+                        f"safetensors data has a hole before {tensor.name!r}",
+                    )
                 )
-            )
-        covered = tensor.end
+        covered = max(covered, tensor.end)
+    if holes > MAX_LISTED:
+        issues.append(
+            IngestIssue(Location(path, offset=start), "bad_checkpoint",
+                        f"{holes - MAX_LISTED} more holes in the safetensors data")
+        )
     if covered < data_size:
         issues.append(
             IngestIssue(
@@ -160,16 +191,16 @@ def _entry_problem(spec: object, data_size: int) -> str | None:
     return None
 
 
-def leaf_of(path: str, header: SafeHeader, tensor: SafeTensor) -> Leaf:
+def leaf_of(ranges: FileRanges, header: SafeHeader, tensor: SafeTensor) -> Leaf:
     name, _ = DTYPES[tensor.dtype]
     dtype = torch_dtype(name)
-    numeric = dtype is not None and (dtype.is_floating_point or dtype.is_complex)
     if dtype is None:
         return Leaf(tensor.shape, name, None, "dtype not supported by this torch", False)
+    numeric = dtype.is_floating_point or dtype.is_complex
     offset = header.data_start + tensor.begin
     numel = (tensor.end - tensor.begin) // dtype.itemsize
 
     def chunks() -> Iterator[torch.Tensor]:
-        return file_chunks(path, offset, numel, dtype)
+        return contiguous_chunks(ranges, offset, numel, dtype)
 
     return Leaf(tensor.shape, name, chunks, None, numeric)

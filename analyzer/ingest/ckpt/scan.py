@@ -1,39 +1,58 @@
-"""Reading one checkpoint file: choose the reader by content, never by trust.
+"""Reading one checkpoint file: choose the reader by content, never by name or trust.
 
-Policy, one line per case:
+Policy, one line per case (the issue kind in brackets):
 
-* torch zip archive: layout checked first (:mod:`archive`); a refused archive is not read.
-* complete archive: ``torch.load(weights_only=True, mmap=True, map_location="cpu")``.
-  When it is refused for wanting other globals, the pickle is read statically instead
-  and the globals are named. Nothing ever retries with ``weights_only=False``; only
+* the file is opened once through safeio: a FIFO, device or socket is refused by its type
+  before opening [``not_regular``]; nothing reads past the size it had then.
+* what it holds is told by its first bytes: a zip archive, a safetensors header or a
+  pickle. A name that says otherwise (a torch zip named ``.safetensors``) is reported and
+  the content wins [``bad_checkpoint``]. Text, or bytes none of these start with, is not a
+  checkpoint [``bad_checkpoint``, read mode ``none``].
+* torch zip archive: layout checked first (:mod:`archive`), then the pickle is read
+  statically and every tensor's extent checked against its record (:mod:`extents`). A
+  refused archive, or one with a tensor that does not fit, is not handed to torch.
+* complete archive: ``torch.load(weights_only=True, map_location="meta")`` decides whether
+  the pickle is acceptable without reading a value; the values are then read from the
+  records with ordinary reads (no memory map, so a file shrinking meanwhile cannot fault).
+  When the two readings of the pickle do not list the same tensors, the values come from
+  ``torch.load(weights_only=True, mmap=True)`` instead, extents still checked first.
+* weights_only refuses the pickle [``unsafe_checkpoint``]: the message says why (the
+  globals it wants, or the pickle feature the weights_only unpickler lacks) and the pickle
+  is read statically. Nothing ever retries with ``weights_only=False``; only
   ``trust_pickle=True`` (the user's explicit choice) does that.
-* archive cut off mid-save: reported ``truncated``; what was written whole is read
-  statically.
-* TorchScript archive: holds code; reported and read statically, never loaded.
+* archive cut off mid-save [``truncated``]: what was written whole is read statically.
+* TorchScript archive [``unsafe_checkpoint``]: holds code; read statically, never loaded.
 * bare pickle (legacy ``torch.save`` or ``pickle.dump``): ``weights_only`` load when small
   enough to hold in memory, else a static read.
-* safetensors: header validated, then tensors read one at a time.
+* safetensors: header validated (:mod:`safetensors_file`), then tensors read one at a time.
 """
 
 from __future__ import annotations
 
-import os
 import pickle
+import pickletools
+import re
 import warnings
+from dataclasses import replace
 from typing import Any
 
+from analyzer.ingest.ckpt import extents
 from analyzer.ingest.ckpt.archive import LOCAL_MAGIC, Archive, read_archive
 from analyzer.ingest.ckpt.build import Draft, assemble
 from analyzer.ingest.ckpt.leaves import Leaf, StaticLeaves, TorchLeaves
+from analyzer.ingest.ckpt.ranges import FileRanges
 from analyzer.ingest.ckpt.records import CheckpointScan, StaticListing
 from analyzer.ingest.ckpt.safetensors_file import leaf_of, read_header
 from analyzer.ingest.ckpt.staticpickle import StaticResult, read_pickle
+from analyzer.ingest.ckpt.tree import walk
 from analyzer.model import IngestIssue, Location
 
 MAX_PICKLE_BYTES = 256 << 20
 """Largest pickle read into memory (a bare pickle, or data.pkl of an archive)."""
 
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
+_PICKLE_STARTS = b"(}]c"
+"""First bytes of protocol 0 and 1 pickles of a dict, list or object."""
 
 
 def _issue(path: str, kind: str, message: str, offset: int | None = None) -> IngestIssue:
@@ -62,12 +81,25 @@ def _listing(result: StaticResult) -> StaticListing:
     return StaticListing(globals_wanted=wanted, globals_all=tuple(result.globals_seen))
 
 
-def _torch_load(path: str, *, trusted: bool, mmap: bool) -> Any:
+def _torch_load(source: Any, *, trusted: bool, mmap: bool = False, meta: bool = False) -> Any:
     import torch
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return torch.load(path, map_location="cpu", weights_only=not trusted, mmap=mmap)
+        return torch.load(
+            source, map_location="meta" if meta else "cpu", weights_only=not trusted, mmap=mmap
+        )
+
+
+class _Described:
+    """Leaf source that only describes the tensors of a tree torch built (on ``meta``)."""
+
+    def leaf(self, value: object) -> Leaf | None:
+        import torch
+
+        if not isinstance(value, torch.Tensor):
+            return None
+        return Leaf(tuple(value.shape), str(value.dtype).removeprefix("torch."), None)
 
 
 class _LeafPassThrough:
@@ -78,29 +110,60 @@ class _LeafPassThrough:
 
 
 def scan_file(path: str, *, trust_pickle: bool) -> CheckpointScan:
-    size = os.path.getsize(path)
+    """One checkpoint file. Raises OSError (NotRegularFile included) when it cannot be
+    opened; damage inside it becomes issues."""
+    with FileRanges(path) as ranges:
+        return _scan(ranges, trust_pickle=trust_pickle)
+
+
+def _scan(ranges: FileRanges, *, trust_pickle: bool) -> CheckpointScan:
+    path, size = ranges.path, ranges.size
     draft = Draft(path=path, size=size, read_mode="none")
     if size == 0:
         draft.issues.append(_issue(path, "empty_file", "empty checkpoint file", 0))
-        return assemble(None, _LeafPassThrough(), _with(draft, format="unknown"))
-    with open(path, "rb") as handle:
-        head = handle.read(16)
-    if path.endswith(".safetensors") or _looks_like_safetensors(head, size):
-        return _scan_safetensors(path, draft)
-    if head.startswith(LOCAL_MAGIC):
-        return _scan_zip(path, draft, trust_pickle=trust_pickle)
-    if head[:1] == b"\x80" or head[:1] in (b"(", b"}", b"]", b"c"):
-        return _scan_bare_pickle(path, draft, trust_pickle=trust_pickle)
-    draft.issues.append(
-        _issue(path, "bad_checkpoint", f"not a checkpoint: starts with bytes {head[:8].hex()}", 0)
-    )
-    return assemble(None, _LeafPassThrough(), _with(draft, format="unknown"))
+        return _nothing(draft)
+    head = ranges.read(0, 16)
+    content = _content(head, size)
+    named = "safetensors" if path.lower().endswith(".safetensors") else "torch"
+    if content is not None and (content == "safetensors") != (named == "safetensors"):
+        draft.issues.append(_issue(path, "bad_checkpoint", _mismatch(named, content), 0))
+    if content == "zip":
+        return _scan_zip(ranges, draft, trust_pickle=trust_pickle)
+    if content == "pickle":
+        return _scan_bare_pickle(ranges, draft, trust_pickle=trust_pickle)
+    if content == "safetensors" or named == "safetensors":
+        return _scan_safetensors(ranges, draft)
+    draft.issues.append(_issue(path, "bad_checkpoint", _not_a_checkpoint(ranges), 0))
+    return _nothing(draft)
+
+
+def _nothing(draft: Draft) -> CheckpointScan:
+    return assemble(None, _LeafPassThrough(), _with(draft, format="unknown", read_mode="none"))
 
 
 def _with(draft: Draft, **changes: Any) -> Draft:
     for key, value in changes.items():
         setattr(draft, key, value)
     return draft
+
+
+def _content(head: bytes, size: int) -> str | None:
+    """``zip``, ``safetensors`` or ``pickle`` by the first bytes; None for none of them."""
+    if head.startswith(LOCAL_MAGIC):
+        return "zip"
+    if _looks_like_safetensors(head, size):
+        return "safetensors"
+    if head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
+        return "pickle"
+    if head[:1] and head[:1] in _PICKLE_STARTS:
+        return "pickle"
+    return None
+
+
+def _mismatch(named: str, content: str) -> str:
+    what = {"zip": "a torch zip archive", "pickle": "a pickle", "safetensors": "safetensors"}
+    name = "a safetensors file" if named == "safetensors" else "a torch checkpoint"
+    return f"named like {name} but holds {what[content]}: read as what it holds"
 
 
 def _looks_like_safetensors(head: bytes, size: int) -> bool:
@@ -110,28 +173,45 @@ def _looks_like_safetensors(head: bytes, size: int) -> bool:
     return 2 <= length <= size - 8 and head[8:9] == b"{"
 
 
-def _scan_safetensors(path: str, draft: Draft) -> CheckpointScan:
-    header = read_header(path, draft.size)
+def _not_a_checkpoint(ranges: FileRanges) -> str:
+    sample = ranges.read(0, 4096)
+    line = _text_line(sample)
+    if line is not None:
+        return f"not a checkpoint: a text file ({line!r})"
+    return f"not a checkpoint: starts with bytes {sample[:8].hex()}"
+
+
+def _text_line(sample: bytes) -> str | None:
+    """The first line of ``sample`` when it reads as text, else None."""
+    text = sample.decode("utf-8", "ignore")
+    if not text or len(text.encode()) < len(sample) - 3:  # allow a character cut at the end
+        return None
+    if any(not (c.isprintable() or c in "\t\r\n\f") for c in text):
+        return None
+    return text.splitlines()[0][:60] if text.strip() else None
+
+
+def _scan_safetensors(ranges: FileRanges, draft: Draft) -> CheckpointScan:
+    header = read_header(ranges)
     draft.issues.extend(header.issues)
-    root = {t.name: leaf_of(path, header, t) for t in header.tensors}
+    root = {t.name: leaf_of(ranges, header, t) for t in header.tensors}
     mode = "header" if header.tensors or not header.issues else "none"
     return assemble(root, _LeafPassThrough(), _with(draft, format="safetensors", read_mode=mode))
 
 
-def _read_member(path: str, archive: Archive, leaf: str) -> bytes | None:
+def _read_member(ranges: FileRanges, archive: Archive, leaf: str) -> bytes | None:
     entry = archive.member(leaf)
     if entry is None or entry.compressed or entry.stored_size > MAX_PICKLE_BYTES:
         return None
-    with open(path, "rb") as handle:
-        handle.seek(entry.data_offset)
-        return handle.read(entry.stored_size)
+    return ranges.read(entry.data_offset, entry.stored_size)
 
 
-def _scan_zip(path: str, draft: Draft, *, trust_pickle: bool) -> CheckpointScan:
-    archive = read_archive(path, draft.size)
+def _scan_zip(ranges: FileRanges, draft: Draft, *, trust_pickle: bool) -> CheckpointScan:
+    path = ranges.path
+    archive = read_archive(ranges)
     draft.issues.extend(archive.issues)
     if archive.refused:
-        return assemble(None, _LeafPassThrough(), _with(draft, format="unknown"))
+        return _nothing(draft)
     if archive.is_torchscript:
         draft.issues.append(
             _issue(
@@ -142,23 +222,64 @@ def _scan_zip(path: str, draft: Draft, *, trust_pickle: bool) -> CheckpointScan:
                 0,
             )
         )
-        return _scan_static(path, archive, _with(draft, format="torchscript"))
+        return _scan_static(ranges, archive, _with(draft, format="torchscript"))
     if archive.member("data.pkl") is None:
         draft.issues.append(
             _issue(path, "bad_checkpoint", "zip archive without data.pkl: not a torch.save file")
         )
-        return assemble(None, _LeafPassThrough(), _with(draft, format="unknown"))
+        return _nothing(draft)
     if not archive.complete:
-        return _scan_static(path, archive, _with(draft, format="incomplete"))
+        fmt = "incomplete" if archive.truncated else None
+        return _scan_static(ranges, archive, _with(draft, format=fmt))
+    parsed = _parse_data_pkl(ranges, archive)
+    if parsed is None or parsed.error is not None:
+        return _scan_static(ranges, archive, draft, parsed)
+    unfit = extents.problems(parsed, archive)
+    if unfit:
+        draft.issues.extend(_extent_issues(path, unfit))
+        return _scan_static(ranges, archive, draft, parsed)
+    if trust_pickle:
+        root = _torch_load(path, trusted=True, mmap=True)
+        return assemble(root, TorchLeaves(release=True), _with(draft, read_mode="trusted"))
     try:
-        root = _torch_load(path, trusted=trust_pickle, mmap=True)
+        meta = _torch_load(ranges.stream(), trusted=False, meta=True)
     except pickle.UnpicklingError as exc:
-        return _refused(path, archive, draft, exc)
+        return _refused(ranges, archive, draft, exc, parsed)
     except Exception as exc:  # torch reports archive damage with several types
         draft.issues.append(_issue(path, "bad_checkpoint", f"torch.load failed: {_short(exc)}"))
-        return _scan_static(path, archive, draft)
-    mode = "trusted" if trust_pickle else "weights_only"
-    return assemble(root, TorchLeaves(release=True), _with(draft, read_mode=mode))
+        return _scan_static(ranges, archive, draft, parsed)
+    leaves = StaticLeaves(ranges, archive, little_endian=_little_endian(ranges, archive))
+    if leaves.little_endian and _tensors(meta, _Described()) == _tensors(parsed.root, leaves):
+        return assemble(parsed.root, leaves, _with(draft, read_mode="weights_only"))
+    root = _torch_load(path, trusted=False, mmap=True)
+    return assemble(root, TorchLeaves(release=True), _with(draft, read_mode="weights_only"))
+
+
+def _tensors(root: object, leaves: Any) -> list[tuple[str, tuple[int, ...], str]]:
+    """Name, shape and dtype of every tensor of a tree, in the tree's order: what torch
+    and the static reader must agree on before the static tree stands in for torch's."""
+    return [(name, leaf.shape, leaf.dtype) for name, leaf in walk(root, "", leaves)]
+
+
+def _little_endian(ranges: FileRanges, archive: Archive) -> bool:
+    return _read_member(ranges, archive, "byteorder") in (None, b"little")
+
+
+def _parse_data_pkl(ranges: FileRanges, archive: Archive) -> StaticResult | None:
+    data = _read_member(ranges, archive, "data.pkl")
+    return None if data is None else read_pickle(data)
+
+
+def _extent_issues(path: str, unfit: list[extents.Problem]) -> list[IngestIssue]:
+    issues = [
+        _issue(path, "bad_checkpoint", f"{p.message}; its tensors are not scanned", p.offset)
+        for p in unfit[: extents.MAX_ISSUES]
+    ]
+    if len(unfit) > extents.MAX_ISSUES:
+        more = len(unfit) - extents.MAX_ISSUES
+        issues.append(_issue(path, "bad_checkpoint", f"{more} more storages or views that "
+                             "do not fit their records; their tensors are not scanned"))
+    return issues
 
 
 def _short(exc: BaseException) -> str:
@@ -166,34 +287,66 @@ def _short(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
 
 
-def _refused(path: str, archive: Archive | None, draft: Draft, exc: Exception) -> CheckpointScan:
-    """weights_only refused the file: say what it wants, then read it statically."""
-    scan = _scan_static(path, archive, draft) if archive else _static_bare(path, draft)
+_WO_REASON = re.compile(r"WeightsUnpickler error:\s*(.*?)\s*(?:\n\s*\n|$)", re.S)
+_OPERAND = re.compile(r"Unsupported operand (\d+)")
+_OPCODES = {op.code: op.name for op in pickletools.opcodes}
+
+
+def weights_only_reason(exc: BaseException) -> str:
+    """What torch's weights_only unpickler objected to, in one line."""
+    text = str(exc)
+    found = _WO_REASON.search(text)
+    reason = " ".join(found.group(1).split()) if found else _short(exc)
+    operand = _OPERAND.search(reason)
+    if operand is not None:
+        code = int(operand.group(1))
+        name = _OPCODES.get(chr(code)) if code < 256 else None
+        if name is not None:
+            reason += f" (the pickle opcode {name}, which the weights_only unpickler lacks)"
+    return reason[:300]
+
+
+def _refused(
+    ranges: FileRanges,
+    archive: Archive | None,
+    draft: Draft,
+    exc: Exception,
+    parsed: StaticResult | None = None,
+) -> CheckpointScan:
+    """weights_only refused the file: say why, then read it statically."""
+    path = ranges.path
+    if archive is not None:
+        scan = _scan_static(ranges, archive, draft, parsed)
+    else:
+        scan = _static_bare(ranges, draft)
+    if scan.read_mode == "none":
+        return scan  # not a pickle at all: its issue says so
     wanted = scan.static.globals_wanted if scan.static else ()
-    names = ", ".join(wanted[:8]) + (f" and {len(wanted) - 8} more" if len(wanted) > 8 else "")
-    message = (
-        f"needs globals outside the weights_only allow-list ({names or _short(exc)}); "
-        "read statically without running it. Use --trust-pickle only for a file you trust"
-    )
+    if wanted:
+        names = ", ".join(wanted[:8]) + (f" and {len(wanted) - 8} more" if len(wanted) > 8 else "")
+        message = (
+            f"needs globals outside the weights_only allow-list ({names}); read statically "
+            "without running it. Use --trust-pickle only for a file you trust"
+        )
+    else:
+        message = (
+            f"torch.load(weights_only=True) refused it: {weights_only_reason(exc)}; read "
+            "statically, nothing run"
+        )
     issue = _issue(path, "unsafe_checkpoint", message, 0)
-    return _replace_issues(scan, (issue, *scan.issues))
+    return replace(scan, issues=(issue, *scan.issues))
 
 
-def _replace_issues(scan: CheckpointScan, issues: tuple[IngestIssue, ...]) -> CheckpointScan:
-    from dataclasses import replace
-
-    return replace(scan, issues=issues)
-
-
-def _scan_static(path: str, archive: Archive, draft: Draft) -> CheckpointScan:
-    data = _read_member(path, archive, "data.pkl")
-    if data is None:
+def _scan_static(
+    ranges: FileRanges, archive: Archive, draft: Draft, parsed: StaticResult | None = None
+) -> CheckpointScan:
+    path = ranges.path
+    result = parsed if parsed is not None else _parse_data_pkl(ranges, archive)
+    if result is None:
         draft.issues.append(
             _issue(path, "bad_checkpoint", "data.pkl missing, compressed or too large to read")
         )
         return assemble(None, _LeafPassThrough(), draft)
-    byteorder = _read_member(path, archive, "byteorder")
-    result = read_pickle(data)
     entry = archive.member("data.pkl")
     if result.error is not None and entry is not None:
         offset = entry.data_offset + (result.error_offset or 0)
@@ -202,30 +355,32 @@ def _scan_static(path: str, archive: Archive, draft: Draft) -> CheckpointScan:
                 path, "bad_checkpoint", f"data.pkl: {result.error}; kept what came before", offset
             )
         )
-    leaves = StaticLeaves(path, archive, little_endian=byteorder in (None, b"little"))
-    return assemble(result.root, leaves, _with(draft, read_mode="static", static=_listing(result)))
+    leaves = StaticLeaves(ranges, archive, little_endian=_little_endian(ranges, archive))
+    mode = "none" if result.error is not None and not result.tensors else "static"
+    return assemble(result.root, leaves, _with(draft, read_mode=mode, static=_listing(result)))
 
 
-def _scan_bare_pickle(path: str, draft: Draft, *, trust_pickle: bool) -> CheckpointScan:
+def _scan_bare_pickle(ranges: FileRanges, draft: Draft, *, trust_pickle: bool) -> CheckpointScan:
+    path = ranges.path
     if trust_pickle or draft.size <= MAX_PICKLE_BYTES:
         try:
-            root = _torch_load(path, trusted=trust_pickle, mmap=False)
+            root = _torch_load(ranges.stream(), trusted=trust_pickle)
         except pickle.UnpicklingError as exc:
-            return _refused(path, None, draft, exc)
+            return _refused(ranges, None, draft, exc)
         except Exception as exc:
             draft.issues.append(_issue(path, "bad_checkpoint", f"torch.load failed: {_short(exc)}"))
-            return _static_bare(path, draft)
+            return _static_bare(ranges, draft)
         mode = "trusted" if trust_pickle else "weights_only"
         return assemble(root, TorchLeaves(release=False), _with(draft, read_mode=mode))
     draft.issues.append(
-        _issue(path, "unreadable", "bare pickle too large to load into memory; read statically")
+        _issue(path, "too_large", "bare pickle too large to load into memory; read statically")
     )
-    return _static_bare(path, draft)
+    return _static_bare(ranges, draft)
 
 
-def _static_bare(path: str, draft: Draft) -> CheckpointScan:
-    with open(path, "rb") as handle:
-        data = handle.read(MAX_PICKLE_BYTES)
+def _static_bare(ranges: FileRanges, draft: Draft) -> CheckpointScan:
+    path = ranges.path
+    data = ranges.read(0, MAX_PICKLE_BYTES)
     result = read_pickle(data)
     if result.error is None and result.root == LEGACY_MAGIC:
         # Legacy torch.save: magic number, protocol, system info, then the object.
@@ -233,9 +388,20 @@ def _static_bare(path: str, draft: Draft) -> CheckpointScan:
             result = read_pickle(data, result.end)
             if result.error is not None:
                 break
+    if result.error is not None and not result.tensors:
+        draft.issues.append(_issue(path, "bad_checkpoint", _not_a_pickle(data, result), 0))
+        return _nothing(draft)
     if result.error is not None:
         draft.issues.append(
             _issue(path, "bad_checkpoint", f"pickle: {result.error}", result.error_offset)
         )
-    leaves = StaticLeaves(path, None, little_endian=True)
+    leaves = StaticLeaves(None, None, little_endian=True)
     return assemble(result.root, leaves, _with(draft, read_mode="static", static=_listing(result)))
+
+
+def _not_a_pickle(data: bytes, result: StaticResult) -> str:
+    line = _text_line(data[:4096])
+    if line is not None:
+        return f"not a checkpoint: a text file ({line!r}), not a pickle"
+    return (f"not a checkpoint: no tensor could be read from it as a pickle ({result.error} "
+            f"at byte {result.error_offset or 0})")

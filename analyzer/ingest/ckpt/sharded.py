@@ -1,4 +1,10 @@
-"""Sharded checkpoints: an index JSON naming, for every tensor, the shard file holding it."""
+"""Sharded checkpoints: an index JSON naming, for every tensor, the shard file holding it.
+
+Policy (``bad_checkpoint``): only plain file names beside the index are followed, each
+once; a name that is itself an index (the index's own name, or another index, which could
+lead round in a cycle) is reported once and not followed; missing shards and tensors the
+shards lack are reported. An index above ``MAX_INDEX_BYTES`` is refused (``too_large``).
+"""
 
 from __future__ import annotations
 
@@ -10,33 +16,62 @@ from dataclasses import replace
 from analyzer.ingest.ckpt.records import CheckpointScan, ReadMode
 from analyzer.ingest.ckpt.stats import aggregate_layers
 from analyzer.ingest.ckpt.tree import step_from_name
+from analyzer.ingest.safeio import check_regular, read_regular
 from analyzer.model import IngestIssue, Location
 
 MAX_INDEX_BYTES = 64 << 20
+INDEX_SUFFIX = ".index.json"
 
 
-def _bad(path: str, size: int, message: str) -> CheckpointScan:
-    issue = IngestIssue(Location(path, offset=0), "bad_checkpoint", message)
+def is_index(path: str) -> bool:
+    """True for the name of a sharded checkpoint's index."""
+    return path.lower().endswith(INDEX_SUFFIX)
+
+
+def _bad(path: str, size: int, message: str, kind: str = "bad_checkpoint") -> CheckpointScan:
+    issue = IngestIssue(Location(path, offset=0), kind, message)
     return CheckpointScan(path, size, "sharded", "none", files=(path,), issues=(issue,))
+
+
+def read_weight_map(path: str) -> tuple[dict[str, str] | None, str | None]:
+    """The index's tensor name -> shard file map, or None and why not. OSError (and
+    NotRegularFile) when the file cannot be opened."""
+    size = check_regular(path).st_size
+    if size > MAX_INDEX_BYTES:
+        return None, f"index of {size:,} bytes is above the {MAX_INDEX_BYTES:,}-byte limit"
+    try:
+        index = json.loads(read_regular(path, MAX_INDEX_BYTES).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        return None, f"index is not valid JSON: {str(exc)[:200] or type(exc).__name__}"
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        return None, "index has no 'weight_map' of tensor name -> shard file"
+    return weight_map, None
 
 
 def scan_sharded(path: str, scan_one: Callable[[str], CheckpointScan]) -> CheckpointScan:
     """Scan each shard the index names (only files beside the index) and merge them."""
-    size = os.path.getsize(path)
-    if size > MAX_INDEX_BYTES:
-        return _bad(path, size, f"index of {size} bytes is too large for an index")
-    try:
-        with open(path, "rb") as handle:
-            index = json.loads(handle.read().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        return _bad(path, size, f"index is not valid JSON: {exc}")
-    weight_map = index.get("weight_map") if isinstance(index, dict) else None
-    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-        return _bad(path, size, "index has no 'weight_map' of tensor name -> shard file")
+    size = check_regular(path).st_size
+    weight_map, problem = read_weight_map(path)
+    if weight_map is None:
+        kind = "too_large" if size > MAX_INDEX_BYTES else "bad_checkpoint"
+        return _bad(path, size, problem or "index not read", kind)
     folder = os.path.dirname(path)
     issues: list[IngestIssue] = []
     scans: list[CheckpointScan] = []
     for shard in dict.fromkeys(weight_map.values()):
+        if is_index(shard):
+            itself = os.path.basename(path) == shard
+            what = "itself" if itself else f"another index, {shard!r},"
+            issues.append(
+                IngestIssue(
+                    Location(path),
+                    "bad_checkpoint",
+                    f"the index names {what} as a shard: not followed (an index holds no "
+                    "tensors, and following one could go round in a cycle)",
+                )
+            )
+            continue
         if os.path.basename(shard) != shard or shard in ("", ".", ".."):
             issues.append(
                 IngestIssue(
@@ -47,7 +82,7 @@ def scan_sharded(path: str, scan_one: Callable[[str], CheckpointScan]) -> Checkp
             )
             continue
         shard_path = os.path.join(folder, shard)
-        if not os.path.isfile(shard_path):
+        if not os.path.lexists(shard_path):
             issues.append(
                 IngestIssue(
                     Location(path),

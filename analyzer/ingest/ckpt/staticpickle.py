@@ -26,6 +26,8 @@ _PARAMETER_REBUILDERS = {
     "torch._utils._rebuild_parameter_with_state",
 }
 _DICT_FACTORIES = {"collections.OrderedDict", "builtins.dict", "__builtin__.dict"}
+_FROM_TYPE = "torch._tensor._rebuild_from_type_v2"
+"""``(func, type, args, state)``: a tensor with Python attributes, rebuilt by ``func``."""
 
 
 @dataclass(frozen=True)
@@ -47,12 +49,25 @@ class StorageRef:
 
 @dataclass(frozen=True)
 class TensorRef:
-    """A tensor as the pickle describes it; its values stay in the archive."""
+    """A tensor as the pickle describes it; its values stay in the archive.
+
+    ``offset`` and ``stride`` count elements of the tensor's dtype, which is the
+    storage's unless ``dtype`` names another (``_rebuild_tensor_v3`` over an untyped
+    storage)."""
 
     storage: StorageRef | None
     offset: int
     shape: tuple[int, ...]
     stride: tuple[int, ...]
+    dtype: str | None = None
+    problem: str | None = None
+    """Why the description cannot be a tensor (a size or stride that is not integers)."""
+
+    @property
+    def dtype_name(self) -> str:
+        if self.dtype is not None:
+            return self.dtype
+        return self.storage.dtype if self.storage is not None else "unknown"
 
     @property
     def numel(self) -> int:
@@ -97,6 +112,10 @@ class StaticResult:
     error: str | None = None
     error_offset: int | None = None
     end: int = 0
+    storages: dict[str, StorageRef] = field(default_factory=dict)
+    """Every storage the pickle names, by archive key (the first description of each)."""
+    tensors: list[TensorRef] = field(default_factory=list)
+    """Every tensor the pickle builds, in the order it builds them."""
 
 
 _MARK = object()
@@ -124,6 +143,8 @@ def _storage_dtype(value: object) -> str:
         leaf = value.name.rsplit(".", 1)[-1]
         if leaf in _STORAGE_DTYPES:
             return _STORAGE_DTYPES[leaf]
+        if value.name == "torch.UntypedStorage":
+            return "uint8"  # as torch.load reads it: bytes, the tensor says its own dtype
         if value.name.startswith("torch.") and value.name.count(".") == 1:
             return leaf  # a dtype given directly, as UntypedStorage saves do
         return value.name
@@ -132,32 +153,51 @@ def _storage_dtype(value: object) -> str:
 
 def _persistent(pid: object) -> object:
     if isinstance(pid, tuple) and len(pid) >= 5 and pid[0] == "storage":
-        numel = pid[4] if isinstance(pid[4], int) else 0
+        numel = pid[4] if isinstance(pid[4], int) and not isinstance(pid[4], bool) else -1
         return StorageRef(_storage_dtype(pid[1]), str(pid[2]), str(pid[3]), numel)
     return Call("persistent_load", (pid,))
 
 
-def _as_ints(value: object) -> tuple[int, ...]:
-    if isinstance(value, tuple | list) and all(isinstance(v, int) for v in value):
+def _dtype_arg(value: object) -> str | None:
+    if isinstance(value, Global) and value.name.startswith("torch."):
+        return value.name.removeprefix("torch.")
+    return None
+
+
+def _as_ints(value: object) -> tuple[int, ...] | None:
+    if isinstance(value, tuple | list) and all(
+        isinstance(v, int) and not isinstance(v, bool) for v in value
+    ):
         return tuple(value)
     if isinstance(value, Call) and value.func == "torch.Size" and value.args:
         return _as_ints(value.args[0])
-    return ()
+    return None
+
+
+def _tensor_ref(name: str, argv: tuple[object, ...]) -> TensorRef:
+    storage = argv[0] if isinstance(argv[0], StorageRef) else None
+    offset = argv[1] if isinstance(argv[1], int) and not isinstance(argv[1], bool) else -1
+    dtype = _dtype_arg(argv[6]) if name.endswith("_v3") and len(argv) > 6 else None
+    shape, stride = _as_ints(argv[2]), _as_ints(argv[3])
+    if shape is None or stride is None:
+        return TensorRef(storage, offset, (), (), dtype, "size or stride is not a list of ints")
+    return TensorRef(storage, offset, shape, stride, dtype)
 
 
 def _call(func: object, args: object) -> object:
     name = func.name if isinstance(func, Global) else repr(func)
     argv = args if isinstance(args, tuple) else (args,)
     if name in _TENSOR_REBUILDERS and len(argv) >= 4:
-        storage = argv[0] if isinstance(argv[0], StorageRef) else None
-        offset = argv[1] if isinstance(argv[1], int) else 0
-        return TensorRef(storage, offset, _as_ints(argv[2]), _as_ints(argv[3]))
+        return _tensor_ref(name, argv)
+    if name == _FROM_TYPE and len(argv) >= 3:
+        return _call(argv[0], argv[2])
     if name in _PARAMETER_REBUILDERS and argv:
         return argv[0]
     if name in _DICT_FACTORIES:
         return {}
     if name == "torch.Size" and argv:
-        return _as_ints(argv[0])
+        size = _as_ints(argv[0])
+        return size if size is not None else Call(name, argv)
     return Call(name, argv)
 
 
@@ -175,6 +215,7 @@ class _Machine:
         self.stack: list[object] = []
         self.memo: dict[object, object] = {}
         self.result = StaticResult()
+        self.seen: set[str] = set()
 
     def pop_mark(self) -> list[object]:
         items: list[object] = []
@@ -186,18 +227,32 @@ class _Machine:
             items.append(item)
         raise ValueError("MARK expected on the stack")
 
+    def persistent(self, pid: object) -> object:
+        ref = _persistent(pid)
+        if isinstance(ref, StorageRef):
+            self.result.storages.setdefault(ref.key, ref)
+        return ref
+
     def global_(self, name: str) -> None:
         module, _, qual = name.partition(".")
         # Protocol 2 pickles written by Python 3 spell some modules the Python 2 way.
         name = f"{_PY2_MODULES.get(module, module)}.{qual}"
-        if name not in self.result.globals_seen:
+        if name not in self.seen:  # a set: a hostile pickle may name a million globals
+            self.seen.add(name)
             self.result.globals_seen.append(name)
         self.stack.append(Global(name))
 
     def step(self, name: str, arg: object) -> bool:
         stack = self.stack
+        # The most frequent opcodes of a torch.save pickle come first.
         if name in _PUSH_ARG:
             stack.append(arg)
+        elif name == "BINPUT" or name == "LONG_BINPUT" or name == "PUT":
+            self.memo[arg] = stack[-1]
+        elif name == "BINGET" or name == "LONG_BINGET" or name == "GET":
+            stack.append(self.memo[arg])
+        elif name == "MARK":
+            stack.append(_MARK)
         elif name in _PUSH_CONST:
             stack.append(_PUSH_CONST[name])
         elif name == "EMPTY_DICT":
@@ -208,8 +263,6 @@ class _Machine:
             stack.append(())
         elif name in ("EMPTY_SET",):
             stack.append([])
-        elif name == "MARK":
-            stack.append(_MARK)
         elif name in ("TUPLE", "FROZENSET"):
             stack.append(tuple(self.pop_mark()))
         elif name in ("TUPLE1", "TUPLE2", "TUPLE3"):
@@ -240,12 +293,8 @@ class _Machine:
             self.pop_mark()
         elif name == "DUP":
             stack.append(stack[-1])
-        elif name in ("PUT", "BINPUT", "LONG_BINPUT"):
-            self.memo[arg] = stack[-1]
         elif name == "MEMOIZE":
             self.memo[len(self.memo)] = stack[-1]
-        elif name in ("GET", "BINGET", "LONG_BINGET"):
-            stack.append(self.memo[arg])
         elif name == "GLOBAL" or name == "INST":
             module, _, qual = str(arg).partition(" ")
             self.global_(f"{module}.{qual}")
@@ -257,7 +306,10 @@ class _Machine:
             self.global_(f"{module_name}.{qual_name}")
         elif name == "REDUCE":
             args = stack.pop()
-            stack.append(_call(stack.pop(), args))
+            made = _call(stack.pop(), args)
+            if isinstance(made, TensorRef):
+                self.result.tensors.append(made)
+            stack.append(made)
         elif name in ("NEWOBJ", "NEWOBJ_EX"):
             if name == "NEWOBJ_EX":
                 stack.pop()
@@ -275,9 +327,9 @@ class _Machine:
             if isinstance(stack[-1], Obj):
                 stack[-1].state = state
         elif name == "BINPERSID":
-            stack.append(_persistent(stack.pop()))
+            stack.append(self.persistent(stack.pop()))
         elif name == "PERSID":
-            stack.append(_persistent(arg))
+            stack.append(self.persistent(arg))
         elif name in ("EXT1", "EXT2", "EXT4"):
             self.global_(f"copyreg.extension.{arg}")
         elif name in ("NEXT_BUFFER", "READONLY_BUFFER"):

@@ -4,8 +4,10 @@ A tensor's values are never copied whole: chunks of at most ``CHUNK`` elements a
 folded into an accumulator, half-precision chunks by way of a reused float32 buffer.
 Chunks without NaN or Inf (the common case, told by one min/max pass, since both
 propagate NaN) take a fast path of reductions only. Tensors loaded with ``mmap=True``
-have the pages of each finished chunk handed back to the kernel, so resident memory
-follows the chunk, not the file.
+(only for a pickle the user trusts, or one the static reader lists differently from
+torch) have the pages of each finished chunk handed back to the kernel, so resident
+memory follows the chunk, not the file; every other tensor is read from the file into
+a reused buffer (:mod:`ranges`).
 """
 
 from __future__ import annotations
@@ -203,32 +205,6 @@ def tensor_chunks(tensor: torch.Tensor, *, release: bool) -> Iterator[torch.Tens
     rows = max(1, CHUNK // max(1, tensor[0].numel()))
     for begin in range(0, tensor.shape[0], rows):
         yield tensor[begin : begin + rows].reshape(-1)
-
-
-def file_chunks(path: str, offset: int, numel: int, dtype: torch.dtype) -> Iterator[torch.Tensor]:
-    """Chunks of a tensor stored raw (little-endian, contiguous) at ``offset`` in a file.
-
-    Reads into one reused buffer, so memory stays at one chunk whatever the tensor size.
-    A short read (the file ends early) stops the iteration; callers compare element
-    counts to notice it.
-    """
-    import torch
-
-    item = torch.empty((), dtype=dtype).element_size()
-    buffer = bytearray(min(numel, CHUNK) * item)
-    view = memoryview(buffer)
-    with open(path, "rb") as handle:
-        handle.seek(offset)
-        left = numel
-        while left > 0:
-            count = min(left, CHUNK)
-            got = handle.readinto(view[: count * item])
-            whole = (got or 0) // item
-            if whole:
-                yield torch.frombuffer(buffer, dtype=dtype, count=whole)
-            if whole < count:
-                return
-            left -= count
 
 
 def stats_of(chunks: Iterable[torch.Tensor]) -> TensorStats:

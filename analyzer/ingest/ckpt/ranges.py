@@ -1,0 +1,210 @@
+"""Byte ranges of one checkpoint file, read with ordinary reads, never through a memory map.
+
+A file is opened once, through :mod:`analyzer.ingest.safeio` (so a FIFO or a device named
+``model.pt`` is refused by its type before opening), and every read is capped at the size
+the file had then. A file that shrinks while it is read (a trainer overwriting
+``last.ckpt`` in place) gives short reads, which callers report as missing values; a
+memory map of it would fault with SIGBUS instead and kill the process.
+
+    FileRanges          the open file: ``read``, ``readinto``, a bounded file object
+    contiguous_chunks   a tensor's values stored one after the other, a chunk at a time
+    strided_chunks      a view's values (any strides), a bounded span at a time
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, cast
+
+from analyzer.ingest.safeio import open_regular
+
+if TYPE_CHECKING:
+    import torch
+
+SPAN_FACTOR = 4
+"""A strided block is read whole when its span is at most this many chunks."""
+
+
+class FileRanges:
+    """A regular file opened for reading ranges below the size it had when opened."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        handle, self.size = open_regular(path)
+        self._handle = cast(io.BufferedReader, handle)
+
+    def close(self) -> None:
+        self._handle.close()
+
+    def __enter__(self) -> FileRanges:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def read(self, offset: int, length: int) -> bytes:
+        """Up to ``length`` bytes from ``offset``; fewer where the file (as opened) ends."""
+        length = min(length, self.size - offset)
+        if offset < 0 or length <= 0:
+            return b""
+        self._handle.seek(offset)
+        return self._handle.read(length)
+
+    def readinto(self, offset: int, view: memoryview) -> int:
+        """Fill ``view`` from ``offset``; the number of bytes read (short at the end)."""
+        length = min(len(view), self.size - offset)
+        if offset < 0 or length <= 0:
+            return 0
+        self._handle.seek(offset)
+        got = 0
+        while got < length:  # a read may return less than asked before the end
+            n = self._handle.readinto(view[got:length])
+            if not n:
+                break
+            got += n
+        return got
+
+    def stream(self) -> io.BufferedReader:
+        """A file object over the same file, ending at the size it had when opened, for
+        readers that want one (zipfile, torch.load of a small pickle)."""
+        return io.BufferedReader(_Bounded(self), buffer_size=1 << 16)
+
+
+class _Bounded(io.RawIOBase):
+    """A seekable raw stream over :class:`FileRanges`, ending where the file ended."""
+
+    def __init__(self, ranges: FileRanges) -> None:
+        self._ranges = ranges
+        self._position = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._position
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: self._ranges.size}
+        position = base[whence] + offset
+        if position < 0:
+            raise OSError(22, "negative seek position")
+        self._position = position
+        return position
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        got = self._ranges.readinto(self._position, memoryview(buffer).cast("B"))
+        self._position += got
+        return got
+
+
+def contiguous_chunks(
+    ranges: FileRanges, offset: int, numel: int, dtype: torch.dtype
+) -> Iterator[torch.Tensor]:
+    """Chunks of ``numel`` values stored raw (little-endian) from byte ``offset``.
+
+    One buffer is reused, so memory stays at one chunk. A short read (the file ends early)
+    stops the iteration; callers compare element counts to notice it.
+    """
+    import torch
+
+    from analyzer.ingest.ckpt import stats
+
+    item = torch.empty((), dtype=dtype).element_size()
+    buffer = bytearray(min(numel, stats.CHUNK) * item)
+    view = memoryview(buffer)
+    left, position = numel, offset
+    while left > 0:
+        count = min(left, stats.CHUNK)
+        whole = ranges.readinto(position, view[: count * item]) // item
+        if whole:
+            yield torch.frombuffer(buffer, dtype=dtype, count=whole)
+        if whole < count:
+            return
+        left -= count
+        position += count * item
+
+
+def span(shape: tuple[int, ...], stride: tuple[int, ...]) -> int:
+    """Elements from a view's first element to its last, inclusive (0 when it is empty)."""
+    if any(d == 0 for d in shape):
+        return 0
+    return 1 + sum((d - 1) * s for d, s in zip(shape, stride, strict=True))
+
+
+def storage_order(stride: tuple[int, ...]) -> tuple[int, ...]:
+    """The dimensions from the largest stride to the smallest: the order in which a view's
+    values lie in its storage, which is the order :func:`strided_chunks` reads them in."""
+    return tuple(sorted(range(len(stride)), key=lambda i: -stride[i]))
+
+
+def strided_chunks(
+    ranges: FileRanges,
+    base: int,
+    shape: tuple[int, ...],
+    stride: tuple[int, ...],
+    dtype: torch.dtype,
+) -> Iterator[torch.Tensor]:
+    """The values of a view whose first element is at byte ``base``, a bounded span at a
+    time, in :func:`storage_order` (a transposed weight is read as it lies, not element by
+    element). Strides must be non-negative and the extent checked against the storage."""
+    import torch
+
+    from analyzer.ingest.ckpt import stats
+
+    order = storage_order(stride)
+    shape = tuple(shape[i] for i in order)
+    stride = tuple(stride[i] for i in order)
+    item = torch.empty((), dtype=dtype).element_size()
+    yield from _blocks(ranges, base, shape, stride, dtype, item, SPAN_FACTOR * stats.CHUNK)
+
+
+def _blocks(
+    ranges: FileRanges,
+    base: int,
+    shape: tuple[int, ...],
+    stride: tuple[int, ...],
+    dtype: torch.dtype,
+    item: int,
+    limit: int,
+) -> Iterator[torch.Tensor]:
+    whole = span(shape, stride)
+    if whole == 0:
+        return
+    if not shape or whole <= limit:
+        yield _read_view(ranges, base, whole, shape, stride, dtype, item)
+        return
+    inner, inner_stride = shape[1:], stride[1:]
+    inner_span = span(inner, inner_stride)
+    if inner_span > limit:  # one leading index alone spans too much: go one level down
+        for row in range(shape[0]):
+            yield from _blocks(ranges, base + row * stride[0] * item, inner, inner_stride,
+                               dtype, item, limit)
+        return
+    rows = max(1, (limit - inner_span) // max(stride[0], 1) + 1)
+    for first in range(0, shape[0], rows):
+        block = (min(rows, shape[0] - first), *inner)
+        yield _read_view(ranges, base + first * stride[0] * item, span(block, stride), block,
+                         stride, dtype, item)
+
+
+def _read_view(
+    ranges: FileRanges,
+    base: int,
+    count: int,
+    shape: tuple[int, ...],
+    stride: tuple[int, ...],
+    dtype: torch.dtype,
+    item: int,
+) -> torch.Tensor:
+    import torch
+
+    raw = bytearray(count * item)
+    got = ranges.readinto(base, memoryview(raw))
+    if got < len(raw):
+        raise ValueError(f"the file ends {len(raw) - got} bytes before the tensor's last value")
+    values = torch.frombuffer(raw, dtype=dtype, count=count)
+    return values.as_strided(shape, stride).reshape(-1)
