@@ -299,6 +299,19 @@ def test_regression_bar_state_before_a_record_survives_a_chunk_boundary(
     assert points(read) == points(whole)
 
 
+def test_regression_colour_code_inside_a_rank_prefix_keeps_the_rank(tmp_path: Path) -> None:
+    # Found by the fuzz target: whether the rank was read depended on whether another
+    # line of the same read batch held a plain '[Rank' mark.
+    coloured = "[\x1b[32mRank 3\x1b[0m] step 7 loss nan\n"
+    alone = tmp_path / "alone.log"
+    alone.write_text("epoch 0\n" + coloured)
+    beside = tmp_path / "beside.log"
+    beside.write_text("[Rank 1] step 6 loss 0.5\n" + coloured)
+    for path in (alone, beside):
+        (loss,) = [s for s in read_unchanged(path).series if s.rank == 3]
+        assert loss.steps.tolist() == [7] and math.isnan(loss.values[0])
+
+
 SEPARATORS = st.sampled_from(["\r", "\b", "\b\b\b", "\x00", "\x00" * 9, "\r\x00", " "])
 RECORDS = st.sampled_from(
     [
@@ -370,6 +383,20 @@ def test_regression_cut_compact_trainer_state_keeps_every_whole_record(tmp_path:
     (issue,) = read.issues
     assert issue.kind == "truncated" and "record 5" in issue.message
     assert (issue.location.line, issue.location.offset) == (1, record)
+
+
+def test_regression_compact_trainer_state_cut_right_after_a_record_keeps_it(
+    tmp_path: Path,
+) -> None:
+    # The last record is whole, its delimiter is not: the record (the NaN one) is kept.
+    text = json.dumps(_state(5))
+    end = text.index("}]") + 1
+    path = tmp_path / "trainer_state.json"
+    path.write_text(text[:end])
+    read = read_unchanged(path)
+    assert first_nonfinite(read) == ("loss", 50, 1)
+    (issue,) = read.issues
+    assert issue.kind == "truncated" and issue.location.offset == end
 
 
 def test_regression_compact_trainer_state_cut_after_log_history_keeps_it(tmp_path: Path) -> None:

@@ -113,8 +113,14 @@ class Dispatcher:
             if batch.plain or is_simple(line):
                 record(before + i, line)
             else:
+                bare = self.bare
+                if bare and "\x1b" in line:
+                    # Taking out an escape sequence can join a prefix mark that the
+                    # batch's text does not hold ('[\x1b[32mRank 0]').
+                    self.bare = False
                 for number, text in line_records(line, before + i, self.ctx):
                     record(number, text)
+                self.bare = bare
         self.bare = False
 
     def record(self, number: int, text: str) -> None:

@@ -23,6 +23,7 @@ skipped past its cap) is carried from one chunk to the next.
 
 from __future__ import annotations
 
+import codecs
 import re
 from collections.abc import Iterator
 
@@ -44,13 +45,12 @@ Records = list[tuple[int, str]]
 def _decode(raw: bytes, line: int, ctx: Context) -> str:
     try:
         return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        ctx.issue(
-            "bad_line",
-            f"invalid UTF-8 at byte {exc.start} of the line; replaced with U+FFFD",
-            line,
-        )
+    except UnicodeDecodeError:
+        ctx.issue("bad_line", _BAD_UTF8, line)
         return raw.decode("utf-8", errors="replace")
+
+
+_BAD_UTF8 = "invalid UTF-8 in the line; replaced with U+FFFD"
 
 
 def _split(line: str, number: int, ctx: Context, held: str | None, out: Records) -> str | None:
@@ -199,10 +199,10 @@ def iter_batches(chunks: Chunks, ctx: Context) -> Iterator[Batch]:
 class _LongLine:
     """A physical line that outgrew LINE_CAP bytes before its newline, read as its
     chunks come: split after its last separator each time, holding only the open record
-    (up to the cap) and the bar redraw waiting for the segment after it. What it gives is
-    what ``line_records`` gives the whole line."""
+    (up to the cap) and the bar redraw waiting for the segment after it. What it gives,
+    records and issues, is what reading the whole line at once gives."""
 
-    __slots__ = ("bad", "buf", "ctx", "held", "number", "seen", "skipping")
+    __slots__ = ("buf", "check", "ctx", "held", "number", "skipping")
 
     def __init__(self, number: int, ctx: Context) -> None:
         self.number = number
@@ -211,60 +211,54 @@ class _LongLine:
         self.held: str | None = None
         self.skipping = False
         """Inside a record already cut at LINE_CAP: its rest is skipped."""
-        self.seen = 0
-        """Bytes of the line before ``buf``, for the place of invalid UTF-8."""
-        self.bad = False
+        self.check: codecs.IncrementalDecoder | None = _STRICT()
+        """Every byte of the line, skipped ones too: invalid UTF-8 anywhere in it is
+        reported, as for a line read whole."""
 
     def feed(self, data: bytes, end: bool) -> Records:
         """The records that ``data`` completes; ``end`` when the line ends after it."""
+        self._check(data, end)
         out: Records = []
         if self.skipping:
             cut = min((i for i in map(data.find, _SEPARATORS) if i >= 0), default=-1)
-            if cut < 0:
-                self.seen += len(data)
-                data = b""
-            else:
-                self.seen += cut
-                data = data[cut:]
-                self.skipping = False
+            data = b"" if cut < 0 else data[cut:]
+            self.skipping = cut < 0
         buf = self.buf + data if self.buf else data
         if end:
-            self.held = _split(self._decode(buf, True), self.number, self.ctx, self.held, out)
+            self.held = _split(_text(buf), self.number, self.ctx, self.held, out)
             if self.held is not None:
                 out.append((self.number, self.held))
             return out
         cut = max(map(buf.rfind, _SEPARATORS))
         if cut >= 0:
             head, buf = buf[: cut + 1], buf[cut + 1 :]
-            self.held = _split(self._decode(head, True), self.number, self.ctx, self.held, out)
-            self.seen += cut + 1
+            self.held = _split(_text(head), self.number, self.ctx, self.held, out)
         if len(buf) > LINE_CAP:
-            text = self._decode(buf, False)
+            text = _text(buf)
             if len(text) > LINE_CAP:
-                # One character past the cap, so that _split cuts and reports it.
-                part = text[: LINE_CAP + 1]
-                self.held = _split(part, self.number, self.ctx, self.held, out)
-                self.seen += len(buf)
+                # One character past the cap, so that _split cuts and reports it. A
+                # character cut by the chunk's end lies past it, so it does not matter.
+                self.held = _split(text[: LINE_CAP + 1], self.number, self.ctx, self.held, out)
                 buf = b""
                 self.skipping = True
         self.buf = buf
         return out
 
-    def _decode(self, raw: bytes, final: bool) -> str:
+    def _check(self, data: bytes, end: bool) -> None:
+        if self.check is None:
+            return
         try:
-            return raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            # A character cut by the end of a chunk is not damage: its rest comes next.
-            cut_short = not final and exc.end == len(raw) and exc.reason == "unexpected end of data"
-            if not self.bad and not cut_short:
-                self.bad = True
-                self.ctx.issue(
-                    "bad_line",
-                    f"invalid UTF-8 at byte {self.seen + exc.start} of the line; "
-                    "replaced with U+FFFD",
-                    self.number,
-                )
-            return raw.decode("utf-8", errors="replace")
+            self.check.decode(data, end)
+        except UnicodeDecodeError:
+            self.check = None  # reported once per line
+            self.ctx.issue("bad_line", _BAD_UTF8, self.number)
+
+
+def _text(raw: bytes) -> str:
+    return raw.decode("utf-8", errors="replace")
+
+
+_STRICT = codecs.getincrementaldecoder("utf-8")
 
 
 def _complete_lines(block: bytes, before: int, ctx: Context) -> Lines:

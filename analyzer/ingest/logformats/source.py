@@ -151,36 +151,38 @@ class Chunks:
 
     def read(self, line: int, chunk_bytes: int) -> bytes:
         """The next chunk (b"" at the end); ``line`` is the line its first byte is on."""
-        left = self.size - self.consumed
-        if left <= 0:
-            return b""
-        if self.deadline.expired():
-            self.stopped = True
-            self.ctx.issue(
-                "read_limit",
-                f"reading stopped at its time budget of {self.deadline.seconds:g} s, at byte "
-                f"{self.consumed}; the lines before were kept",
-                line,
-                self.consumed,
-            )
-            return b""
-        start = self.consumed
-        data = self.stream.read(min(left, chunk_bytes))
-        self.consumed += len(data)
-        if not data:
-            self.size = self.consumed  # the file shrank while it was read
-        if self.decoder is not None:
-            data = self.decoder.decode(data, self.consumed >= self.size).encode("utf-8")
-            if not data:  # a code unit cut by the chunk: read on
-                return self.read(line, chunk_bytes) if self.consumed < self.size else b""
-        if b"\x00" not in data:
-            if self.in_run:
-                self.in_run = False
-                self._close(False)
-            return data
-        return self._collapse(data, line, None if self.decoder else start)
+        while self.consumed < self.size:
+            if self.deadline.expired():
+                self.stopped = True
+                self.ctx.issue(
+                    "read_limit",
+                    f"reading stopped at its time budget of {self.deadline.seconds:g} s, at "
+                    f"byte {self.consumed}; the lines before were kept",
+                    line,
+                    self.consumed,
+                )
+                return b""
+            start = self.consumed
+            data = self.stream.read(min(self.size - start, chunk_bytes))
+            if not data:
+                self.size = start  # the file shrank while it was read
+                return b""
+            self.consumed += len(data)
+            if self.decoder is not None:
+                data = self.decoder.decode(data, self.consumed >= self.size).encode("utf-8")
+            if b"\x00" not in data:
+                if data and self.in_run:
+                    self.in_run = False
+                    self._close(False)
+            else:
+                data = self._collapse(data, line, None if self.decoder else start)
+            if data:  # empty: a UTF-16 unit cut by the chunk, or the inside of a hole
+                return data
+        return b""
 
     def _collapse(self, data: bytes, line: int, base: int | None) -> bytes:
+        """``data`` with each run of NULs as one NUL, a run that goes on from the last
+        chunk as none, so that the marks do not depend on where chunks end."""
         continued = self.in_run and data[0] == 0
         if data[0] == 0 and data == self._zeros(len(data)):
             # The inside of a large hole: one memcmp instead of three passes.
@@ -194,7 +196,7 @@ class Chunks:
             if self.hole is not None:
                 self.hole[2] += len(data)
             self.in_run = True
-            return b"\x00"
+            return b"" if continued else b"\x00"
         self.nul_bytes += data.count(0)
         collapsed, runs = _NULS.subn(b"\x00", data)
         if self.in_run and not continued:
@@ -203,7 +205,7 @@ class Chunks:
         if self.listed < HOLES_LISTED:
             self._locate(data, line, base, continued)
         self.in_run = data[-1] == 0
-        return collapsed
+        return collapsed[1:] if continued else collapsed
 
     def _locate(self, data: bytes, line: int, base: int | None, continued: bool) -> None:
         """Follow the runs of ``data`` one by one, until enough of them are listed."""

@@ -156,11 +156,6 @@ def _read_history(
             return None
         try:
             entry, pos = decoder.raw_decode(text, pos)
-            pos = _skip(text, pos)
-            if text.startswith(",", pos):
-                pos = _skip(text, pos + 1)
-            elif not text.startswith("]", pos):
-                raise json.JSONDecodeError("Expecting ',' delimiter", text, pos)
         except (ValueError, RecursionError) as exc:
             kept = f"record {count + 1} of log_history; the {count} before it were kept"
             _damage(text, exc, start, ctx, kept)
@@ -169,6 +164,13 @@ def _read_history(
             line = _line(text, start)
             _emit({k: (_float(v), line) for k, v in entry.items() if _is_number(v)}, ctx)
         count += 1
+        pos = _skip(text, pos)
+        if text.startswith(",", pos):
+            pos = _skip(text, pos + 1)
+        elif not text.startswith("]", pos):
+            missing = json.JSONDecodeError("Expecting ',' delimiter", text, pos)
+            _damage(text, missing, pos, ctx, f"log_history after record {count}, all kept")
+            return None
     return pos + 1
 
 
