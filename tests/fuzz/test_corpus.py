@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from analyzer.ingest.checkpoints import is_checkpoint_file
 from tests.fuzz.make_corpus import TARGETS, corpus_files
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -24,17 +25,17 @@ PAGES = ["timeline", "layers", "findings", "replay", "logs"]
 
 _NAMES = {"tfrecord": "events.out.tfevents.{i}.corpus", "logs": "train.log",
           "safetensors": "model.safetensors"}
-_CHECKPOINT_ENDINGS = (".pt", ".pth", ".ckpt", ".bin", ".safetensors", ".index.json")
 
 
 def _name(target: str, source: str, i: int) -> str:
     """The file name a run would give this input, so that discovery hands it to its reader."""
     base = os.path.basename(source)
-    if target == "logs" and base.endswith(("trainer_state.json", ".log", ".txt", ".out")):
-        return "trainer_state.json" if base.endswith(".json") else f"train{os.path.splitext(base)[1]}"
-    if target == "checkpoints":
-        ending = next((e for e in _CHECKPOINT_ENDINGS if base.endswith(e)), ".pt")
-        return f"model{ending}"
+    if target == "logs" and base.endswith(".json"):
+        return "trainer_state.json"
+    if target == "logs" and base.endswith((".log", ".txt", ".out", ".err")):
+        return f"train{os.path.splitext(base)[1]}"
+    if target == "checkpoints":  # an index names its shards and maybe itself: keep names
+        return base if is_checkpoint_file(base) else "model.pt"
     return _NAMES[target].format(i=i)
 
 
@@ -56,8 +57,8 @@ def corpus_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 def _snapshot(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*"))}
+    return {str(p.relative_to(root)): "folder" if p.is_dir()
+            else hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*"))}
 
 
 def _files(root: Path) -> list[Path]:
