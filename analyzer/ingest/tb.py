@@ -12,6 +12,14 @@ are kept bit for bit.
 Speed: a scalar record from ``SummaryWriter`` has one fixed byte layout (wall time, step,
 one summary value holding tag and float). Records of equal length that match it are decoded
 together with numpy; everything else goes through the compiled ``Event`` protobuf.
+
+Read issues: the framing's are described in :mod:`analyzer.ingest.tfrecord`, the windowed
+reading's in :mod:`analyzer.ingest.tfwindow`, the decoding's in
+:mod:`analyzer.ingest.tb_proto`. Opening reports two more, and then nothing is read:
+
+    not_regular   a FIFO, device or socket (a symlink is followed to what it names):
+                  refused by its type before it is opened, so nothing can block or stream
+    unreadable    the file cannot be looked at or opened (a folder, no permission)
 """
 
 from __future__ import annotations

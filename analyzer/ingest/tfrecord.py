@@ -238,6 +238,12 @@ class Framer:
                 self._close(None)
             return None
         n = length_at(buf, p)
+        end = p + OVERHEAD + n
+        if not self.verify and 0 < n <= MAX_LOADED and buf.shape[0] < end <= self._limit - base:
+            # Without verify a length is trusted while its record fits in the file, as the
+            # walk does inside a window: where a window ends must not change that.
+            self._wait(base + p, OVERHEAD + n)
+            return None
         if not header_ok(buf, p):
             back = self._suspect_previous(buf, base, p, accepted)
             if back is not None:
@@ -247,7 +253,6 @@ class Framer:
         if n >= MAX_RECORD:
             self._open(base + p, "absurd_length", n)
             return p + 1
-        end = p + OVERHEAD + n
         if base + end > self._limit:
             self._open(base + p, "truncated", n)
             return p + 1
