@@ -8,6 +8,7 @@ then times, on the same files in the same process:
 
 for this reader with CRCs verified and with verification off, EventAccumulator (every size
 guidance 0, i.e. keep everything) and tbparse. Ratios are what count: the machine is shared.
+Last, the peak memory of reading the scalar file, and a file with a 1 GiB zero tail.
 
     python bench/ingest.py                 # full size, both references
     python bench/ingest.py --steps 20000   # quicker
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -127,6 +129,42 @@ def bench_parallel(tmp: str, steps: int, repeat: int) -> None:
         print(f"  jobs={jobs}: {t:6.2f} s  {total / 1e6 / t:7.1f} MB/s  speed-up {base / t:4.2f}x")
 
 
+_CHILD = """
+import resource, sys, time
+from analyzer.ingest.tb import read_event_file
+
+def peak():  # VmHWM is this process's own; ru_maxrss may carry the parent's over a fork
+    try:
+        with open("/proc/self/status") as fh:
+            return next(int(l.split()[1]) for l in fh if l.startswith("VmHWM:")) * 1024
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+before = peak()
+t0 = time.perf_counter()
+result = read_event_file(sys.argv[1])
+seconds = time.perf_counter() - t0
+print(seconds, peak() - before, result.records, ",".join(i.kind for i in result.issues) or "-")
+"""
+
+
+def bench_memory(tmp: str, large: str) -> None:
+    """Peak RSS growth of reading one file, in a child process: the large scalar file, and a
+    small file followed by a sparse 1 GiB zero tail (it costs no disk)."""
+    tail = os.path.join(tmp, "events.out.tfevents.1700000009.host.tail")
+    written = eventgen.write_run(tail, steps=1000, tags=10)
+    os.truncate(tail, written + (1 << 30))
+    print("\nmemory (peak RSS growth while reading, in a child process)")
+    for label, path in (("scalars", large), ("1 GiB zero tail", tail)):
+        size = os.path.getsize(path)
+        done = subprocess.run([sys.executable, "-c", _CHILD, path], capture_output=True,
+                              text=True, check=True)
+        seconds, grown, records, kinds = done.stdout.split()
+        print(f"  {label:<16} {size / 1e6:8.1f} MB  {float(seconds):6.2f} s  "
+              f"peak +{int(grown) / 2**20:6.0f} MiB ({int(grown) / size:.2f} of the file)  "
+              f"{records} records, issues: {kinds}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -149,6 +187,7 @@ def main() -> None:
                   f"NaN written at step {nan_step}", flush=True)
             bench_file(label, run, size, args.repeat, args.skip_refs)
         bench_parallel(tmp, args.steps, args.repeat)
+        bench_memory(tmp, os.path.join(tmp, "scalars", "events.out.tfevents.1700000000.host.1.0"))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
