@@ -31,8 +31,10 @@ if TYPE_CHECKING:
     from analyzer.ingest.ckpt.records import CheckpointHistory
     from analyzer.replay.records import ReplayResult
 
-SCHEMA_VERSION = 1
-"""Bumped whenever a field of the JSON report changes meaning or disappears."""
+SCHEMA_VERSION = 2
+"""Bumped whenever a field of the JSON report changes meaning or disappears. 2: a run's
+``status`` may be ``unreadable``; every read issue, checkpoints' included, is
+``{"kind", "message", "location": {"file", "offset", "line"}}``."""
 
 NonFiniteKind = Literal["nan", "+inf", "-inf", "nan-or-inf"]
 """``nan-or-inf`` is for sources that say only "NaN or Inf" (some frameworks' messages)."""
