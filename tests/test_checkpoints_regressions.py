@@ -48,11 +48,13 @@ def _snapshot(folder: Path) -> dict[str, tuple[int, str]]:
 
 def _rezip(source: Path, target: Path, change: dict[str, bytes]) -> None:
     """Copy a torch zip archive, replacing the bytes of the members named in ``change``
-    (by their name after the archive's prefix folder)."""
+    (by their name after the archive's prefix folder). zipfile does not align records as
+    torch does, so the copy does not declare torch's alignment."""
     with zipfile.ZipFile(source) as src, zipfile.ZipFile(target, "w") as out:
         for name in src.namelist():
             leaf = name.split("/", 1)[1]
-            out.writestr(name, change.get(leaf, src.read(name)))
+            if leaf != ".storage_alignment":
+                out.writestr(name, change.get(leaf, src.read(name)))
 
 
 @dataclass

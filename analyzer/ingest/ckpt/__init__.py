@@ -1,7 +1,10 @@
 """Checkpoint forensics, one concept per module.
 
+    ranges           one file opened through safeio, read by byte ranges (no memory map)
+    sniff            what a file holds, by its first bytes
     archive          zip layout checks: bombs, overlaps, truncation (no extraction)
     staticpickle     a pickle rebuilt from its opcodes, nothing imported or called
+    extents          every tensor's bytes checked to lie inside its storage's record
     safetensors_file safetensors header validation and raw tensor reading
     leaves           one view of a tensor, loaded or described
     stats            chunked per-tensor statistics and per-layer aggregation

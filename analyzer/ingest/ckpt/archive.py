@@ -58,6 +58,11 @@ class Archive:
     refused: bool
     issues: tuple[IngestIssue, ...]
     truncated: bool = False
+    alignment: int | None = None
+    """What ``.storage_alignment`` says torch aligned every storage record's bytes to."""
+    misplaced: frozenset[str] = frozenset()
+    """Members whose bytes, where their local header puts them, are not followed by the
+    next zip structure (or the end of the file): a header altered to move them."""
 
     @property
     def is_torchscript(self) -> bool:
@@ -114,8 +119,11 @@ def read_archive(ranges: FileRanges) -> Archive:
     for info in infos:
         inside = 0 <= info.header_offset < size
         local = _read_local(ranges, info.header_offset) if inside else None
-        if local is None:
-            where = "outside the file" if not inside else "where there is none"
+        if local is None or local.name != info.filename:
+            # A local header naming another file puts the entry's bytes somewhere else
+            # than the directory says: neither can be trusted to say where they are.
+            where = ("outside the file" if not inside else "where there is none"
+                     if local is None else f"naming {local.name!r} instead")
             bad = IngestIssue(
                 Location(path, offset=info.header_offset),
                 "bad_checkpoint",
@@ -137,7 +145,30 @@ def read_archive(ranges: FileRanges) -> Archive:
         offset, message = problem
         issue = IngestIssue(Location(path, offset=offset), "bad_checkpoint", message)
         return Archive(entries, _prefix(list(entries)), True, True, (issue,))
-    return Archive(entries, _prefix(list(entries)), True, False, ())
+    prefix = _prefix(list(entries))
+    return Archive(entries, prefix, True, False, (), alignment=_alignment(ranges, entries, prefix),
+                   misplaced=_misplaced(ranges, entries))
+
+
+def _misplaced(ranges: FileRanges, entries: dict[str, Entry]) -> frozenset[str]:
+    # Writers put each entry's bytes right before the next local header, its data
+    # descriptor or the central directory, all of which start with "PK".
+    found = set()
+    for entry in entries.values():
+        end = entry.data_offset + entry.stored_size
+        after = ranges.read(end, 2)
+        if after != b"PK" and not (len(after) < 2 and b"PK".startswith(after)):
+            found.add(entry.name)
+    return frozenset(found)
+
+
+def _alignment(ranges: FileRanges, entries: dict[str, Entry], prefix: str) -> int | None:
+    entry = entries.get(f"{prefix}/.storage_alignment")
+    if entry is None or entry.compressed or not 0 < entry.stored_size <= 8:
+        return None
+    text = ranges.read(entry.data_offset, entry.stored_size).decode("ascii", "replace")
+    value = int(text) if text.isdigit() else 0
+    return value if 0 < value <= 1 << 20 and value & (value - 1) == 0 else None
 
 
 def _layout_problem(entries: list[Entry], size: int) -> tuple[int, str] | None:
@@ -223,13 +254,17 @@ def _walk_locals(ranges: FileRanges, directory: IngestIssue | None = None) -> Ar
         issue = IngestIssue(Location(path, offset=problem[0]), "bad_checkpoint", problem[1])
         issues = (directory, issue) if directory is not None else (issue,)
         return Archive(entries, _prefix(names), False, True, issues)
+    aligned = _alignment(ranges, entries, _prefix(names))
+    moved = _misplaced(ranges, entries)
     if directory is not None:
         if cut_in is not None:
-            message = (f"the file ends inside entry {cut_in!r}; {len(entries)} entries "
-                       "before it are whole")
-            cut = IngestIssue(Location(path, offset=offset), "truncated", message)
-            return Archive(entries, _prefix(names), False, False, (directory, cut), True)
-        return Archive(entries, _prefix(names), False, False, (directory,))
+            message = (f"the local headers describe entry {cut_in!r} at offset {offset} "
+                       f"no further; the {len(entries)} entries before it were read")
+            stop = IngestIssue(Location(path, offset=offset), "bad_checkpoint", message)
+            return Archive(entries, _prefix(names), False, False, (directory, stop),
+                           alignment=aligned, misplaced=moved)
+        return Archive(entries, _prefix(names), False, False, (directory,), alignment=aligned,
+                       misplaced=moved)
     where = f"inside entry {cut_in!r}" if cut_in else "after the last whole entry"
     message = (
         f"incomplete checkpoint: no zip central directory (file cut off mid-save, {size} "
@@ -238,4 +273,4 @@ def _walk_locals(ranges: FileRanges, directory: IngestIssue | None = None) -> Ar
     if not entries and cut_in is None:
         message = "not a readable zip archive: no central directory and no local headers"
     issue = IngestIssue(Location(path, offset=offset), "truncated", message)
-    return Archive(entries, _prefix(names), False, False, (issue,), True)
+    return Archive(entries, _prefix(names), False, False, (issue,), True, aligned, moved)

@@ -8,7 +8,9 @@ and maps that many bytes from where the record starts, so a short record makes i
 records after it (the next tensor, zip headers) as if they were values.
 
 Policy (``bad_checkpoint``, naming the record and its byte offset): a storage whose record
-is missing, compressed or shorter than its element count needs, and a view that reaches
+is missing, compressed, shorter than its element count needs, off the storage alignment
+the archive declares, or not followed by the next zip header (a local header altered to
+move its bytes), and a view that reaches
 outside its storage or has a malformed geometry, are reported, and their tensors are not
 scanned. Every read mode goes through this check before any tensor's bytes are read; a
 file with any such problem is not handed to ``torch.load``.
@@ -45,13 +47,25 @@ class Problem:
     message: str
 
 
-def storage_problem(storage: StorageRef, entry: Entry | None, complete: bool) -> str | None:
+def storage_problem(storage: StorageRef, entry: Entry | None, archive: Archive) -> str | None:
     """Why the bytes of ``storage`` cannot be read from its record, or None."""
     size = itemsize(storage.dtype)
     if entry is None:
-        return "not written whole before the file ends" if not complete else "missing"
+        if archive.truncated:
+            return "not written whole before the file ends"
+        return "missing" if archive.complete else "not found by following the local headers"
     if entry.compressed:
         return "compressed (torch.save never compresses a storage)"
+    if entry.name in archive.misplaced:
+        return (
+            f"its bytes, from offset {entry.data_offset}, are not followed by the next zip "
+            "header where they end (its local header was altered)"
+        )
+    if archive.alignment is not None and entry.data_offset % archive.alignment:
+        return (
+            f"its bytes start at offset {entry.data_offset}, off the archive's "
+            f"{archive.alignment}-byte storage alignment (its local header was altered)"
+        )
     if size is None or storage.numel < 0:
         return f"storage type {storage.dtype!r} or element count {storage.numel} not understood"
     need = storage.numel * size
@@ -94,8 +108,8 @@ def problems(result: StaticResult, archive: Archive) -> list[Problem]:
     for key, storage in result.storages.items():
         entry = archive.member(f"data/{key}")
         if entry is None and not archive.complete:
-            continue  # cut off with the file: the truncation issue says so
-        reason = storage_problem(storage, entry, archive.complete)
+            continue  # cut off with the file, or lost with its directory: that issue says so
+        reason = storage_problem(storage, entry, archive)
         if reason is not None:
             member = f"{archive.prefix}/data/{key}"
             offset = entry.data_offset if entry is not None else None
@@ -116,7 +130,7 @@ def unfit(ref: TensorRef, archive: Archive) -> str | None:
     if ref.storage is None:
         return "storage type not recognised"
     entry = archive.member(f"data/{ref.storage.key}")
-    reason = storage_problem(ref.storage, entry, archive.complete)
+    reason = storage_problem(ref.storage, entry, archive)
     if reason is not None:
-        return f"storage data/{ref.storage.key} {reason}"
+        return f"storage data/{ref.storage.key}: {reason}"
     return view_problem(ref)

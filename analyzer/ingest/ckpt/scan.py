@@ -23,7 +23,8 @@ Policy, one line per case (the issue kind in brackets):
 * archive cut off mid-save [``truncated``]: what was written whole is read statically.
 * TorchScript archive [``unsafe_checkpoint``]: holds code; read statically, never loaded.
 * bare pickle (legacy ``torch.save`` or ``pickle.dump``): ``weights_only`` load when small
-  enough to hold in memory, else a static read.
+  enough to hold in memory, else a static read [``too_large``]. One from which no tensor
+  can be read is not a checkpoint [``bad_checkpoint``, read mode ``none``].
 * safetensors: header validated (:mod:`safetensors_file`), then tensors read one at a time.
 """
 
@@ -37,12 +38,13 @@ from dataclasses import replace
 from typing import Any
 
 from analyzer.ingest.ckpt import extents
-from analyzer.ingest.ckpt.archive import LOCAL_MAGIC, Archive, read_archive
+from analyzer.ingest.ckpt.archive import Archive, read_archive
 from analyzer.ingest.ckpt.build import Draft, assemble
 from analyzer.ingest.ckpt.leaves import Leaf, StaticLeaves, TorchLeaves
 from analyzer.ingest.ckpt.ranges import FileRanges
 from analyzer.ingest.ckpt.records import CheckpointScan, StaticListing
 from analyzer.ingest.ckpt.safetensors_file import leaf_of, read_header
+from analyzer.ingest.ckpt.sniff import content_of, mismatch, not_a_checkpoint, text_line
 from analyzer.ingest.ckpt.staticpickle import StaticResult, read_pickle
 from analyzer.ingest.ckpt.tree import walk
 from analyzer.model import IngestIssue, Location
@@ -51,8 +53,6 @@ MAX_PICKLE_BYTES = 256 << 20
 """Largest pickle read into memory (a bare pickle, or data.pkl of an archive)."""
 
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
-_PICKLE_STARTS = b"(}]c"
-"""First bytes of protocol 0 and 1 pickles of a dict, list or object."""
 
 
 def _issue(path: str, kind: str, message: str, offset: int | None = None) -> IngestIssue:
@@ -123,17 +123,17 @@ def _scan(ranges: FileRanges, *, trust_pickle: bool) -> CheckpointScan:
         draft.issues.append(_issue(path, "empty_file", "empty checkpoint file", 0))
         return _nothing(draft)
     head = ranges.read(0, 16)
-    content = _content(head, size)
     named = "safetensors" if path.lower().endswith(".safetensors") else "torch"
+    content = content_of(head, size, named == "safetensors")
     if content is not None and (content == "safetensors") != (named == "safetensors"):
-        draft.issues.append(_issue(path, "bad_checkpoint", _mismatch(named, content), 0))
+        draft.issues.append(_issue(path, "bad_checkpoint", mismatch(named, content), 0))
     if content == "zip":
         return _scan_zip(ranges, draft, trust_pickle=trust_pickle)
     if content == "pickle":
         return _scan_bare_pickle(ranges, draft, trust_pickle=trust_pickle)
     if content == "safetensors" or named == "safetensors":
         return _scan_safetensors(ranges, draft)
-    draft.issues.append(_issue(path, "bad_checkpoint", _not_a_checkpoint(ranges), 0))
+    draft.issues.append(_issue(path, "bad_checkpoint", not_a_checkpoint(ranges.read(0, 4096)), 0))
     return _nothing(draft)
 
 
@@ -145,50 +145,6 @@ def _with(draft: Draft, **changes: Any) -> Draft:
     for key, value in changes.items():
         setattr(draft, key, value)
     return draft
-
-
-def _content(head: bytes, size: int) -> str | None:
-    """``zip``, ``safetensors`` or ``pickle`` by the first bytes; None for none of them."""
-    if head.startswith(LOCAL_MAGIC):
-        return "zip"
-    if _looks_like_safetensors(head, size):
-        return "safetensors"
-    if head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
-        return "pickle"
-    if head[:1] and head[:1] in _PICKLE_STARTS:
-        return "pickle"
-    return None
-
-
-def _mismatch(named: str, content: str) -> str:
-    what = {"zip": "a torch zip archive", "pickle": "a pickle", "safetensors": "safetensors"}
-    name = "a safetensors file" if named == "safetensors" else "a torch checkpoint"
-    return f"named like {name} but holds {what[content]}: read as what it holds"
-
-
-def _looks_like_safetensors(head: bytes, size: int) -> bool:
-    if len(head) < 9:
-        return False
-    length = int.from_bytes(head[:8], "little")
-    return 2 <= length <= size - 8 and head[8:9] == b"{"
-
-
-def _not_a_checkpoint(ranges: FileRanges) -> str:
-    sample = ranges.read(0, 4096)
-    line = _text_line(sample)
-    if line is not None:
-        return f"not a checkpoint: a text file ({line!r})"
-    return f"not a checkpoint: starts with bytes {sample[:8].hex()}"
-
-
-def _text_line(sample: bytes) -> str | None:
-    """The first line of ``sample`` when it reads as text, else None."""
-    text = sample.decode("utf-8", "ignore")
-    if not text or len(text.encode()) < len(sample) - 3:  # allow a character cut at the end
-        return None
-    if any(not (c.isprintable() or c in "\t\r\n\f") for c in text):
-        return None
-    return text.splitlines()[0][:60] if text.strip() else None
 
 
 def _scan_safetensors(ranges: FileRanges, draft: Draft) -> CheckpointScan:
@@ -234,10 +190,8 @@ def _scan_zip(ranges: FileRanges, draft: Draft, *, trust_pickle: bool) -> Checkp
     parsed = _parse_data_pkl(ranges, archive)
     if parsed is None or parsed.error is not None:
         return _scan_static(ranges, archive, draft, parsed)
-    unfit = extents.problems(parsed, archive)
-    if unfit:
-        draft.issues.extend(_extent_issues(path, unfit))
-        return _scan_static(ranges, archive, draft, parsed)
+    if extents.problems(parsed, archive):
+        return _scan_static(ranges, archive, draft, parsed)  # which reports them
     if trust_pickle:
         root = _torch_load(path, trusted=True, mmap=True)
         return assemble(root, TorchLeaves(release=True), _with(draft, read_mode="trusted"))
@@ -355,6 +309,7 @@ def _scan_static(
                 path, "bad_checkpoint", f"data.pkl: {result.error}; kept what came before", offset
             )
         )
+    draft.issues.extend(_extent_issues(path, extents.problems(result, archive)))
     leaves = StaticLeaves(ranges, archive, little_endian=_little_endian(ranges, archive))
     mode = "none" if result.error is not None and not result.tensors else "static"
     return assemble(result.root, leaves, _with(draft, read_mode=mode, static=_listing(result)))
@@ -400,7 +355,7 @@ def _static_bare(ranges: FileRanges, draft: Draft) -> CheckpointScan:
 
 
 def _not_a_pickle(data: bytes, result: StaticResult) -> str:
-    line = _text_line(data[:4096])
+    line = text_line(data[:4096])
     if line is not None:
         return f"not a checkpoint: a text file ({line!r}), not a pickle"
     return (f"not a checkpoint: no tensor could be read from it as a pickle ({result.error} "
