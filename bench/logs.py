@@ -6,6 +6,11 @@ the same run: a plain Python loop that decodes and iterates the same file's line
 
     .venv/bin/python bench/logs.py                 # 100 MB, every profile mixed
     .venv/bin/python bench/logs.py --profile megatron --size-mb 20 --repeat 1
+    .venv/bin/python bench/logs.py --size-mb 1 --zero-tail-gb 1   # a crash's NUL tail
+
+With ``--zero-tail-gb`` the log gets a zero-filled tail of that many GiB (sparse: it
+takes no disk), and the reference is a plain chunked read of the whole file, NULs
+included, so that the ratio is what skipping the tail costs beyond reading it.
 
 Both wall-clock and process CPU times are printed, each the best of ``--repeat``
 runs; the reference and ``read_log`` runs alternate.
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import random
 import tempfile
 import time
@@ -124,6 +130,12 @@ def _reference(path: Path) -> None:
             pass
 
 
+def _raw_reference(path: Path) -> None:
+    with path.open("rb") as handle:
+        while handle.read(1 << 22):
+            pass
+
+
 def _timed(run: Callable[[], object], best: list[float]) -> object:
     """Run once; keep the lower wall-clock and process CPU times in ``best``. On a
     shared machine CPU time moves less than wall time, which includes time spent
@@ -140,23 +152,30 @@ def main() -> None:
     parser.add_argument("--size-mb", type=float, default=100.0)
     parser.add_argument("--profile", choices=sorted(PROFILES), default="mixed")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--zero-tail-gb", type=float, default=0.0)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "train.log"
         size = generate(path, args.profile, args.size_mb)
+        reference = _reference
+        if args.zero_tail_gb:
+            size += int(args.zero_tail_gb * (1 << 30))
+            os.truncate(path, size)
+            reference = _raw_reference
         mb = size / 1e6
-        print(f"log: {mb:.1f} MB, profile {args.profile}")
+        print(f"log: {mb:.1f} MB, profile {args.profile}, NUL tail {args.zero_tail_gb:g} GiB")
         ref = [float("inf")] * 2
         best = [float("inf")] * 2
         for _ in range(args.repeat):  # interleaved, so that load changes hit both alike
-            _timed(lambda: _reference(path), ref)
+            _timed(lambda: reference(path), ref)
             read = _timed(lambda: read_log(str(path)), best)
         assert isinstance(read, LogRead)
         (ref_wall, ref_cpu), (wall, cpu) = ref, best
         points = sum(len(s) for s in read.series)
         print(f"{'':36s} {'wall':>16s}  {'CPU (this process)':>20s}")
         for label, w, c in (
-            ("reference (decode + iterate lines)", ref_wall, ref_cpu),
+            ("reference (read in chunks)" if args.zero_tail_gb else
+             "reference (decode + iterate lines)", ref_wall, ref_cpu),
             ("read_log", wall, cpu),
         ):
             print(f"{label:36s} {w:6.2f} s {mb / w:6.1f} MB/s  {c:6.2f} s {mb / c:7.1f} MB/s")

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import re
 
-from analyzer.ingest.logformats import FALLBACK, PARSERS, LineParser
+from analyzer.ingest.logformats import FALLBACK, PARSERS, LineParser, reader
 from analyzer.ingest.logformats.context import Context
 from analyzer.ingest.logformats.prefixes import TAGGED, PrefixRule
-from analyzer.ingest.logformats.reader import Lines, is_simple, line_records
+from analyzer.ingest.logformats.reader import Lines, line_records
 
 _PREFIX_START = frozenset(" \t>[0123456789")
 _TAGGED_LINE = re.compile(r"(?m)^(?:" + TAGGED.pattern + ")")
@@ -89,6 +89,8 @@ class Dispatcher:
         self.bare = not self.numbered and not _holds_any(batch.text, _TAG_MARKS)
         if self.bare and untagged is None:
             untagged = True
+        # What line_records checks, inline: a call per line costs more than the test.
+        holes, cap = batch.holes, reader.LINE_CAP
         i, n = 0, len(lines)
         while i < n:
             recent = self.recent
@@ -110,7 +112,13 @@ class Dispatcher:
             i += 1
             if not line:
                 continue
-            if batch.plain or is_simple(line):
+            if batch.plain or (
+                "\r" not in line
+                and "\x1b" not in line
+                and "\x08" not in line
+                and (not holes or "\x00" not in line)
+                and len(line) <= cap
+            ):
                 record(before + i, line)
             else:
                 bare = self.bare
@@ -118,7 +126,7 @@ class Dispatcher:
                     # Taking out an escape sequence can join a prefix mark that the
                     # batch's text does not hold ('[\x1b[32mRank 0]').
                     self.bare = False
-                for number, text in line_records(line, before + i, self.ctx):
+                for number, text in line_records(line, before + i, self.ctx, batch.holes):
                     record(number, text)
                 self.bare = bare
         self.bare = False

@@ -53,34 +53,50 @@ def _decode(raw: bytes, line: int, ctx: Context) -> str:
 _BAD_UTF8 = "invalid UTF-8 in the line; replaced with U+FFFD"
 
 
-def _split(line: str, number: int, ctx: Context, held: str | None, out: Records) -> str | None:
+def _split(
+    line: str, number: int, ctx: Context, held: str | None, out: Records, holes: bool
+) -> str | None:
     """Append the records of ``line`` (a physical line, or whole segments of one) to
     ``out``. ``held`` is a bar redraw met before it, kept until the next segment shows
-    whether it was redrawn over; the one ``line`` leaves is returned. One pass."""
+    whether it was redrawn over; the one ``line`` leaves is returned. ``holes`` is False
+    when the bytes the line came from held no NUL. One pass."""
+    if holes and "\x00" in line:
+        return _split_holes(line, number, ctx, held, out)
     capped = len(line) > LINE_CAP
-    ansi = "\x1b" in line
-    for k, piece in enumerate(line.split("\x00") if "\x00" in line else (line,)):
-        if k and held is not None:
-            out.append((number, held))
-            held = None
-        if "\x08" in piece:
-            piece = _BACKSPACES.sub("\r", piece)
-        for part in piece.split("\r"):
-            if capped and len(part) > LINE_CAP:
+    if not capped and "\x1b" in line:
+        # No escape sequence holds a separator, so they may go before the split; a
+        # record cut at the cap counts its escape sequences, so then they go after.
+        line = _ANSI.sub("", line)
+    if "\x08" in line:
+        line = _BACKSPACES.sub("\r", line)
+    for part in line.split("\r"):
+        if capped:
+            if len(part) > LINE_CAP:
                 ctx.issue("long_line", _cut_message(), number)
                 part = part[:LINE_CAP]
-            if ansi and "\x1b" in part:
+            if "\x1b" in part:
                 part = _ANSI.sub("", part)
-            if not part or part.isspace():
-                continue
-            redraw = part.endswith(_REDRAW_ENDS)
-            if held is not None and (not redraw or _mentions_nonfinite(held)):
-                out.append((number, held))
-            if redraw:
-                held = part
-            else:
-                held = None
-                out.append((number, part))
+        if not part or part.isspace():
+            continue
+        redraw = part.endswith(_REDRAW_ENDS)
+        if held is not None and (not redraw or _mentions_nonfinite(held)):
+            out.append((number, held))
+        if redraw:
+            held = part
+        else:
+            held = None
+            out.append((number, part))
+    return held
+
+
+def _split_holes(
+    line: str, number: int, ctx: Context, held: str | None, out: Records
+) -> str | None:
+    for k, piece in enumerate(line.split("\x00")):
+        if k and held is not None:  # nothing is known to have been drawn over it
+            out.append((number, held))
+            held = None
+        held = _split(piece, number, ctx, held, out, False)
     return held
 
 
@@ -103,15 +119,17 @@ class Lines:
     ``plain`` is True when no line holds a carriage return, backspace, hole or escape
     sequence and none is longer than LINE_CAP: then every non-empty line is one
     record as it stands, and ``text`` (the lines joined) may be searched as a whole.
+    ``holes`` is False when no line holds a hole, so that no line need be searched for one.
     """
 
-    __slots__ = ("before", "lines", "plain", "text")
+    __slots__ = ("before", "holes", "lines", "plain", "text")
 
-    def __init__(self, before: int, lines: list[str], text: str, plain: bool) -> None:
+    def __init__(self, before: int, lines: list[str], text: str, plain: bool, holes: bool) -> None:
         self.before = before
         self.lines = lines
         self.text = text
         self.plain = plain
+        self.holes = holes
 
 
 Batch = Lines | Records
@@ -127,28 +145,23 @@ def iter_records(chunks: Chunks, ctx: Context) -> Iterator[tuple[int, str]]:
         number = batch.before
         for line in batch.lines:
             number += 1
-            yield from line_records(line, number, ctx)
+            yield from line_records(line, number, ctx, batch.holes)
 
 
-def is_simple(line: str) -> bool:
-    """True when ``line`` is one record as it stands."""
-    return (
+def line_records(line: str, number: int, ctx: Context, holes: bool = True) -> Records:
+    """The records of one complete physical line (``holes`` as for ``_split``)."""
+    if not line:
+        return []
+    if (
         "\r" not in line
         and "\x1b" not in line
         and "\x08" not in line
-        and "\x00" not in line
+        and (not holes or "\x00" not in line)
         and len(line) <= LINE_CAP
-    )
-
-
-def line_records(line: str, number: int, ctx: Context) -> Records:
-    """The records of one complete physical line."""
-    if not line:
-        return []
-    if is_simple(line):
+    ):
         return [(number, line)]
     out: Records = []
-    held = _split(line, number, ctx, None, out)
+    held = _split(line, number, ctx, None, out, holes)
     if held is not None:
         out.append((number, held))
     return out
@@ -225,24 +238,29 @@ class _LongLine:
             self.skipping = cut < 0
         buf = self.buf + data if self.buf else data
         if end:
-            self.held = _split(_text(buf), self.number, self.ctx, self.held, out)
+            self.held = self._split(buf, out)
             if self.held is not None:
                 out.append((self.number, self.held))
             return out
         cut = max(map(buf.rfind, _SEPARATORS))
         if cut >= 0:
             head, buf = buf[: cut + 1], buf[cut + 1 :]
-            self.held = _split(_text(head), self.number, self.ctx, self.held, out)
+            self.held = self._split(head, out)
         if len(buf) > LINE_CAP:
             text = _text(buf)
             if len(text) > LINE_CAP:
-                # One character past the cap, so that _split cuts and reports it. A
-                # character cut by the chunk's end lies past it, so it does not matter.
-                self.held = _split(text[: LINE_CAP + 1], self.number, self.ctx, self.held, out)
+                # One character past the cap, so that _split cuts and reports it; a
+                # character cut by the chunk's end lies past it. The open record holds
+                # no separator, so no hole either.
+                part = text[: LINE_CAP + 1]
+                self.held = _split(part, self.number, self.ctx, self.held, out, False)
                 buf = b""
                 self.skipping = True
         self.buf = buf
         return out
+
+    def _split(self, raw: bytes, out: Records) -> str | None:
+        return _split(_text(raw), self.number, self.ctx, self.held, out, b"\x00" in raw)
 
     def _check(self, data: bytes, end: bool) -> None:
         if self.check is None:
@@ -268,11 +286,12 @@ def _complete_lines(block: bytes, before: int, ctx: Context) -> Lines:
     except UnicodeDecodeError:
         lines = [_decode(raw, before + i + 1, ctx) for i, raw in enumerate(block.split(b"\n"))]
         text = "\n".join(lines)
+    holes = b"\x00" in block
     plain = (
-        "\r" not in text
+        not holes
+        and "\r" not in text
         and "\x1b" not in text
         and "\x08" not in text
-        and "\x00" not in text
         and max(map(len, lines)) <= LINE_CAP
     )
-    return Lines(before, lines, text, plain)
+    return Lines(before, lines, text, plain, holes)
