@@ -75,7 +75,10 @@ def _parser() -> argparse.ArgumentParser:
         "inspect", help="scan checkpoints for non-finite and runaway tensors",
         description="Scan checkpoint files (or the checkpoints in folders) safely, tensor by "
                     "tensor: NaN/Inf counts, abs-max and norms per tensor and layer, the "
-                    "optimizer's state and the loss scale.")
+                    "optimizer's state and the loss scale.",
+        epilog="exit status: 0 every file read as a checkpoint and finite, 1 a non-finite "
+               "tensor found, 2 a file that could not be read as a checkpoint at all (and "
+               "none non-finite) or a usage error, 3 an internal error")
     inspect.add_argument("paths", nargs="+", metavar="CHECKPOINT")
     inspect.add_argument("--json", action="store_true", help="print JSON instead of text")
     inspect.add_argument("--trust-pickle", action="store_true",

@@ -25,6 +25,9 @@ from analyzer.model import (
 )
 
 _MAX_LISTED = 8
+_PLACEMENTS = ("the line names no step", "the save names no step")
+"""How an incident's ``decided_by`` begins when it explains where a stepless value was
+placed, rather than how a tie between tags was broken."""
 
 
 def to_dict(report: Report) -> dict[str, Any]:
@@ -149,14 +152,17 @@ def _run_block(result: RunResult) -> str:
         lines.append(f"   FIRST NON-FINITE  {step}  {inc.tag} = {inc.kind}{rank}  "
                      f"(last finite step {last})")
         lines.append(f"     at {_shown(inc.location)}")
-        if inc.decided_by and inc.decided_by.startswith("the line names no step"):
+        if inc.decided_by and inc.decided_by.startswith(_PLACEMENTS):
             lines.append(f"     {inc.decided_by}")
         elif inc.decided_by and inc.decided_by != "earliest step":
             lines.append(f"     tie: {inc.decided_by}")
     lay = result.layer_incident
     if lay is not None:
-        lines.append(f"   FIRST LAYER  {lay.layer}  ({lay.tag} = {lay.kind} at step {lay.step})")
-        if lay.decided_by and lay.decided_by != "earliest step":
+        plain = lay.step is not None and not lay.after
+        where = f"{' at' if plain else ','} {step_words(lay.step, lay.after)}"
+        lines.append(f"   FIRST LAYER  {lay.layer}  ({lay.tag} = {lay.kind}{where})")
+        if lay.decided_by and lay.decided_by != "earliest step" \
+                and not lay.decided_by.startswith(_PLACEMENTS):
             lines.append(f"     tie: {lay.decided_by}")
     others = [i for i in result.tag_incidents if inc is None or i.tag != inc.tag]
     if others:

@@ -137,6 +137,10 @@ def test_regression_a_thousand_nested_folders_give_no_recursion_error(tmp_path, 
     assert issue["kind"] == "too_deep" and f"{MAX_DEPTH} levels" in issue["message"]
     assert issue["location"]["file"].count(os.sep + "d") == MAX_DEPTH
     assert main(["analyze", deep]) == 2  # named directly, the deep run is read (empty)
+    os.remove(os.path.join(deep, "events.out.tfevents.1.host"))
+    while deep != str(tmp_path):  # bottom up: a recursive removal would overflow the stack
+        os.rmdir(deep)
+        deep = os.path.dirname(deep)
 
 
 def test_regression_symlinked_run_folders_are_reported_not_skipped_silently(
