@@ -520,3 +520,27 @@ def test_reading_by_small_windows_gives_what_one_window_gives(tmp_path, monkeypa
             monkeypatch.setattr(tfwindow, "WINDOW", window)
             assert summary(read_event_file(path, verify=verify)) == whole, (name, verify)
             monkeypatch.undo()
+
+
+def _signalling_nan_scalar() -> bytes:
+    """A SummaryWriter-layout scalar record whose float is a signalling NaN."""
+    event = event_pb2.Event(wall_time=1.7e9, step=3, summary=summary_pb2.Summary(
+        value=[summary_pb2.Summary.Value(tag="train/loss", simple_value=0.0)]))
+    payload = bytearray(event.SerializeToString())
+    payload[-4:] = struct.pack("<I", 0x7F800001)
+    return eventgen.frame(bytes(payload))
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+@pytest.mark.parametrize("record", [
+    _signalling_nan_scalar(),
+    _tensor_record("train/loss", tensor_pb2.TensorProto(
+        dtype=types_pb2.DT_FLOAT, tensor_content=struct.pack("<I", 0x7F800001)), 3),
+    _tensor_record("train/loss", tensor_pb2.TensorProto(dtype=types_pb2.DT_BFLOAT16,
+                                                        half_val=[0x7F81]), 3),
+], ids=["simple_value", "tensor_content", "bfloat16"])
+def test_regression_signalling_nan_is_read_as_nan_without_a_warning(tmp_path, record) -> None:  # type: ignore[no-untyped-def]
+    result = read_event_file(_write(tmp_path, eventgen.version_record(1.7e9) + record))
+    assert result.issues == ()
+    (loss,) = result.series
+    assert loss.steps.tolist() == [3] and math.isnan(loss.values[0])

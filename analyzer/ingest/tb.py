@@ -230,7 +230,9 @@ def _decode_layout(block: Bytes, n: int, s: int, record: IntArray,
         step |= (block[:, 10 + k] & 0x7F).astype(np.uint64) << np.uint64(7 * k)
     value = np.ascontiguousarray(block[:, s + 7 + taglen: s + 11 + taglen]).view("<f4")[:, 0]
     tag_ids = _tag_ids(np.ascontiguousarray(block[:, s + 6: s + 6 + taglen]), points)
-    points.add(record[match], tag_ids, step.view(np.int64), value.astype(np.float64), wall)
+    with np.errstate(invalid="ignore"):  # a signalling NaN stays a NaN, without a warning
+        value64 = value.astype(np.float64)
+    points.add(record[match], tag_ids, step.view(np.int64), value64, wall)
     points.check_walls(record[match], wall)
     return match
 

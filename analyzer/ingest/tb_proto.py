@@ -215,6 +215,11 @@ def tensor_values(tensor: Any, most: int | None = None) -> npt.NDArray[np.float6
 
     Raises :class:`BadValue` for contents that cannot be numbers of the tensor's dtype.
     """
+    with np.errstate(invalid="ignore"):  # a signalling NaN stays a NaN, without a warning
+        return _tensor_values(tensor, most)
+
+
+def _tensor_values(tensor: Any, most: int | None) -> npt.NDArray[np.float64] | None:
     dtype = tensor.dtype
     if dtype == types_pb2.DT_BFLOAT16:
         return _bits16(tensor, most, lambda b: (b.astype(np.uint32) << 16).view(np.float32))

@@ -8,6 +8,7 @@ what the results mean, and what is reported, is decided in :mod:`analyzer.ingest
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 
 import numpy as np
 import numpy.typing as npt
@@ -27,7 +28,6 @@ _LUT_MAX = 1 << 20
 _SCAN_FIRST, _SCAN_MAX = 256, 1 << 16
 
 _LEN = struct.Struct("<Q")
-_HEADER_BYTES = np.arange(HEADER, dtype=np.int64)
 
 Bytes = npt.NDArray[np.uint8]
 IntArray = npt.NDArray[np.int64]
@@ -172,21 +172,30 @@ def headers_ok(data: Bytes, offsets: IntArray) -> BoolArray:
 
 
 def payloads_ok(data: Bytes, offsets: IntArray, lengths: IntArray) -> BoolArray:
-    """Whether each record's payload matches its stored CRC (records lie inside ``data``)."""
+    """Whether each record's payload matches its stored CRC (records lie inside ``data``).
+
+    Records of one length are hashed together, four bytes of every record per step: that
+    costs a few numpy calls per four bytes of length, so a length shared by few records
+    (histograms, long or odd records) is hashed record by record in C instead.
+    """
     ok = np.ones(offsets.shape[0], dtype=bool)
-    short = lengths <= _VECTOR_MAX
-    for n in np.unique(lengths[short]).tolist():
-        idx = np.flatnonzero(short & (lengths == n))
-        per_chunk = max(1, (32 << 20) // (n + 4))  # bounds each copy to about 32 MB
-        for lo in range(0, idx.size, per_chunk):
-            chunk = idx[lo: lo + per_chunk]
-            block = rows(data, offsets[chunk] + HEADER, n + 4)
-            stored = np.ascontiguousarray(block[:, n:]).view("<u4")[:, 0]
-            ok[chunk] = masked_crc32c_rows(block[:, :n]) == stored
-    raw = data.data
-    for i in np.flatnonzero(~short).tolist():
-        s, n = int(offsets[i]) + HEADER, int(lengths[i])
-        ok[i] = masked_crc32c(raw[s: s + n]) == int.from_bytes(raw[s + n: s + n + 4], "little")
+    short = np.flatnonzero(lengths <= _VECTOR_MAX)
+    single = [np.flatnonzero(lengths > _VECTOR_MAX)]
+    if short.size:
+        order = short[np.argsort(lengths[short], kind="stable")]
+        for group in np.split(order, np.flatnonzero(np.diff(lengths[order])) + 1):
+            n = int(lengths[group[0]])
+            if 2 * group.size < n:
+                single.append(group)
+                continue
+            per_chunk = max(1, (32 << 20) // (n + 4))  # bounds each copy to about 32 MB
+            for lo in range(0, group.size, per_chunk):
+                chunk = group[lo: lo + per_chunk]
+                block = rows(data, offsets[chunk] + HEADER, n + 4)
+                stored = np.ascontiguousarray(block[:, n:]).view("<u4")[:, 0]
+                ok[chunk] = masked_crc32c_rows(block[:, :n]) == stored
+    for i in np.concatenate(single).tolist():
+        ok[i] = payload_ok(data, int(offsets[i]), int(lengths[i]))
     return ok
 
 
@@ -211,13 +220,16 @@ def find_record(data: Bytes, lo: int, room: int) -> tuple[int, int | None]:
         stop = min(end, pos + step)
         step = min(step * 4, _SCAN_MAX)
         window = data[pos: stop + HEADER - 1]
-        if not window.any():
-            pos = stop
-            continue
-        m = stop - pos
-        small = (window[3:3 + m] < 0x80) & (window[4:4 + m] == 0) & (window[5:5 + m] == 0) \
-            & (window[6:6 + m] == 0) & (window[7:7 + m] == 0)
-        for cand in _header_candidates(data, pos + np.flatnonzero(small), room).tolist():
+        if pos == lo:  # damage is mostly one record long: look near first, without numpy
+            found = _near_candidates(data, window.tobytes(), pos, stop - pos, room)
+        elif window.any():
+            m = stop - pos
+            found = _header_candidates(data, pos + np.flatnonzero(
+                (window[3:3 + m] < 0x80) & (window[4:4 + m] == 0) & (window[5:5 + m] == 0)
+                & (window[6:6 + m] == 0) & (window[7:7 + m] == 0)), room)
+        else:
+            found = iter(())
+        for cand in found:
             n = length_at(data, cand)
             if cand + OVERHEAD + n > size:
                 return cand, n
@@ -227,21 +239,34 @@ def find_record(data: Bytes, lo: int, room: int) -> tuple[int, int | None]:
     return end, None
 
 
-def _header_candidates(data: Bytes, cands: IntArray, room: int) -> IntArray:
-    """The positions among ``cands`` whose header CRC checks and whose record fits."""
-    if not cands.size:
-        return cands
-    # Few rows are quicker gathered by index than through a sliding-window view.
-    heads = data[cands[:, None] + _HEADER_BYTES] if cands.size < 1024 else rows(data, cands,
-                                                                                 HEADER)
+def _near_candidates(data: Bytes, window: bytes, pos: int, m: int, room: int) -> Iterator[int]:
+    """What :func:`_header_candidates` gives for the ``m`` positions from ``pos`` (``window``
+    holds their bytes), found with ``bytes.find``, in order and lazily: the first window of
+    a search is short, and numpy calls cost more than the search there."""
+    at = window.find(b"\0\0\0\0", 4)
+    while at != -1 and at - 4 < m:
+        cand = pos + at - 4
+        if window[at - 1] < 0x80 and cand + OVERHEAD + length_at(data, cand) <= room \
+                and header_ok(data, cand):
+            yield cand
+        at = window.find(b"\0\0\0\0", at + 1)
+
+
+def _header_candidates(data: Bytes, cands: IntArray, room: int) -> Iterator[int]:
+    """The positions among ``cands``, in order, whose header CRC checks and whose record
+    fits: one by one in C while they are few (the search mostly stops at the first), all at
+    once with numpy when there are many."""
+    if cands.size <= 64:
+        for cand in cands.tolist():
+            if cand + OVERHEAD + length_at(data, cand) <= room and header_ok(data, cand):
+                yield cand
+        return
+    heads = rows(data, cands, HEADER)
     lengths = np.ascontiguousarray(heads[:, :8]).view("<u8")[:, 0].astype(np.int64)
     stored = np.ascontiguousarray(heads[:, 8:]).view("<u4")[:, 0]
     plausible = np.flatnonzero((cands + OVERHEAD + lengths <= room) & (heads != 0).any(axis=1))
-    if plausible.size <= 8:  # the usual case: hashing one by one in C is quicker
-        return cands[[k for k in plausible.tolist() if header_ok(data, int(cands[k]))]]
     crc = masked_crc32c_rows(np.ascontiguousarray(heads[plausible, :8]))
-    found: IntArray = cands[plausible[crc == stored[plausible]]]
-    return found
+    yield from cands[plausible[crc == stored[plausible]]].tolist()
 
 
 def payload_ok(data: Bytes, pos: int, n: int) -> bool:
