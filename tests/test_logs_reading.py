@@ -191,6 +191,8 @@ ADVERSARIAL = [
     "Epoch: [1][1/2]\t" + "Loss 1 (" * (LINE_CAP // 8 - 4),
     "Test: [1/2]\t" + "a 1 (1)\t" * (LINE_CAP // 8 - 4),
     "Epoch: [" * (LINE_CAP // 8),
+    "\x1b]" * (LINE_CAP // 2),
+    "\x1b]0;" + "a" * (LINE_CAP - 10),
 ]
 
 

@@ -194,6 +194,17 @@ def test_a_file_of_nul_bytes_only_is_empty_and_a_binary_one_is_not_text(tmp_path
     assert kinds(read_unchanged(packed)) == ["not_text"]
 
 
+def test_a_log_captured_from_screen_is_text_and_read(tmp_path: Path) -> None:
+    # Under TERM=screen a colour reset is ESC [ m SI, after every coloured word; the
+    # shell set the window title first.
+    line = "".join(f"\x1b[3{i}m{w}\x1b[m\x0f " for i, w in enumerate(["step", "3"]))
+    path = tmp_path / "train.log"
+    path.write_text("\x1b]0;train\x07" + (line + "loss \x1b[31mnan\x1b[m\x0f\n") * 50)
+    read = read_unchanged(path)
+    assert "not_text" not in kinds(read)
+    assert first_nonfinite(read) == ("loss", 3, 1)
+
+
 @pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-16-be"])
 def test_utf16_log_is_read_as_text(tmp_path: Path, encoding: str) -> None:
     # Windows PowerShell redirects a program's output to UTF-16 (with a byte-order mark).

@@ -72,7 +72,8 @@ LINES = st.one_of(
 
 DAMAGE = st.sampled_from(
     [b"\x00", b"\x00" * 7, b"\x00" * 300, b"\r", b"\r\r", b"\x08", b"\x08\x08\x08", b"\xff",
-     b"\xe2\x82", b"\xc3", b"\xef\xbb\xbf", b"\x1b[32m", b"\x1b[0m", b"\x1b["]
+     b"\xe2\x82", b"\xc3", b"\xef\xbb\xbf", b"\x1b[32m", b"\x1b[0m", b"\x1b[", b"\x1b[m\x0f",
+     b"\x1b(B", b"\x1b]0;train\x07", b"\x1b]0;", b"\x07", b"\x0f"]
 )
 ENCODINGS = st.sampled_from(["utf-8"] * 5 + ["utf-16"])
 """Mostly UTF-8; sometimes UTF-16 with its byte-order mark, as Windows PowerShell writes."""

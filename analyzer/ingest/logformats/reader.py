@@ -14,6 +14,8 @@ NUL runs collapsed to one NUL). Policy for damage, one rule each:
   LINE_CAP are kept, the rest of it is skipped (``long_line``). A physical line longer
   than LINE_CAP bytes is never buffered whole: it is split at its separators as the
   chunks come, and only its open record is held, up to the cap;
+- terminal sequences (colours, a window title, shift-in/out) are dropped from a line
+  that holds an escape character;
 - a last line without a newline is read like any other.
 
 The records of a file do not depend on where its chunks end: state that a boundary would
@@ -34,7 +36,14 @@ CHUNK_BYTES = 1 << 22
 LINE_CAP = 1 << 16
 """Characters kept of one record; longer ones are cut here and reported."""
 
-_ANSI = re.compile(r"\x1b\[[0-9;?]*+[A-Za-z]")
+_ANSI = re.compile(
+    r"\x1b\[[0-9;?]*+[A-Za-z]\x0f?+"  # colours, cursor moves; screen's reset ends in SI
+    r"|\x1b[()][0-9A-Za-z]"  # a character set (xterm's reset starts with ESC ( B)
+    r"|\x1b\][^\x07\x1b\r\x08\x00]*+(?:\x07|\x1b\\)"  # a window title, up to BEL or ST
+)
+"""What a terminal draws with and a log need not keep. Each sequence starts with ESC and
+none spans a record separator, so removing them before or after a line is split into
+records gives the same records."""
 _BACKSPACES = re.compile(r"\x08++")
 _REDRAW_ENDS = ("]", "it/s", "s/it")
 """How tqdm and Lightning bars end a redraw; a record printed onto a bar does not."""

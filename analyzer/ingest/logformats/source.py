@@ -42,9 +42,11 @@ than ``context.ISSUES_PER_KIND``, so the summary is not itself summarised)."""
 _NULS = re.compile(rb"\x00+")
 _UTF8_BOM = b"\xef\xbb\xbf"
 _UTF16_BOMS = ((b"\xff\xfe", "utf-16-le"), (b"\xfe\xff", "utf-16-be"))
-_CONTROL = bytes([*range(1, 8), *range(14, 27), *range(28, 32), 127])
-"""Control bytes that text does not hold; tab, newline, CR, backspace, form feed, vertical
-tab and escape are left out, as logs do hold them."""
+_CONTROL = bytes([*range(1, 7), *range(16, 27), *range(28, 32), 127])
+"""Control bytes that text does not hold. Left out, as logs do hold them: tab, newline,
+CR, backspace, form feed, vertical tab, escape, and BEL, SO and SI, which terminal
+sequences end with (a title's ``\x1b]0;...\x07``, screen's colour reset ``\x1b[m\x0f``).
+Random bytes are some 9% of these."""
 
 
 @dataclass(frozen=True)
