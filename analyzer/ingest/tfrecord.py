@@ -119,9 +119,41 @@ class _Damage:
     last_nonzero: int  # file offset of the last nonzero byte looked at (< start: none)
 
 
-# Records walked from one position: offsets, header CRC ok, the indices of records failing a
-# CRC, and where the walk stopped.
-_Walked = tuple[IntArray, BoolArray, IntArray, int]
+# Records walked from one position: offsets, lengths, header CRC ok, the indices of records
+# failing a CRC, and where the walk stopped.
+_Walked = tuple[IntArray, IntArray, BoolArray, IntArray, int]
+
+
+class _Accepted:
+    """The records a window accepted so far: offsets and lengths, in runs."""
+
+    def __init__(self) -> None:
+        self._offsets: list[IntArray] = []
+        self._lengths: list[IntArray] = []
+
+    def add(self, offsets: IntArray, lengths: IntArray) -> None:
+        if offsets.size:
+            self._offsets.append(offsets)
+            self._lengths.append(lengths)
+
+    def last(self) -> tuple[int, int] | None:
+        if not self._offsets:
+            return None
+        return int(self._offsets[-1][-1]), int(self._lengths[-1][-1])
+
+    def drop_last(self) -> None:
+        self._offsets[-1] = self._offsets[-1][:-1]
+        self._lengths[-1] = self._lengths[-1][:-1]
+        if not self._offsets[-1].size:
+            self._offsets.pop()
+            self._lengths.pop()
+
+    def arrays(self) -> tuple[IntArray, IntArray]:
+        if not self._offsets:
+            return ints([]), ints([])
+        if len(self._offsets) == 1:
+            return self._offsets[0], self._lengths[0]
+        return np.concatenate(self._offsets), np.concatenate(self._lengths)
 
 
 @dataclass(frozen=True)
@@ -178,7 +210,7 @@ class Framer:
             raise ValueError("feed() must get the bytes from Framer.pos on")
         self._end = base + int(buf.shape[0])
         self._limit = self._end if final else self.size
-        accepted: list[IntArray] = []
+        accepted = _Accepted()
         cache: _Walked | None = None
         p: int | None = 0
         while p is not None:
@@ -186,26 +218,26 @@ class Framer:
                 p = self._scan(buf, base, p, final)
                 if p is None:
                     break
-            seg, hdr, bad, stop = self._segment(buf, p, cache)
+            seg, lens, hdr, bad, stop = self._segment(buf, p, cache)
             cache = None
             if bad.size:
                 b = int(bad[0])
-                accepted.append(seg[:b])
+                accepted.add(seg[:b], lens[:b])
                 at = int(seg[b])
                 self._open(base + at, "bad_payload_crc" if hdr[b] else "bad_length_crc",
-                           length_at(buf, at) if hdr[b] else None)
-                cache = (seg[b + 1:], hdr[b + 1:], bad[1:] - (b + 1), stop)
+                           int(lens[b]) if hdr[b] else None)
+                cache = (seg[b + 1:], lens[b + 1:], hdr[b + 1:], bad[1:] - (b + 1), stop)
                 p = at + 1
                 continue
-            accepted.append(seg)
+            accepted.add(seg, lens)
             p = self._at_stop(buf, base, stop, final, accepted)
         if final:
             self.done = True
         elif not self.verify:
-            self._hold_back_last(buf, base, accepted)
-        offsets = np.concatenate(accepted) if accepted else ints([])
+            self._hold_back_last(base, accepted)
+        offsets, lengths = accepted.arrays()
         self.records += int(offsets.shape[0])
-        return offsets, lengths_at(buf, offsets)
+        return offsets, lengths
 
     def _segment(self, buf: Bytes, p: int, cache: _Walked | None) -> _Walked:
         """Records walked from ``p``, whether each header checks, and which records fail a
@@ -214,18 +246,19 @@ class Framer:
         if cache is not None and cache[0].size:
             j = int(np.searchsorted(cache[0], p))
             if j < cache[0].shape[0] and int(cache[0][j]) == p:
-                seg, hdr, bad, stop = cache
+                seg, lens, hdr, bad, stop = cache
                 bad = bad[int(np.searchsorted(bad, j)):] - j
-                return seg[j:], hdr[j:], bad, stop
+                return seg[j:], lens[j:], hdr[j:], bad, stop
         seg, stop = walk(buf, p, MAX_LOADED)
+        lens = lengths_at(buf, seg)
         if not self.verify:
-            return seg, np.ones(seg.shape[0], dtype=bool), ints([]), stop
+            return seg, lens, np.ones(seg.shape[0], dtype=bool), ints([]), stop
         hdr = headers_ok(buf, seg)
-        pay = payloads_ok(buf, seg, lengths_at(buf, seg)) if seg.size else hdr
-        return seg, hdr, np.flatnonzero(~(hdr & pay)), stop
+        pay = payloads_ok(buf, seg, lens) if seg.size else hdr
+        return seg, lens, hdr, np.flatnonzero(~(hdr & pay)), stop
 
     def _at_stop(self, buf: Bytes, base: int, p: int, final: bool,
-                 accepted: list[IntArray]) -> int | None:
+                 accepted: _Accepted) -> int | None:
         """The walk stopped at ``p``: say why; the position to go on from, or None."""
         rest = int(buf.shape[0]) - p
         if rest < HEADER:
@@ -263,46 +296,39 @@ class Framer:
             if self.verify and not payload_ok(buf, p, n):
                 self._open(base + p, "bad_payload_crc", n)
                 return p + 1
-            accepted.append(ints([p]))
+            accepted.add(ints([p]), ints([n]))
             return end
         self._wait(base + p, OVERHEAD + n)
         return None
 
     def _suspect_previous(self, buf: Bytes, base: int, p: int,
-                          accepted: list[IntArray]) -> int | None:
+                          accepted: _Accepted) -> int | None:
         """Without verify, a bad header right after a record casts doubt on that record's
         length (a writer killed mid-record, another appending): check its payload CRC, and
         when it fails, drop it and scan from there instead. Returns its position then."""
         if self.verify:
             return None
-        last = next((a for a in reversed(accepted) if a.size), None)
+        last = accepted.last()
         if last is None:
             return None
-        q = int(last[-1])
-        n = length_at(buf, q)
+        q, n = last
         if q + OVERHEAD + n != p or payload_ok(buf, q, n):
             return None
-        for k in range(len(accepted) - 1, -1, -1):
-            if accepted[k].size:
-                accepted[k] = accepted[k][:-1]
-                break
+        accepted.drop_last()
         self._open(base + q, "bad_payload_crc", n)
         return q
 
-    def _hold_back_last(self, buf: Bytes, base: int, accepted: list[IntArray]) -> None:
+    def _hold_back_last(self, base: int, accepted: _Accepted) -> None:
         """Without verify, leave the last record before the window's end to the next
         window, so that :meth:`_suspect_previous` can still look at it there."""
         if self.big is not None or self._damage is not None:
             return
-        last = next((k for k in range(len(accepted) - 1, -1, -1) if accepted[k].size), None)
-        if last is None:
+        last = accepted.last()
+        if last is None or base + last[0] + OVERHEAD + last[1] != self.pos:
             return
-        q = int(accepted[last][-1])
-        if base + q + OVERHEAD + length_at(buf, q) != self.pos:
-            return
-        accepted[last] = accepted[last][:-1]
-        self.need += self.pos - (base + q)
-        self.pos = base + q
+        accepted.drop_last()
+        self.need += self.pos - (base + last[0])
+        self.pos = base + last[0]
 
     def _wait(self, pos: int, need: int) -> None:
         self.pos, self.need = pos, need
