@@ -479,6 +479,17 @@ def test_record_too_long_to_load_is_checked_and_skipped(tmp_path, monkeypatch, v
         assert _kinds(result) == ["too_large"]
 
 
+def test_time_budget_also_stops_checking_a_record_too_long_to_load(tmp_path,  # type: ignore[no-untyped-def]
+                                                                   monkeypatch) -> None:
+    data, (start, _) = _long_record_file(tmp_path)
+    monkeypatch.setattr(tfrecord, "MAX_LOADED", 1024)
+    monkeypatch.setattr(tfwindow, "WINDOW", 512)
+    result = read_event_file(_write(tmp_path, data), deadline=Deadline(0))
+    assert _steps(result) == [0]
+    (issue,) = result.issues
+    assert issue.kind == "read_limit" and issue.location.offset == start
+
+
 def test_many_issues_of_one_kind_are_summed_up(tmp_path) -> None:  # type: ignore[no-untyped-def]
     records = [bytearray(eventgen.scalar_record("loss", 1.0, i, 1.7e9)) for i in range(300)]
     for r in records[1::2]:  # every other record damaged, each followed by a valid one

@@ -46,6 +46,12 @@ class Window:
     lengths: IntArray
 
 
+class _OutOfTime(Exception):
+    def __init__(self, at: int) -> None:
+        super().__init__(at)
+        self.at = at
+
+
 class RecordReader:
     """Feeds a file to a :class:`Framer` window by window; iterate for the windows."""
 
@@ -73,12 +79,14 @@ class RecordReader:
                                        else True)
                     continue
                 if not first and self.deadline.expired():
-                    self._stopped(framer.pos, "read_limit", f"reading stopped at offset "
-                                  f"{framer.pos} of {self.size} after the time budget of "
-                                  f"{self.deadline.seconds:g} s; everything before it was kept")
-                    return
+                    raise _OutOfTime(framer.pos)
                 first = False
                 buf, base, final = self._next(buf, base)
+            except _OutOfTime as stop:
+                self._stopped(stop.at, "read_limit", f"reading stopped at offset {stop.at} of "
+                              f"{self.size} after the time budget of "
+                              f"{self.deadline.seconds:g} s; everything before it was kept")
+                return
             except OSError as exc:
                 self._stopped(framer.pos, "unreadable", f"read failed at offset {framer.pos}: "
                               f"{exc.strerror or exc}; everything before it was kept")
@@ -124,6 +132,8 @@ class RecordReader:
         crc, at, end = 0, off + HEADER, off + HEADER + n
         piece = np.empty(min(self.window, n), dtype=np.uint8)
         while at < end:
+            if self.deadline.expired():
+                raise _OutOfTime(off)
             view = piece.data[: min(piece.shape[0], end - at)]
             got = self._read_into(view, at)
             if got < len(view):
