@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, types_pb2
 
-from analyzer.ingest import tb_proto, tfrecord, tfwindow
+from analyzer.ingest import issuelog, tb_proto, tfrecord, tfwindow
 from analyzer.ingest.safeio import Deadline
 from analyzer.ingest.tb import read_event_file
 from tests.conftest import ROOT, write_summary_run
@@ -496,8 +496,8 @@ def test_many_issues_of_one_kind_are_summed_up(tmp_path) -> None:  # type: ignor
         r[20] ^= 0xFF
     result = read_event_file(_write(tmp_path, b"".join(records)))
     assert _steps(result, "loss") == list(range(0, 300, 2))
-    assert _kinds(result) == ["bad_payload_crc"] * (tfrecord.MAX_LISTED + 1)
-    assert result.issues[-1].message.startswith(f"{150 - tfrecord.MAX_LISTED} more issues")
+    assert _kinds(result) == ["bad_payload_crc"] * (issuelog.MAX_LISTED + 1)
+    assert result.issues[-1].message.startswith(f"{150 - issuelog.MAX_LISTED} more issues")
 
 
 def _damaged_files(tmp_path) -> dict[str, bytes]:  # type: ignore[no-untyped-def]

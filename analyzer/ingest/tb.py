@@ -32,8 +32,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from analyzer.ingest.issuelog import IssueLog
 from analyzer.ingest.safeio import Deadline, NotRegularFile, open_regular
-from analyzer.ingest.tfrecord import HEADER, Framer, IssueLog, rows
+from analyzer.ingest.tfrecord import HEADER, Framer, rows
 from analyzer.ingest.tfwindow import RecordReader, Window
 from analyzer.model import Event, Histogram, IngestIssue, Location, Series
 

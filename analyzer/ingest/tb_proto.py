@@ -25,7 +25,8 @@ import numpy as np
 import numpy.typing as npt
 from tensorboard.compat.proto import event_pb2, types_pb2
 
-from analyzer.ingest.tfrecord import HEADER, IssueLog
+from analyzer.ingest.issuelog import IssueLog
+from analyzer.ingest.tfrecord import HEADER
 from analyzer.model import Event, Histogram, Location
 
 if TYPE_CHECKING:

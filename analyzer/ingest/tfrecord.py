@@ -26,8 +26,8 @@ Damage is returned as :class:`IngestIssue` values, one written policy per kind, 
 Wherever a length is not trusted, the reader scans forward for the next position where a
 header whose CRC checks is followed by a payload whose CRC checks, resumes there, and the
 issue says how many bytes were skipped and where reading resumed (or that nothing valid
-followed). Past :data:`MAX_LISTED` issues of one kind in one file, the rest are counted in
-one closing issue of that kind, so a hostile file cannot fill memory with issues.
+followed). Issues go to an :class:`~analyzer.ingest.issuelog.IssueLog`, which lists a
+bounded number of each kind per file and counts the rest.
 
 The :class:`Framer` is fed the file window by window (see :mod:`analyzer.ingest.tfwindow`);
 :func:`frame` frames a buffer that holds a whole file. The byte work is in
@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from analyzer.ingest.issuelog import IssueLog
 from analyzer.ingest.tfwalk import (
     HEADER,
     MAX_RECORD,
@@ -59,53 +60,14 @@ from analyzer.ingest.tfwalk import (
     walk,
     zeros_and_last_nonzero,
 )
-from analyzer.model import IngestIssue, Location
+from analyzer.model import IngestIssue
 
-__all__ = ["HEADER", "MAX_LISTED", "MAX_LOADED", "OVERHEAD", "Framer", "Framing", "IssueLog",
-           "frame", "rows"]
+__all__ = ["HEADER", "MAX_LOADED", "OVERHEAD", "Framer", "Framing", "frame", "rows"]
 
 MAX_LOADED = 256 << 20
 """Longest record read into memory to be decoded; longer ones are checked and skipped."""
-MAX_LISTED = 100
-"""Issues of one kind listed one by one per file; the rest are counted in one more."""
 # A run of zeros this long at the end of a damaged stretch is reported as a zero tail.
 _ZERO_NOTE = 4096
-
-
-class IssueLog:
-    """A file's issues, listing at most :data:`MAX_LISTED` of each kind."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._listed: list[IngestIssue] = []
-        self._counts: dict[str, int] = {}
-        self._more: dict[str, list[int]] = {}  # kind -> [count, first offset, last offset]
-
-    def add(self, offset: int | None, kind: str, message: str) -> None:
-        count = self._counts[kind] = self._counts.get(kind, 0) + 1
-        if count <= MAX_LISTED:
-            self._listed.append(IngestIssue(Location(self.path, offset=offset), kind, message))
-            return
-        more = self._more.setdefault(kind, [0, offset or 0, offset or 0])
-        more[0] += 1
-        more[2] = offset or 0
-
-    def kinds(self) -> set[str]:
-        return set(self._counts)
-
-    def drop(self, kinds: set[str]) -> None:
-        self._listed = [i for i in self._listed if i.kind not in kinds]
-        for kind in kinds:
-            self._counts.pop(kind, None)
-            self._more.pop(kind, None)
-
-    def issues(self) -> list[IngestIssue]:
-        out = sorted(self._listed, key=lambda i: i.location.offset or 0)
-        for kind, (count, first, last) in self._more.items():
-            out.append(IngestIssue(Location(self.path, offset=first), kind,
-                                   f"{count} more issues of this kind between offsets {first} "
-                                   f"and {last}, not listed one by one"))
-        return out
 
 
 @dataclass
