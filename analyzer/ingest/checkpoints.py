@@ -16,6 +16,7 @@ Nothing here runs code from a checkpoint unless the caller passes ``trust_pickle
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 from analyzer.ingest.ckpt.command import inspect_command
 from analyzer.ingest.ckpt.history import build_history, checkpoint_incident
@@ -88,33 +89,34 @@ def scan_checkpoint(path: str, *, trust_pickle: bool = False) -> CheckpointScan:
     """
     from analyzer.ingest.ckpt.sharded import is_index, scan_sharded
 
-    try:
-        if os.path.isdir(path):
-            return _failed(path, "a folder, not a checkpoint file")
-        if is_index(path):
-            return scan_sharded(path, lambda shard: _scan_one(shard, trust_pickle))
-        return _scan_one(path, trust_pickle)
-    except NotRegularFile as exc:
-        return _failed(path, str(exc), "not_regular")
-    except OSError as exc:
-        return _failed(path, exc.strerror or str(exc))
-    except Exception as exc:  # the last guard: a damaged file must not stop the analysis
-        return _failed(path, f"{type(exc).__name__}: {exc}")
+    if os.path.isdir(path):
+        return _failed(path, "a folder, not a checkpoint file")
+    if is_index(path):  # each shard has its guard, the index its own
+        return _guarded(path, lambda: scan_sharded(path, lambda s: _scan_one(s, trust_pickle)))
+    return _scan_one(path, trust_pickle)
 
 
 def _scan_one(path: str, trust_pickle: bool) -> CheckpointScan:
-    """One checkpoint file (never an index), behind the same last guard."""
+    """One checkpoint file (never an index)."""
     from analyzer.ingest.ckpt.scan import scan_file
     from analyzer.ingest.ckpt.stats import single_threaded
 
-    try:
+    def scan() -> CheckpointScan:
         with single_threaded():
             return scan_file(path, trust_pickle=trust_pickle)
+
+    return _guarded(path, scan)
+
+
+def _guarded(path: str, scan: Callable[[], CheckpointScan]) -> CheckpointScan:
+    """The last guard: whatever a damaged file makes a reader raise becomes an issue."""
+    try:
+        return scan()
     except NotRegularFile as exc:
         return _failed(path, str(exc), "not_regular")
     except OSError as exc:
         return _failed(path, exc.strerror or str(exc))
-    except Exception as exc:  # the last guard: a damaged file must not stop the analysis
+    except Exception as exc:  # a damaged file must not stop the analysis
         return _failed(path, f"{type(exc).__name__}: {exc}")
 
 
