@@ -169,6 +169,7 @@ IssueKind = Literal[
     "not_event_file",
     "truncated",
     "zero_tail",
+    "zero_run",
     "bad_length_crc",
     "bad_payload_crc",
     "absurd_length",

@@ -126,7 +126,7 @@ def test_regression_nul_heavy_head_keeps_the_nan_line(tmp_path: Path) -> None:
     assert points(read) == points(read_log(str(whole)))
     assert first_nonfinite(read) == ("grad_norm", 40, 9)
     (hole,) = read.issues
-    assert hole.kind == "zero_tail" and "300000 NUL bytes" in hole.message
+    assert hole.kind == "zero_run" and "300000 NUL bytes" in hole.message
     assert (hole.location.line, hole.location.offset) == (1, 0)
 
 
@@ -172,7 +172,7 @@ def test_regression_hole_after_a_cut_line_does_not_glue_the_next_record(tmp_path
         ("loss", 2),
         ("grad_norm", 2),
     }
-    assert kinds(read) == ["zero_tail"]
+    assert kinds(read) == ["zero_run"]
 
 
 def test_many_holes_are_listed_then_summarised(tmp_path: Path) -> None:
@@ -180,7 +180,7 @@ def test_many_holes_are_listed_then_summarised(tmp_path: Path) -> None:
     path.write_bytes(b"".join(b"step %d loss 1.0\n" % i + b"\x00" * 7 for i in range(30)))
     read = read_unchanged(path)
     assert [p[1] for p in points(read)] == list(range(30))
-    holes = [i for i in read.issues if i.kind == "zero_tail"]
+    holes = [i for i in read.issues if i.kind == "zero_run"]
     assert [h.location.line for h in holes[:-1]] == list(range(2, 2 + HOLES_LISTED))
     assert "30 runs of NUL bytes in all, 210 bytes" in holes[-1].message
 

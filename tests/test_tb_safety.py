@@ -354,7 +354,7 @@ def test_regression_zero_hole_between_records_resynchronises(tmp_path, verify) -
     result = read_event_file(_write(tmp_path, first + hole + second), verify=verify)
     assert _steps(result) == list(range(20))
     (issue,) = result.issues
-    assert issue.kind == "zero_tail" and issue.location.offset == len(first)
+    assert issue.kind == "zero_run" and issue.location.offset == len(first)
     assert f"{len(hole)} zero bytes" in issue.message
     assert f"at offset {len(first) + len(hole)}" in issue.message
 
@@ -363,7 +363,7 @@ def test_zero_hole_at_the_start_of_the_file(tmp_path) -> None:  # type: ignore[n
     data = _writer_bytes(tmp_path, "a", range(0, 10))
     result = read_event_file(_write(tmp_path, b"\0" * 8192 + data))
     assert _steps(result) == list(range(10))
-    assert _kinds(result) == ["zero_tail"] and result.issues[0].location.offset == 0
+    assert _kinds(result) == ["zero_run"] and result.issues[0].location.offset == 0
 
 
 def test_cut_record_then_zeros_reports_both(tmp_path) -> None:  # type: ignore[no-untyped-def]

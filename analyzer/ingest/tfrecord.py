@@ -10,10 +10,11 @@ Damage is returned as :class:`IngestIssue` values, one written policy per kind, 
                      At the end of the file (the normal state of a crashed run's file)
                      everything before it is kept; where a valid record follows (a writer
                      killed mid-record, then another appending) reading resumes there
-    zero_tail        a run of zero bytes where a record should start (space reserved but
-                     never written): passed over whole; at the end of the file nothing
-                     follows, in the middle (a copytruncate hole, a preallocated region
-                     written later) reading resumes at the next valid record
+    zero_tail        the file ends in a run of zero bytes where a record should start (space
+                     reserved but never written): passed over whole, in constant memory
+    zero_run         a run of zero bytes in the middle (a copytruncate hole, a preallocated
+                     region written later): passed over whole, reading resumes at the next
+                     valid record
     bad_length_crc   a header whose length CRC does not match: the length is not trusted
     absurd_length    a header with a valid CRC but a length no event record has (2 GiB or
                      more): nothing is allocated for it, the length is not trusted
@@ -387,7 +388,7 @@ class Framer:
         end = self._end if found is None else found
         skipped = end - damage.start
         if damage.last_nonzero < damage.start:
-            self.log.add(damage.start, "zero_tail", (
+            self.log.add(damage.start, "zero_tail" if found is None else "zero_run", (
                 f"last {skipped} bytes are all zero: nothing was written there" if found is None
                 else f"{skipped} zero bytes (space reserved or a hole, never written); "
                 f"reading resumes at the next valid record, at offset {found}"))

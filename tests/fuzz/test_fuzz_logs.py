@@ -174,7 +174,7 @@ def test_a_nul_run_between_two_lines_loses_neither(
     if refused:  # judged on the text, NULs aside: the same either way
         assert refused <= {i.kind for i in read.issues}
         return
-    holes = [i for i in read.issues if i.kind == "zero_tail"]
+    holes = [i for i in read.issues if i.kind == "zero_run"]  # text follows the run
     assert len(holes) == 1 and f"{run} NUL bytes" in holes[0].message
     assert holes[0].location.line == at + 1
     assert holes[0].location.offset == len(b"".join(lines[:at]))

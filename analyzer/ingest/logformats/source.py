@@ -5,9 +5,10 @@ size it had when it was opened (a log still being written is read as it stood) a
 past a time budget. Before the record reader sees a chunk, NUL bytes are taken out and a
 UTF-16 log is turned into UTF-8. Policy, one rule per kind:
 
-- ``zero_tail``: a run of NUL bytes is a hole, not text: a crash's zero-filled tail, the
-  hole ``copytruncate`` leaves at the head of a log still being written to, a block that
-  never reached the disk. The run is skipped and stands for a break between records (the
+- ``zero_tail`` (the run the file ends in) and ``zero_run`` (one with text after it): a
+  run of NUL bytes is a hole, not text: a crash's zero-filled tail, the hole
+  ``copytruncate`` leaves at the head of a log still being written to, a block that never
+  reached the disk. The run is skipped and stands for a break between records (the
   text on either side is never glued into one record), not between lines: line numbers
   stay those of the file. Each run is reported with its line, byte offset and length, the
   first ``HOLES_LISTED`` of a file one by one and the rest in one summary. The work is
@@ -241,7 +242,7 @@ class Chunks:
         where, offset, length = hole
         what = "the file ends in them (a zero-filled tail)" if at_end else "a hole in the text"
         self.ctx.issue(
-            "zero_tail",
+            "zero_tail" if at_end else "zero_run",
             f"{length} NUL bytes skipped: {what}; the text around them is read",
             where,
             None if offset < 0 else offset,
@@ -253,7 +254,7 @@ class Chunks:
         if self.runs > self.listed and self.first is not None:
             line, offset = self.first
             self.ctx.issue(
-                "zero_tail",
+                "zero_run",
                 f"{self.runs} runs of NUL bytes in all, {self.nul_bytes} bytes, skipped; "
                 f"only the first {self.listed} are listed",
                 line,
