@@ -136,7 +136,7 @@ def _special_kind(path: str) -> str:
 
 
 @dataclass
-class _Listing:
+class Listing:
     """One folder's entries, sorted, with what could not be taken as it stands."""
 
     folder: str
@@ -145,10 +145,10 @@ class _Listing:
     issues: list[IngestIssue] = field(default_factory=list)
 
 
-def _list(folder: str, *, for_run: bool = True) -> _Listing:
+def _list(folder: str, *, for_run: bool = True) -> Listing:
     """List ``folder``: real sub-folders, regular files, and issues for symlinked folders,
     special files with a run file's name, broken links and a folder that cannot be read."""
-    out = _Listing(folder)
+    out = Listing(folder)
     try:
         with os.scandir(folder) as entries:
             items = sorted(entries, key=lambda e: e.name)
@@ -188,7 +188,7 @@ def _skipped_dir(name: str) -> bool:
     return name in _SKIP_DIRS or name.startswith(".")
 
 
-def _tree(root: str, descend: Callable[[str], bool]) -> Iterator[_Listing]:
+def walk_tree(root: str, descend: Callable[[str], bool]) -> Iterator[Listing]:
     """Every folder below ``root`` (root first, then depth first in name order) for which
     ``descend`` holds, iteratively: a deep tree costs no recursion. Folders below
     MAX_DEPTH are reported on the listing of their parent and not walked."""
@@ -210,7 +210,7 @@ def _tree(root: str, descend: Callable[[str], bool]) -> Iterator[_Listing]:
 def _walk(root: str) -> tuple[list[RunFiles], list[IngestIssue]]:
     runs: dict[str, RunFiles] = {}
     loose: list[IngestIssue] = []
-    for listing in _tree(root, lambda d: not is_attached_dir(os.path.basename(d))):
+    for listing in walk_tree(root, lambda d: not is_attached_dir(os.path.basename(d))):
         run = _run_in(root, listing)
         own = [i for i in run.issues if i.kind in ("not_regular",) or
                (i.kind == "unreadable" and is_run_file(i.location.file))]
@@ -237,7 +237,7 @@ def _enclosing(runs: dict[str, RunFiles], folder: str) -> str | None:
         here = up
 
 
-def _run_in(root: str, listing: _Listing) -> RunFiles:
+def _run_in(root: str, listing: Listing) -> RunFiles:
     folder, files = listing.folder, listing.files
     issues = list(listing.issues)
     events = sorted((os.path.join(folder, f) for f in files if is_event_file(f)),
@@ -276,7 +276,7 @@ def _save_number(path: str) -> int:
 def _checkpoints_below(folder: str) -> tuple[list[str], list[IngestIssue]]:
     out: list[str] = []
     issues: list[IngestIssue] = []
-    for listing in _tree(folder, lambda d: True):
+    for listing in walk_tree(folder, lambda d: True):
         out += [os.path.join(listing.folder, f) for f in listing.files
                 if is_checkpoint_file(f)]
         issues += [i for i in listing.issues
