@@ -12,10 +12,12 @@ from analyzer.errors import ForensicsError, UsageError
 from analyzer.ingest.discover import discover
 from analyzer.ingest.runs import Progress, read_runs
 from analyzer.locate import locate
-from analyzer.model import IngestIssue, Report, Run, RunResult
+from analyzer.model import CodeRefusal, IngestIssue, Report, Run, RunResult
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from analyzer.replay.records import ReplayResult
 
 
 def tool_version() -> str:
@@ -86,18 +88,29 @@ def with_replay(result: RunResult, *, device: str = "cpu", import_paths: Sequenc
     run (code not trusted) or failed."""
     if not result.run.captures:
         return result
+    done, error, refused = attempt_replay(result.run.captures[0], device=device,
+                                          import_paths=import_paths, trust_code=trust_code)
+    return replace(result, replay=done, replay_error=error, replay_refused=refused)
+
+
+def attempt_replay(capture: str, *, device: str = "cpu", dtype: str = "as-run",
+                   import_paths: Sequence[str] = (), trust_code: bool = False,
+                   ) -> tuple[ReplayResult | None, str | None, CodeRefusal | None]:
+    """Replay a capture: (the result, or why it failed, or why it was not run). A capture
+    that breaks the replay in any way is reported, never raised: one hostile run must not
+    stop the analysis of the others."""
     from analyzer.replay import replay as run_replay
     from analyzer.trust import refusal_of
 
     try:
-        done = run_replay(result.run.captures[0], device=device, import_paths=import_paths,
+        done = run_replay(capture, device=device, dtype=dtype, import_paths=import_paths,
                           trust_code=trust_code)
     except ForensicsError as exc:
         refused = refusal_of(exc)
-        if refused is not None:
-            return replace(result, replay_refused=refused)
-        return replace(result, replay_error=str(exc))
-    return replace(result, replay=done)
+        return None, None if refused is not None else str(exc), refused
+    except Exception as exc:  # damage the capture's checks did not foresee
+        return None, f"the replay failed: {type(exc).__name__}: {exc}", None
+    return done, None, None
 
 
 def healthy_siblings(path: str, runs: Iterable[tuple[str, str, bool, Mapping[str, Any] | None]]

@@ -239,12 +239,12 @@ def _analyze(args: argparse.Namespace) -> int:
     if progress is not None:
         progress.close()
     if args.json == "-":
-        sys.stdout.write(to_json(report) + "\n")
+        _out(to_json(report) + "\n")
     else:
         text = format_text(report)
         if args.quiet:
             text = text[text.rfind("\n\n") + 2:] if "\n\n" in text else text
-        sys.stdout.write(text)
+        _out(text)
         if args.json:
             _write_json(args.json, to_json(report))
     if report.failed:
@@ -254,6 +254,18 @@ def _analyze(args: argparse.Namespace) -> int:
               "checkpoint tensor could be read (see the read issues)", file=sys.stderr)
         return EXIT_ERROR
     return EXIT_OK
+
+
+def _out(text: str) -> None:
+    """Write the report; a reader that stopped early (``| head``) does not change the exit
+    status the gate depends on: the rest goes nowhere."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
 
 
 def _rules() -> int:

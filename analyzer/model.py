@@ -244,9 +244,10 @@ class Run:
 
     @property
     def readable(self) -> bool:
-        """Whether anything could be read at all: a value, an event, a checkpoint tensor or
-        a capture. A run of empty, unreadable or foreign files is not."""
-        if self.series or self.histograms or self.events or self.captures:
+        """Whether anything could be read at all: a value, an event or a checkpoint tensor.
+        A run of empty, unreadable or foreign files is not (a capture counts only once it
+        has been replayed: see :attr:`RunResult.status`)."""
+        if self.series or self.histograms or self.events:
             return True
         return self.checkpoints is not None and any(
             t.stats is not None for scan in self.checkpoints.scans for t in scan.tensors)
@@ -390,7 +391,7 @@ class RunResult:
         """``failed`` (a non-finite value), ``finite``, or ``unreadable`` (nothing read)."""
         if self.failed:
             return "failed"
-        return "finite" if self.run.readable else "unreadable"
+        return "finite" if self.run.readable or self.replay is not None else "unreadable"
 
 
 @dataclass(frozen=True)

@@ -9,28 +9,37 @@ from a folder the user trusts:
 - a folder given with ``--import-path`` (``import_paths=``), for that call;
 - a folder recorded with ``forensics trust DIR``, kept in the user's configuration folder
   (``$FORENSICS_CONFIG_DIR``, else ``$XDG_CONFIG_HOME/nan-forensics``, else
-  ``~/.config/nan-forensics``), never in an analysed folder; its sub-folders too;
+  ``~/.config/nan-forensics``), never in an analysed folder; its sub-folders too, except
+  inside a capture's own run folder: code shipped with a run is trusted only when that
+  folder itself (or one inside the run) was, so a stranger's run copied under a trusted
+  project does not inherit its trust. The filesystem root and the home folder cannot be
+  trusted;
 - with ``--trust-code`` (``trust_code=True``), whichever folder the module is found in,
   for that call;
 - the tool's own scenario factories (``analyzer.scenarios.models`` and ``.losses``, which
   ``sample_runs/`` use), which are part of the tool.
 
-Whatever is trusted, a factory must be a plain attribute name (``module:name``, no dots,
-no leading underscore) of a module whose file lies in the trusted folder, naming a callable
-defined in a module under a trusted folder; the standard library, site-packages, builtins
-and frozen modules are never imported for a factory. Optimizer classes are looked up in
-``torch.optim`` (already imported with torch), or else under the same rules.
+Trusting a folder means: any public function or class defined there may be called with
+arguments a stranger's meta.json chose. Whatever is trusted, a factory must be a plain
+attribute name (``module:name``, no dots, no leading underscore) of a module with a file of
+its own (not a namespace package) in the trusted folder, naming a callable defined in a
+module under a trusted folder; the standard library, site-packages, builtins, frozen
+modules and this tool's own source tree are never imported for a factory. The import loads
+exactly the file judged: the folder goes first on ``sys.path`` and the spec the import
+system would use is compared with it before any code runs. Optimizer classes are looked up
+in ``torch.optim`` (already imported with torch), or else under the same rules.
 
 Nothing here imports the module it judges: a module is located with
 ``importlib.machinery.PathFinder`` over candidate folders, which reads directory listings
 only. The candidates, in order: the import paths, the trusted folders, the current
 folder, the folders on ``sys.path`` (outside the standard library and site-packages), and
-the capture's run folder with the folders above it.
+the capture's run folder (so that a refusal can name the code shipped with a run).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import importlib.machinery
 import importlib.util
@@ -127,6 +136,9 @@ def trust_folder(path: str) -> str:
     real = os.path.realpath(path)
     if not os.path.isdir(real):
         raise UsageError(f"{path}: not a folder")
+    if real in (os.path.dirname(real), os.path.realpath(os.path.expanduser("~"))):
+        raise UsageError(f"{path}: the filesystem root or your home folder would trust every "
+                         "folder below it, run folders included; trust the project's folder")
     if _is_system(real):
         raise UsageError(f"{path}: lies in the standard library or site-packages; code there "
                          "is never imported for a replay, so it cannot be trusted")
@@ -162,10 +174,17 @@ class TrustPolicy:
     def of(cls, import_paths: Sequence[str] = (), trust_code: bool = False) -> TrustPolicy:
         return cls(tuple(os.path.realpath(p) for p in import_paths), trust_code)
 
-    def trusts(self, folder: str) -> bool:
+    def trusts(self, folder: str, run_folder: str | None = None) -> bool:
+        """Whether code in ``folder`` may run. A trusted folder trusts the folders below it,
+        except inside the capture's own run folder: code shipped with a run is trusted
+        only when that folder (or one inside the run) was trusted itself, never because a
+        folder above the run was."""
         if self.trust_code:
             return True
-        return any(_inside(root, folder) for root in (*self.import_paths, *self.folders))
+        roots = (*self.import_paths, *self.folders)
+        if run_folder is not None and _inside(run_folder, folder):
+            roots = tuple(r for r in roots if _inside(run_folder, r))
+        return any(_inside(root, folder) for root in roots)
 
 
 @dataclass(frozen=True)
@@ -183,6 +202,7 @@ def _inside(root: str, path: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
+@functools.cache
 def _system_folders() -> tuple[str, ...]:
     paths = {sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib", "purelib",
                                                      "platlib")}
@@ -200,14 +220,8 @@ def _is_system(path: str) -> bool:
 def _candidates(policy: TrustPolicy, run_folder: str | None) -> list[str]:
     out = [*policy.import_paths, *policy.folders, os.getcwd()]
     out += [p or os.getcwd() for p in sys.path if isinstance(p, str)]
-    if run_folder is not None:
-        here = os.path.realpath(run_folder)
-        while True:
-            out.append(here)
-            up = os.path.dirname(here)
-            if up == here:
-                break
-            here = up
+    if run_folder is not None:  # code shipped with the run: found, to be named, not trusted
+        out.append(run_folder)
     seen: dict[str, None] = {}
     for p in out:
         real = os.path.realpath(p)
@@ -235,16 +249,27 @@ def _module_file(module: Any) -> str | None:
 
 
 def _locate(top: str, candidates: list[str]) -> str | None:
-    """The first candidate folder holding the top-level module or package ``top``."""
+    """The first candidate folder holding the top-level module or package ``top`` as a
+    file of its own (``top.py`` or ``top/__init__.py``): a namespace package, which any
+    plain folder makes, does not count."""
     for folder in candidates:
         spec = importlib.machinery.PathFinder.find_spec(top, [folder])
-        if spec is None:
-            continue
-        where = [spec.origin] if spec.origin not in (None, "namespace") else []
-        where += list(spec.submodule_search_locations or [])
-        if where and all(_inside(folder, w) for w in where if isinstance(w, str)):
+        if _spec_file(spec) is not None and _inside(folder, _spec_file(spec) or ""):
             return folder
     return None
+
+
+def _spec_file(spec: Any) -> str | None:
+    origin = getattr(spec, "origin", None)
+    if not isinstance(origin, str) or origin in ("namespace", "built-in", "frozen"):
+        return None
+    return os.path.realpath(origin) if os.path.isfile(origin) else None
+
+
+def _tool_root() -> str:
+    """The folder holding this tool's packages (a source checkout's root, or
+    site-packages): nothing found directly in it is a factory."""
+    return os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 
 
 @dataclass(frozen=True)
@@ -278,9 +303,12 @@ def check(target: str, policy: TrustPolicy, *, run_folder: str | None = None,
     if top in sys.stdlib_module_names or top in sys.builtin_module_names:
         raise RefusedCode(target, f"names the standard library module {top!r}, which a replay "
                                   "never imports")
-    if top == "analyzer":
+    if top in ("analyzer", "app"):
         raise RefusedCode(target, "names a module of this tool that builds no model or loss")
     folder = _locate(top, _candidates(policy, run_folder))
+    if folder is not None and os.path.realpath(folder) == _tool_root():
+        raise RefusedCode(target, "names a module of this tool's own source tree, which builds "
+                                  "no model or loss")
     if folder is None:
         if top in sys.modules or _installed(top):
             raise RefusedCode(target, f"names {top!r}, which is installed (site-packages) or "
@@ -289,20 +317,27 @@ def check(target: str, policy: TrustPolicy, *, run_folder: str | None = None,
                                       "--import-path")
         raise ModelRebuildError(target, f"module {top!r} cannot be imported; add the folder "
                                         "that holds it with --import-path", module=top)
-    if not policy.trusts(folder):
+    if not policy.trusts(folder, run_folder):
         raise UntrustedCode(target, folder)
     loaded = sys.modules.get(top)
-    if loaded is not None and not _inside(folder, _module_file(loaded) or os.sep + "\0"):
-        raise RefusedCode(target, f"names {top!r}, already loaded here from another folder")
+    where = _module_file(loaded) if loaded is not None else None
+    if loaded is not None and (where is None or not _inside(folder, where)):
+        raise RefusedCode(target, f"names {top!r}, already loaded here, and not from {folder}")
     return Plan(target, module_name, attr, "folder", folder)
 
 
 def resolve(target: str, policy: TrustPolicy, *, run_folder: str | None = None,
             separator: str = ":") -> Resolved:
     """Judge the factory ``target`` as :func:`check` does, then import it."""
+    plan = check(target, policy, run_folder=run_folder, separator=separator)
+    return resolve_plan(plan, policy, run_folder=run_folder)
+
+
+def resolve_plan(plan: Plan, policy: TrustPolicy, *, run_folder: str | None = None) -> Resolved:
+    """Import what a :func:`check` judged, and check what came of it."""
     from analyzer.replay.errors import ModelRebuildError
 
-    plan = check(target, policy, run_folder=run_folder, separator=separator)
+    target = plan.target
     if plan.source == "torch":
         module = sys.modules.get(plan.module)  # imported with torch: nothing new runs
         obj = vars(module).get(plan.attr) if module is not None else None
@@ -323,7 +358,7 @@ def resolve(target: str, policy: TrustPolicy, *, run_folder: str | None = None,
     defined = sys.modules.get(getattr(obj, "__module__", "") or "")
     where = _module_file(defined) if defined is not None else None
     if (not callable(obj) or where is None or _is_system(where)
-            or not policy.trusts(os.path.dirname(where))):
+            or not policy.trusts(os.path.dirname(where), run_folder)):
         raise RefusedCode(target, "is not a function or class defined under the trusted folder")
     return Resolved(obj, plan.folder)
 
@@ -332,7 +367,7 @@ def _installed(top: str) -> bool:
     """Whether ``top`` can be imported from outside the candidate folders (site-packages,
     an editable install's finder); finding a top-level spec runs no module code."""
     try:
-        return importlib.util.find_spec(top) is not None
+        return _spec_file(importlib.util.find_spec(top)) is not None
     except (ImportError, ValueError):
         return False
 
@@ -341,6 +376,14 @@ def _import(target: str, module_name: str, folder: str) -> Any:
     from analyzer.replay.errors import ModelRebuildError
 
     with import_path([folder]):
+        top = module_name.split(".")[0]
+        if top not in sys.modules:
+            # What the import system would load, found without running it: it must be the
+            # file judged, not one earlier on sys.path or from another finder.
+            found = _spec_file(importlib.util.find_spec(top))
+            if found is None or not _inside(folder, found):
+                raise RefusedCode(target, f"module {top!r} would not be loaded from {folder} "
+                                          f"but from {found or 'elsewhere'}")
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
@@ -365,7 +408,7 @@ def import_path(paths: Sequence[str]) -> Iterator[None]:
     Bytecode caching is off meanwhile: importing must not write ``__pycache__`` folders
     into a folder being analysed.
     """
-    added = [os.path.abspath(p) for p in paths if os.path.abspath(p) not in sys.path]
+    added = [os.path.abspath(p) for p in paths]  # first, even when already further down
     sys.path[:0] = added
     no_bytecode = sys.dont_write_bytecode
     sys.dont_write_bytecode = True

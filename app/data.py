@@ -26,7 +26,7 @@ import hashlib
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -143,36 +143,63 @@ def _stat_line(path: str) -> str:
 
 
 def _capture_files(folders: tuple[str, ...]) -> list[str]:
+    from analyzer.ingest.discover import walk_tree
+
     out: list[str] = []
     for folder in folders:
-        for sub, _, files in os.walk(folder):
-            out += [os.path.join(sub, f) for f in files]
+        for listing in walk_tree(folder, lambda d: True):
+            out += [os.path.join(listing.folder, f) for f in listing.files]
     return out
 
 
+_PIECE = 1 << 16
+"""Characters of a line read at a time, so that a line of a gigabyte costs no gigabyte."""
+
+
+def _text_lines(path: str) -> Iterator[tuple[int, str]]:
+    """(1-based line number, text) of a text file opened safely (a FIFO or device is not
+    opened); a line longer than _PIECE comes in pieces under one number."""
+    import io
+
+    from analyzer.ingest.safeio import open_regular
+
+    handle, _ = open_regular(path)
+    with io.TextIOWrapper(handle, encoding="utf-8", errors="replace") as fh:
+        number = 1
+        while piece := fh.readline(_PIECE):
+            yield number, piece
+            if piece.endswith("\n"):
+                number += 1
+
+
 @st.cache_data(ttl=LISTING_TTL_S, show_spinner=False)
-def passed_over(root: str) -> list[str]:
-    """What the search for runs below ``root`` passed over outside every run (symlinked
-    folders, folders too deep or that cannot be listed), one line each."""
+def _discovery(root: str) -> Any:
+    """The runs below ``root`` and what the walk passed over (an ``analyzer.ingest.discover.
+    Discovery``), or the message of why the folder cannot be walked."""
     from analyzer.ingest.discover import discover
 
     try:
-        return [str(issue) for issue in discover([root]).issues]
-    except (ForensicsError, OSError):
-        return []
+        return discover([root])
+    except ForensicsError as exc:
+        return str(exc)
+    except OSError as exc:
+        return f"{root}: cannot be listed: {exc.strerror or exc}"
+
+
+def passed_over(root: str) -> list[str]:
+    """What the search for runs below ``root`` passed over outside every run (symlinked
+    folders, folders too deep or that cannot be listed), one line each."""
+    found = _discovery(root)
+    return [] if isinstance(found, str) else [str(issue) for issue in found.issues]
 
 
 @st.cache_data(ttl=LISTING_TTL_S, show_spinner=False)
 def list_runs(root: str) -> list[RunRef] | str:
     """Every run below ``root`` with its fingerprint, or a message saying why there is none."""
-    from analyzer import find_runs
-
-    try:
-        found = find_runs([root])
-    except ForensicsError as exc:
-        return str(exc)
-    except OSError as exc:
-        return f"{root}: cannot be listed: {exc.strerror or exc}"
+    discovery = _discovery(root)
+    if isinstance(discovery, str):
+        return discovery
+    found = discovery.runs
     if not found:
         return f"no runs (folders with event files, logs or checkpoints) found under {root}"
     refs = []
@@ -319,13 +346,12 @@ def first_mention(path: str, digest: str) -> int | None:
     word = re.compile(r"(?<![\w.])[-+]?(nan|inf|infinity)(?![\w])", re.IGNORECASE)
     read = 0
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            for number, text in enumerate(fh, start=1):
-                if word.search(text):
-                    return number
-                read += len(text)
-                if read > _MENTION_LIMIT:
-                    return None
+        for number, text in _text_lines(path):
+            if word.search(text):
+                return number
+            read += len(text)
+            if read > _MENTION_LIMIT:
+                return None
     except OSError:
         return None
     return None
@@ -339,17 +365,16 @@ def _clip(text: str, keep: int = 1000) -> str:
 @st.cache_data(max_entries=256, show_spinner=False)
 def log_lines(path: str, first: int, last: int, digest: str) -> list[tuple[int, str]]:
     """Lines ``first``..``last`` (1-based, inclusive) of a text file, read lazily."""
-    out: list[tuple[int, str]] = []
+    out: dict[int, str] = {}
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            for number, text in enumerate(fh, start=1):
-                if number > last:
-                    break
-                if number >= first:
-                    out.append((number, _clip(text.rstrip("\r\n"))))
+        for number, text in _text_lines(path):
+            if number > last:
+                break
+            if number >= first:  # a long line's pieces keep both ends
+                out[number] = _clip(out.get(number, "") + text.rstrip("\r\n"))
     except OSError:
         return []
-    return out
+    return list(out.items())
 
 
 @st.cache_data(max_entries=48, show_spinner=False)
@@ -435,21 +460,12 @@ def replay(capture: str, digest: str, device: str, dtype: str,
     """Replay a captured step in memory, kept under the run's fingerprint (which holds the
     trust in force). ``trust_code`` imports the capture's code wherever it is, for this
     replay only: the Replay page passes it once the user has said so."""
-    from analyzer.replay import replay as run_replay
-    from analyzer.trust import refusal_of
+    from analyzer.api import attempt_replay
 
     start = time.monotonic()
-    try:
-        result = run_replay(capture, device=device, dtype=dtype, import_paths=import_paths(),
-                            trust_code=trust_code)
-    except ForensicsError as exc:
-        refused = refusal_of(exc)
-        return ReplayOutcome(None, None if refused else str(exc), time.monotonic() - start,
-                             refused)
-    except Exception as exc:  # a capture that breaks the replay is reported, not raised
-        return ReplayOutcome(None, f"the replay failed: {type(exc).__name__}: {exc}",
-                             time.monotonic() - start)
-    return ReplayOutcome(result, None, time.monotonic() - start)
+    result, error, refused = attempt_replay(capture, device=device, dtype=dtype,
+                                            import_paths=import_paths(), trust_code=trust_code)
+    return ReplayOutcome(result, error, time.monotonic() - start, refused)
 
 
 def format_replay(result: Any) -> str:

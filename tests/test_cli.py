@@ -172,3 +172,18 @@ def test_regression_json_tag_counts_keep_every_series_of_a_tag(tmp_path, summary
     assert main(["analyze", str(run), "--json", str(out), "-q"]) == 0
     tags = json.loads(out.read_text())["runs"][0]["tags"]
     assert tags["train/loss"] == 250 and tags["lr"] == 100
+
+
+def test_regression_an_empty_capture_folder_does_not_make_a_run_readable(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    run = tmp_path / "run"
+    (run / "capture" / "step_1").mkdir(parents=True)
+    (run / "train.log").write_text("")
+    assert main(["analyze", str(run), "-q"]) == 2
+
+
+def test_regression_a_reader_that_stops_early_keeps_the_exit_status(runs) -> None:  # type: ignore[no-untyped-def]
+    script = (f"set -o pipefail; {sys.executable} -m analyzer.cli analyze {runs} | head -c 1; "
+              "exit ${PIPESTATUS[0]}")
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr

@@ -170,3 +170,14 @@ def test_no_runs_message_names_what_was_passed_over(tmp_path, capsys, summary_ru
     assert main(["analyze", str(root)]) == 2
     err = capsys.readouterr().err
     assert "no runs" in err and "not_followed" in err and "link" in err
+
+
+def test_regression_a_trailing_slash_keeps_issues_on_their_run(tmp_path, summary_run) -> None:  # type: ignore[no-untyped-def]
+    from analyzer.ingest.discover import discover
+
+    summary_run({"train/loss": [1.0]}, name="a")
+    os.symlink(tmp_path, tmp_path / "a" / "up")
+    for root in (str(tmp_path / "a"), str(tmp_path / "a") + os.sep):
+        found = discover([root])
+        assert found.issues == ()
+        assert [i.kind for i in found.runs[0].issues] == ["not_followed"]

@@ -24,7 +24,7 @@ from analyzer.replay import (
     load_capture,
     replay,
 )
-from analyzer.replay.command import replay_command, replay_run
+from analyzer.replay.command import replay_command
 from analyzer.scenarios import losses, models
 
 MLP = "analyzer.scenarios.models:mlp"
@@ -278,7 +278,15 @@ def test_the_command_prints_writes_json_and_leaves_the_run_alone(log_run: Path,
     assert _listing(log_run) == before
 
 
-def test_analyze_hook_replays_only_runs_with_a_capture(log_run: Path, tmp_path: Path) -> None:
-    assert replay_run(str(tmp_path)) is None
-    result = replay_run(str(log_run))
-    assert result is not None and result.verdict.kind == "math-fault"
+def test_analyze_replays_only_runs_with_a_capture(log_run: Path, tmp_path: Path) -> None:
+    from torch.utils.tensorboard import SummaryWriter
+
+    from analyzer.api import analyze
+
+    writer = SummaryWriter(str(tmp_path / "plain"))
+    writer.add_scalar("train/loss", 1.0, 0)
+    writer.close()
+    (without,) = analyze(str(tmp_path / "plain")).results
+    assert (without.replay, without.replay_error, without.replay_refused) == (None, None, None)
+    (result,) = analyze(str(log_run)).results
+    assert result.replay is not None and result.replay.verdict.kind == "math-fault"

@@ -165,9 +165,13 @@ def test_the_cli_in_a_fresh_process_runs_no_untrusted_code(tmp_path: Path) -> No
     assert not marker.exists()
 
 
-def _benign_run(tmp_path: Path, parent: str = "runs") -> tuple[Path, Path]:
-    """A run whose model factory lives in a module one folder above the run."""
+def _benign_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                parent: str = "runs") -> tuple[Path, Path]:
+    """A run whose model factory lives in a module one folder above the run, the project
+    folder the user runs forensics from (the current folder is where factories are looked
+    for; the folders above a run are not)."""
     run = _run(tmp_path, parent=parent)
+    monkeypatch.chdir(run.parent)
     (run.parent / "mynets_trusted.py").write_text(BENIGN)
     meta = json.loads(_meta_path(run).read_text())
     meta["model"] = {"factory": "mynets_trusted:make", "kwargs": meta["model"]["kwargs"]}
@@ -180,8 +184,9 @@ def _forget_module() -> None:
 
 
 def test_trusted_folder_import_path_and_trust_code_let_ordinary_code_run(
-        tmp_path: Path, own_config: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    run, code = _benign_run(tmp_path)
+        tmp_path: Path, own_config: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    run, code = _benign_run(tmp_path, monkeypatch)
     real = os.path.realpath(code)
     result = analyze(str(run)).results[0]
     assert result.replay is None and result.replay_refused is not None
@@ -217,8 +222,9 @@ def test_a_copy_of_a_sample_run_replays_but_not_when_its_meta_names_other_code(
 @pytest.mark.parametrize("target", ["mynets_trusted:make.__globals__", "mynets_trusted:_make",
                                     "mynets_trusted:__import__", "mynets_trusted",
                                     "__main__:make", "mynets_trusted:os"])
-def test_factory_names_must_be_plain_public_attributes(tmp_path: Path, target: str) -> None:
-    run, code = _benign_run(tmp_path)
+def test_factory_names_must_be_plain_public_attributes(
+        tmp_path: Path, target: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    run, code = _benign_run(tmp_path, monkeypatch)
     (code / "mynets_trusted.py").write_text(BENIGN + "\nimport os\n_make = make\n")
     _set(run, "model", {"factory": target, "kwargs": {}})
     _forget_module()
@@ -227,8 +233,9 @@ def test_factory_names_must_be_plain_public_attributes(tmp_path: Path, target: s
     _forget_module()
 
 
-def test_a_name_imported_from_elsewhere_is_not_a_factory(tmp_path: Path) -> None:
-    run, code = _benign_run(tmp_path)
+def test_a_name_imported_from_elsewhere_is_not_a_factory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run, code = _benign_run(tmp_path, monkeypatch)
     marker = tmp_path / "marker"
     (code / "mynets_trusted.py").write_text("from os import system\n")
     _set(run, "model", {"factory": "mynets_trusted:system",
@@ -281,7 +288,7 @@ def test_the_dashboard_replays_untrusted_code_only_when_asked(
     marker = tmp_path / "marker"
     _evil_module(hostile, marker)
     _set(hostile, "model", {"factory": "evilnets:make", "kwargs": {}})
-    _, code = _benign_run(tmp_path, parent="runs/team")  # trusting team/ leaves hostile/ out
+    _, code = _benign_run(tmp_path, monkeypatch, parent="runs/team")  # trusting team/ leaves hostile/ out
     before = _snapshot(hostile)
     monkeypatch.setenv("FORENSICS_RUNS", str(tmp_path / "runs"))
     _forget_module()
@@ -304,3 +311,144 @@ def test_the_dashboard_replays_untrusted_code_only_when_asked(
     assert any("Verdict: math-fault" in i.value for i in at.info)
     assert not marker.exists()
     _forget_module()
+
+
+def test_regression_a_trusted_folder_behind_an_earlier_sys_path_entry_is_the_one_loaded(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The trusted folder is on sys.path already (PYTHONPATH, a .pth), but behind the
+    # current folder, which is the analysed run and ships a package of the same name.
+    run = _run(tmp_path)
+    marker = tmp_path / "marker"
+    trusted = tmp_path / "project"
+    (trusted / "myproj").mkdir(parents=True)
+    (trusted / "myproj" / "__init__.py").write_text("")
+    (trusted / "myproj" / "models.py").write_text(BENIGN)
+    (run / "myproj").mkdir()
+    (run / "myproj" / "__init__.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    (run / "myproj" / "models.py").write_text(BENIGN)
+    meta = json.loads(_meta_path(run).read_text())
+    meta["model"]["factory"] = "myproj.models:make"
+    _meta_path(run).write_text(json.dumps(meta))
+    monkeypatch.chdir(run)
+    monkeypatch.setattr(sys, "path", [str(run), *sys.path, str(trusted)])
+    for name in ("myproj", "myproj.models"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    result = analyze(str(run), import_paths=[str(trusted)]).results[0]
+    assert not marker.exists()
+    assert result.replay is not None, result.replay_error or result.replay_refused
+    assert sys.modules["myproj"].__file__ == str(trusted / "myproj" / "__init__.py")
+    for name in ("myproj", "myproj.models"):
+        sys.modules.pop(name, None)
+
+
+def test_regression_no_folder_above_a_run_is_offered_for_trust(tmp_path: Path) -> None:
+    run = _run(tmp_path)
+    # A dotted name that plain folders above the run would spell as namespace packages.
+    parts = [p for p in str(run).split(os.sep) if p]
+    (run / "evil.py").write_text("def make(**kwargs):\n    return None\n")
+    _set(run, "model", {"factory": ".".join([*parts, "evil"]) + ":make", "kwargs": {}})
+    result = analyze(str(run)).results[0]
+    assert result.replay_refused is None or result.replay_refused.folder != os.sep
+    assert "forensics trust /" not in (result.replay_error or "") + str(result.replay_refused)
+    assert main(["trust", os.sep]) == 2 and main(["trust", os.path.expanduser("~")]) == 2
+    assert trust.trusted_folders() == ()
+
+
+def test_regression_a_run_under_a_trusted_project_does_not_inherit_its_trust(
+        tmp_path: Path) -> None:
+    project = tmp_path / "proj"
+    run = _run(tmp_path, "colleague", parent="proj/runs")
+    marker = tmp_path / "marker"
+    _evil_module(run, marker)
+    _set(run, "model", {"factory": "evilnets:make", "kwargs": {}})
+    assert main(["trust", str(project)]) == 0
+    refused = analyze(str(run)).results[0].replay_refused
+    assert refused is not None and refused.folder == os.path.realpath(run)
+    assert not marker.exists()
+    assert main(["trust", str(run)]) == 0  # the run's own folder, trusted on purpose
+    sys.modules.pop("evilnets", None)
+    analyze(str(run))
+    assert marker.exists()
+    sys.modules.pop("evilnets", None)
+
+
+def test_regression_the_tools_own_source_tree_is_no_factory_even_when_trusted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run = _run(tmp_path)
+    monkeypatch.chdir(ROOT)
+    for target in ("app.data:trust_folder", "tests.test_trust:analyze", "tests.conftest:only_event_file"):
+        _set(run, "model", {"factory": target, "kwargs": {"folder": os.sep}})
+        refused = analyze(str(run), import_paths=[str(ROOT)]).results[0].replay_refused
+        assert refused is not None and "this tool" in refused.message, target
+    assert trust.trusted_folders() == ()
+
+
+def test_regression_a_namespace_package_is_not_a_factory_module(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run = _run(tmp_path)
+    code = tmp_path / "code"
+    (code / "nspkg").mkdir(parents=True)  # no __init__.py: any plain folder would do
+    (code / "nspkg" / "nets.py").write_text(BENIGN)
+    _set(run, "model", {"factory": "nspkg.nets:make", "kwargs": {}})
+    monkeypatch.chdir(code)
+    result = analyze(str(run), import_paths=[str(code)]).results[0]
+    assert result.replay is None and (result.replay_error or result.replay_refused)
+    assert main(["analyze", str(run), "--import-path", str(code), "-q"]) == 1
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", ["env.json", "capture/step_61/meta.json",
+                                  "capture/step_61/state.pt"])
+def test_regression_a_fifo_in_a_capture_or_beside_it_does_not_hang(
+        tmp_path: Path, name: str) -> None:
+    run = _run(tmp_path)
+    os.remove(run / name)
+    os.mkfifo(run / name)
+    for replay_too in (False, True):
+        assert main(["analyze", str(run), "-q", *([] if replay_too else ["--no-replay"])]) == 1
+    result = analyze(str(run)).results[0]
+    if name != "env.json":
+        assert result.replay is None and result.replay_error
+
+
+@pytest.mark.parametrize("damage", ["env_list", "hyperparameters_list", "deep_meta",
+                                    "meta_to_dev_zero", "deep_env"])
+def test_regression_one_hostile_capture_does_not_stop_the_analysis(
+        tmp_path: Path, damage: str, capsys: pytest.CaptureFixture[str]) -> None:
+    run = _run(tmp_path)
+    other = _run(tmp_path, "other")
+    meta_path = _meta_path(run)
+    meta = json.loads(meta_path.read_text())
+    if damage == "env_list":
+        meta["env"] = [1, 2]
+    elif damage == "hyperparameters_list":
+        meta["optimizer"]["hyperparameters"] = [1, 2]
+    if damage == "deep_meta":
+        meta_path.write_text("[" * 200_000 + "]" * 200_000)
+    elif damage == "meta_to_dev_zero":
+        os.remove(meta_path)
+        os.symlink("/dev/zero", meta_path)
+    elif damage == "deep_env":
+        (run / "env.json").write_text('{"a":' * 100_000 + "1" + "}" * 100_000)
+    else:
+        meta_path.write_text(json.dumps(meta))
+    assert main(["analyze", str(tmp_path / "runs"), "-q"]) == 1
+    assert "internal error" not in capsys.readouterr().err
+    results = {r.run.name: r for r in analyze(str(tmp_path / "runs")).results}
+    assert results["other"].replay is not None
+    if damage != "deep_env":
+        assert results["run"].replay is None and results["run"].replay_error
+    del other
+
+
+def test_regression_history_entries_that_are_not_dicts_are_a_capture_error(
+        tmp_path: Path) -> None:
+    import torch
+
+    run = _run(tmp_path)
+    meta = json.loads(_meta_path(run).read_text())
+    meta["mode"] = "every_n"
+    _meta_path(run).write_text(json.dumps(meta))
+    torch.save({"steps": [1, 2, 3]}, _meta_path(run).parent / "history.pt")
+    result = analyze(str(run)).results[0]
+    assert result.replay is None and "not dicts" in (result.replay_error or "")

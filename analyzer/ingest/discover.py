@@ -88,7 +88,7 @@ def discover(paths: list[str], extra_logs: Sequence[str] = ()) -> Discovery:
     for root in [*paths, *extra_logs]:
         if not os.path.exists(root):
             raise UsageError(f"{root}: no such file or folder")
-    for root in paths:
+    for root in map(os.path.normpath, paths):  # 'runs/a/' and 'runs/a' are one folder
         if os.path.isdir(root):
             found, issues = _walk(root)
         else:

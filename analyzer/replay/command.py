@@ -1,4 +1,4 @@
-"""The body of ``forensics replay`` and the hook ``forensics analyze`` calls.
+"""The body of ``forensics replay``.
 
 The CLI parses the options and hands them over; everything else (loading,
 replaying, printing, writing the JSON file) happens here. Errors are raised as
@@ -14,8 +14,7 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from analyzer.errors import UsageError
-from analyzer.replay import capture_folder, format_replay, replay
-from analyzer.replay.records import ReplayResult
+from analyzer.replay import format_replay, replay
 
 
 def replay_command(path: str, *, device: str = "cpu", dtype: str = "as-run",
@@ -40,18 +39,6 @@ def replay_command(path: str, *, device: str = "cpu", dtype: str = "as-run",
             with open(json_file, "w", encoding="utf-8") as fh:
                 fh.write(data)
     return 1 if result.phase is not None else 0
-
-
-def replay_run(run_path: str, *, device: str = "cpu",
-               import_paths: Sequence[str] = ()) -> ReplayResult | None:
-    """For ``analyze``: the replay of the run's capture, or None when it holds none.
-
-    Raises ForensicsError (CaptureError, ModelRebuildError, ReplayError) when a
-    capture exists but cannot be replayed; the caller reports it and goes on.
-    """
-    if capture_folder(run_path) is None:
-        return None
-    return replay(run_path, device=device, import_paths=import_paths)
 
 
 def _check_writable(path: str) -> None:

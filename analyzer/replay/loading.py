@@ -21,9 +21,10 @@ import torch
 from torch import nn
 
 from analyzer.capture import FORMAT_NAME, FORMAT_VERSION
+from analyzer.ingest.safeio import NotRegularFile, open_regular, read_regular
 from analyzer.replay.discover import find_capture
 from analyzer.replay.errors import CaptureError, ModelRebuildError
-from analyzer.trust import TrustPolicy, check, resolve
+from analyzer.trust import Plan, TrustPolicy, check, resolve_plan
 
 _DTYPES = ("float32", "float16", "bfloat16", "float64")
 _REQUIRED: dict[str, type | tuple[type, ...]] = {
@@ -71,17 +72,30 @@ class Capture:
         return float(value) if isinstance(value, int | float) else None
 
 
+META_BYTES = 16 << 20
+"""Largest meta.json read; the recorder writes a few kilobytes."""
+
+
 def read_meta(folder: str) -> dict[str, Any]:
     path = os.path.join(folder, "meta.json")
     try:
-        with open(path, encoding="utf-8") as fh:
-            meta = json.load(fh)
+        raw = read_regular(path, META_BYTES + 1)
     except FileNotFoundError:
         raise CaptureError(path, "missing") from None
+    except NotRegularFile as exc:
+        raise CaptureError(path, str(exc)) from None
+    except OSError as exc:
+        raise CaptureError(path, f"unreadable: {exc.strerror or exc}") from None
+    if len(raw) > META_BYTES:
+        raise CaptureError(path, f"larger than {META_BYTES} bytes: not a capture's meta.json")
+    try:
+        meta = json.loads(raw.decode("utf-8"))
     except json.JSONDecodeError as exc:
         raise CaptureError(path, f"line {exc.lineno} column {exc.colno}: {exc.msg}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CaptureError(path, f"unreadable: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise CaptureError(path, f"not UTF-8 at byte {exc.start}") from None
+    except RecursionError:
+        raise CaptureError(path, "nested too deeply to be a capture's meta.json") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
         raise CaptureError(path, f"not a {FORMAT_NAME} meta.json (format key)")
     if meta.get("version") != FORMAT_VERSION:
@@ -92,6 +106,9 @@ def read_meta(folder: str) -> dict[str, Any]:
             raise CaptureError(path, f"key {key!r} is missing or not a {_kind_name(kind)}")
     if meta["dtype"] not in _DTYPES:
         raise CaptureError(path, f"dtype {meta['dtype']!r} is not one of {', '.join(_DTYPES)}")
+    for key, where in (("env", meta), ("hyperparameters", meta["optimizer"])):
+        if where.get(key) is not None and not isinstance(where[key], dict):
+            raise CaptureError(path, f"key {key!r} is not a JSON object")
     return meta
 
 
@@ -108,7 +125,11 @@ def load_pt(folder: str, name: str, *, required: bool = True) -> Any:
             raise CaptureError(path, "missing")
         return None
     try:
-        return torch.load(path, weights_only=True, map_location="cpu")
+        handle, _ = open_regular(path)  # a FIFO named state.pt must not block the replay
+        with handle:
+            return torch.load(handle, weights_only=True, map_location="cpu")
+    except NotRegularFile as exc:
+        raise CaptureError(path, str(exc)) from None
     except pickle.UnpicklingError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CaptureError(path, "refused by torch.load(weights_only=True), and it is not "
@@ -117,11 +138,11 @@ def load_pt(folder: str, name: str, *, required: bool = True) -> Any:
         raise CaptureError(path, f"cannot be read: {type(exc).__name__}: {exc}") from None
 
 
-def build(spec: Any, what: str, meta_path: str, policy: TrustPolicy,
+def build(plan: Plan, kwargs: Mapping[str, Any], policy: TrustPolicy,
           run_folder: str | None) -> tuple[Any, str | None]:
-    """Call the factory ``spec`` names, if the policy trusts it: (object, folder it came from)."""
-    target, kwargs = factory_of(spec, what, meta_path)
-    found = resolve(target, policy, run_folder=run_folder)
+    """Import and call the factory a trust check judged: (object, folder it came from)."""
+    target = plan.target
+    found = resolve_plan(plan, policy, run_folder=run_folder)
     try:
         return found.obj(**kwargs), found.folder
     except Exception as exc:
@@ -155,12 +176,11 @@ def restore_model(model: nn.Module, state: Mapping[str, Any], factory: str) -> N
 
 
 def build_optimizer(meta: Mapping[str, Any], model: nn.Module, state: Mapping[str, Any],
-                    policy: TrustPolicy, run_folder: str | None) -> torch.optim.Optimizer:
+                    plan: Plan, policy: TrustPolicy,
+                    run_folder: str | None) -> torch.optim.Optimizer:
     spec = meta["optimizer"]
-    target = spec.get("class")
-    if not isinstance(target, str):
-        raise CaptureError("meta.json", "optimizer.class is missing")
-    cls = resolve(target, policy, run_folder=run_folder, separator=".").obj
+    target = plan.target
+    cls = resolve_plan(plan, policy, run_folder=run_folder).obj
     if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)):
         raise ModelRebuildError(target, "is not a torch.optim.Optimizer subclass")
     params = list(model.parameters())
@@ -190,20 +210,20 @@ def run_folder_of(capture: str) -> str:
     return parent
 
 
-def check_trust(path: str, policy: TrustPolicy) -> None:
-    """Raise UntrustedCode or RefusedCode when replaying the capture at ``path`` would
-    import code the policy does not allow; import nothing. Other damage is left to
-    :func:`load_capture` to report."""
-    folder = find_capture(path)
-    meta = read_meta(folder)
-    meta_path = os.path.join(folder, "meta.json")
-    run_folder = run_folder_of(folder)
+def _plans(meta: Mapping[str, Any], meta_path: str, policy: TrustPolicy,
+           run_folder: str) -> dict[str, tuple[Plan, dict[str, Any]]]:
+    """Judge every piece of code the capture names, importing none of it: the model and
+    loss factories (with their arguments) and the optimizer class. Raises UntrustedCode or
+    RefusedCode for code the policy does not allow."""
+    plans = {}
     for what in ("model", "loss"):
-        target, _ = factory_of(meta[what], what, meta_path)
-        check(target, policy, run_folder=run_folder)
+        target, kwargs = factory_of(meta[what], what, meta_path)
+        plans[what] = (check(target, policy, run_folder=run_folder), kwargs)
     optimizer = meta["optimizer"].get("class")
-    if isinstance(optimizer, str):
-        check(optimizer, policy, run_folder=run_folder, separator=".")
+    if not isinstance(optimizer, str):
+        raise CaptureError(meta_path, "optimizer.class is missing")
+    plans["optimizer"] = (check(optimizer, policy, run_folder=run_folder, separator="."), {})
+    return plans
 
 
 def load_capture(path: str, *, import_paths: Sequence[str] = (),
@@ -218,11 +238,11 @@ def load_capture(path: str, *, import_paths: Sequence[str] = (),
     model, loss or optimizer cannot be rebuilt (naming the module that cannot be imported).
     """
     policy = policy if policy is not None else TrustPolicy.of(import_paths)
-    check_trust(path, policy)
     folder = find_capture(path)
     meta = read_meta(folder)
     meta_path = os.path.join(folder, "meta.json")
     run_folder = run_folder_of(folder)
+    plans = _plans(meta, meta_path, policy, run_folder)  # before any file is loaded
     state = load_pt(folder, "state.pt")
     batch = load_pt(folder, "batch.pt")
     if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
@@ -234,16 +254,20 @@ def load_capture(path: str, *, import_paths: Sequence[str] = (),
     if meta["mode"] == "every_n":
         entries = load_pt(folder, "history.pt", required=False)
         if isinstance(entries, dict) and isinstance(entries.get("steps"), list):
+            if not all(isinstance(e, dict) for e in entries["steps"]):
+                raise CaptureError(os.path.join(folder, "history.pt"),
+                                   "'steps' holds entries that are not dicts")
             history = tuple(entries["steps"])
-    model, model_folder = build(meta["model"], "model", meta_path, policy, run_folder)
+    model, model_folder = build(*plans["model"], policy, run_folder)
     if not isinstance(model, nn.Module):
         raise ModelRebuildError(meta["model"]["factory"],
                                 f"returned {type(model).__name__}, not an nn.Module")
     restore_model(model, state["model"], meta["model"]["factory"])
-    loss_fn, loss_folder = build(meta["loss"], "loss", meta_path, policy, run_folder)
+    loss_fn, loss_folder = build(*plans["loss"], policy, run_folder)
     if not callable(loss_fn):
         raise ModelRebuildError(meta["loss"]["factory"], "did not return a callable")
-    optimizer = build_optimizer(meta, model, state.get("optimizer") or {}, policy, run_folder)
+    optimizer = build_optimizer(meta, model, state.get("optimizer") or {},
+                                plans["optimizer"][0], policy, run_folder)
     scaler = None
     if meta["amp"].get("grad_scaler") and isinstance(state.get("scaler"), dict):
         scaler = torch.amp.GradScaler("cpu")

@@ -203,10 +203,17 @@ class RunEvidence:
         return "; ".join(reasons[n] for n in needs)
 
 
+_JSON_BYTES = 16 << 20
+"""Largest env.json or meta.json the rules read; the recorder writes a few kilobytes."""
+
+
 def _read_json(path: str) -> dict[str, Any] | None:
+    """A small JSON object from a run folder, or None: never blocks on a FIFO, never reads
+    past a bound, and a file nested too deeply is no object."""
+    from analyzer.ingest.safeio import read_regular
+
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except (OSError, ValueError):
+        data = json.loads(read_regular(path, _JSON_BYTES).decode("utf-8"))
+    except (OSError, ValueError, RecursionError):
         return None
     return data if isinstance(data, dict) else None
