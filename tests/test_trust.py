@@ -288,7 +288,8 @@ def test_the_dashboard_replays_untrusted_code_only_when_asked(
     marker = tmp_path / "marker"
     _evil_module(hostile, marker)
     _set(hostile, "model", {"factory": "evilnets:make", "kwargs": {}})
-    _, code = _benign_run(tmp_path, monkeypatch, parent="runs/team")  # trusting team/ leaves hostile/ out
+    # Trusting team/ leaves hostile/ out.
+    _, code = _benign_run(tmp_path, monkeypatch, parent="runs/team")
     before = _snapshot(hostile)
     monkeypatch.setenv("FORENSICS_RUNS", str(tmp_path / "runs"))
     _forget_module()
@@ -376,7 +377,8 @@ def test_regression_the_tools_own_source_tree_is_no_factory_even_when_trusted(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     run = _run(tmp_path)
     monkeypatch.chdir(ROOT)
-    for target in ("app.data:trust_folder", "tests.test_trust:analyze", "tests.conftest:only_event_file"):
+    for target in ("app.data:trust_folder", "tests.test_trust:analyze",
+                   "tests.conftest:only_event_file"):
         _set(run, "model", {"factory": target, "kwargs": {"folder": os.sep}})
         refused = analyze(str(run), import_paths=[str(ROOT)]).results[0].replay_refused
         assert refused is not None and "this tool" in refused.message, target
