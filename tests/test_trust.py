@@ -454,3 +454,13 @@ def test_regression_history_entries_that_are_not_dicts_are_a_capture_error(
     torch.save({"steps": [1, 2, 3]}, _meta_path(run).parent / "history.pt")
     result = analyze(str(run)).results[0]
     assert result.replay is None and "not dicts" in (result.replay_error or "")
+
+
+def test_regression_the_tools_own_factories_refuse_arguments_beyond_the_saved_state(
+        tmp_path: Path) -> None:
+    run = _run(tmp_path)
+    meta = json.loads(_meta_path(run).read_text())
+    meta["model"]["kwargs"].update(hidden=10**6, in_features=10**6)  # ~10^12 parameters
+    _meta_path(run).write_text(json.dumps(meta))
+    result = analyze(str(run)).results[0]
+    assert result.replay is None and "more than the" in (result.replay_error or "")

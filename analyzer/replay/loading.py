@@ -210,6 +210,20 @@ def run_folder_of(capture: str) -> str:
     return parent
 
 
+def _check_size(plan: tuple[Plan, dict[str, Any]], saved: Mapping[str, Any],
+                policy: TrustPolicy, run_folder: str) -> None:
+    """The tool's own model factories are trusted with a stranger's arguments: build the
+    model on the meta device first (no memory), and refuse one larger than the state the
+    capture saved, before arguments such as ``hidden=10**6`` allocate gigabytes."""
+    with torch.device("meta"):
+        probe, _ = build(*plan, policy, run_folder)
+    wanted = sum(p.numel() for p in probe.parameters()) if isinstance(probe, nn.Module) else 0
+    have = sum(v.numel() for v in saved.values() if isinstance(v, torch.Tensor))
+    if wanted > have:
+        raise ModelRebuildError(plan[0].target, f"its arguments build {wanted:,} parameters, "
+                                                f"more than the {have:,} state.pt holds")
+
+
 def _plans(meta: Mapping[str, Any], meta_path: str, policy: TrustPolicy,
            run_folder: str) -> dict[str, tuple[Plan, dict[str, Any]]]:
     """Judge every piece of code the capture names, importing none of it: the model and
@@ -258,6 +272,8 @@ def load_capture(path: str, *, import_paths: Sequence[str] = (),
                 raise CaptureError(os.path.join(folder, "history.pt"),
                                    "'steps' holds entries that are not dicts")
             history = tuple(entries["steps"])
+    if plans["model"][0].source == "tool":
+        _check_size(plans["model"], state["model"], policy, run_folder)
     model, model_folder = build(*plans["model"], policy, run_folder)
     if not isinstance(model, nn.Module):
         raise ModelRebuildError(meta["model"]["factory"],
