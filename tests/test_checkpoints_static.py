@@ -73,5 +73,5 @@ def test_shared_references_are_walked_once() -> None:
     with zipfile.ZipFile(buffer) as archive:
         data = archive.read(next(n for n in archive.namelist() if n.endswith("data.pkl")))
     result = read_pickle(data)
-    listed = list(walk(result.root, "", StaticLeaves("x", None, little_endian=True)))
+    listed = list(walk(result.root, "", StaticLeaves(None, None, order="little")))
     assert len(listed) == 1

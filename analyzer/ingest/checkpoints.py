@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 from analyzer.ingest.ckpt.command import inspect_command
 from analyzer.ingest.ckpt.history import build_history, checkpoint_incident
+from analyzer.ingest.ckpt.quoting import foreign
 from analyzer.ingest.ckpt.records import (
     AdamFinding,
     CheckpointFormat,
@@ -117,7 +118,7 @@ def _guarded(path: str, scan: Callable[[], CheckpointScan]) -> CheckpointScan:
     except OSError as exc:
         return _failed(path, exc.strerror or str(exc))
     except Exception as exc:  # a damaged file must not stop the analysis
-        return _failed(path, f"{type(exc).__name__}: {exc}")
+        return _failed(path, f"{type(exc).__name__}: {foreign(str(exc))}")
 
 
 def _failed(path: str, reason: str, kind: str = "unreadable") -> CheckpointScan:

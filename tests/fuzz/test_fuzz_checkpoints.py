@@ -23,16 +23,22 @@ outside its storage. Properties:
   and nothing is written beside the scanned file;
 - every tensor with stats holds only finite values in [0.25, 0.75];
 - an undamaged seed gives, tensor by tensor, the stats a plain numpy reading of
-  ``torch.load(weights_only=True)`` gives.
+  ``torch.load(weights_only=True)`` gives;
+- text planted where a file holds a value, not a name (a text file named like a
+  checkpoint, an argument of a pickle opcode, a field of a safetensors header, the
+  ``byteorder`` record of an archive), is never quoted by a message, a note or the JSON
+  (a string of capitals and digits in a dtype field reads as a dtype name, and may be).
 """
 
 from __future__ import annotations
 
 import io
+import json
 import math
 import os
 import pickle
 import pickletools
+import string
 import struct
 import tempfile
 import zipfile
@@ -47,7 +53,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from analyzer.ingest.checkpoints import scan_checkpoint
+from analyzer.ingest.checkpoints import format_scan, scan_checkpoint
 from analyzer.ingest.ckpt.records import CheckpointScan
 from analyzer.ingest.ckpt.scan import scan_file
 from tests.fuzz.budget import fuzz_settings
@@ -482,3 +488,64 @@ def test_the_payload_is_live() -> None:
         target = os.path.join(folder, "made")
         pickle.loads(_payload(target)[:-1] + b".").close()
         assert os.path.exists(target)
+
+
+# -- nothing of a file is quoted ---------------------------------------------------------------
+
+_TEXT_STARTS = ["", "(", "c", "}", "]", "(dp0\n", "(I", "(S'", "{", "[", "#!", "PK", "I", "V"]
+_VALUE_OPS = [b"I", b"F", b"L", b"S", b"P", b"g", b"V"]
+_HEADER_FIELDS = ["dtype", "shape", "data_offsets"]
+
+
+@st.composite
+def planted(draw: Any) -> tuple[str, bytes, str]:
+    """(file name, its bytes, the text planted in it where no name is)."""
+    # A lower-case letter: a string of capitals and digits reads as a dtype name, and is
+    # quoted as one.
+    secret = draw(st.sampled_from(string.ascii_lowercase)) + draw(
+        st.text(string.ascii_letters + string.digits, min_size=11, max_size=40))
+    kind = draw(st.sampled_from(["text", "pickle", "safetensors", "byteorder"]))
+    name = draw(st.sampled_from(["model.pt", "model.safetensors", "weights.bin", "last.ckpt"]))
+    filler = st.text(string.printable, max_size=40)
+    if kind == "text":
+        body = (draw(st.sampled_from(_TEXT_STARTS)) + draw(filler) + secret + draw(filler)).encode()
+    elif kind == "pickle":
+        head = b"\x80" + bytes([draw(st.integers(2, 5))])
+        if draw(st.booleans()):
+            head += b"}q\x00(X\x01\x00\x00\x00wq\x01"
+        tail = draw(st.binary(max_size=16))
+        body = head + draw(st.sampled_from(_VALUE_OPS)) + secret.encode() + b"\n" + tail
+    elif kind == "safetensors":
+        spec: dict[str, object] = {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}
+        field = draw(st.sampled_from(_HEADER_FIELDS))
+        spec[field] = draw(st.sampled_from([secret, [secret], {secret: 1}, [1, secret]]))
+        header = json.dumps({"w": spec}).encode()
+        body = struct.pack("<Q", len(header)) + header + b"\x00" * 4
+    else:
+        members = _members(_saved({"w": _values(3)})) or {}
+        order = next(n for n in members if n.endswith("/byteorder"))
+        body = _zipped({**members, order: secret.encode()})
+    return name, body, secret
+
+
+def _said(path: Path, body: bytes) -> str:
+    path.write_bytes(body)
+    scan = scan_checkpoint(str(path))
+    return "\n".join([format_scan(scan), json.dumps(scan.to_dict()),
+                      *(i.message for i in scan.issues), *(t.note or "" for t in scan.tensors)])
+
+
+@fuzz_settings(80)
+@given(case=planted())
+def test_messages_never_quote_what_a_file_holds(
+    tmp_path_factory: pytest.TempPathFactory, case: tuple[str, bytes, str]
+) -> None:
+    name, body, secret = case
+    path = tmp_path_factory.mktemp("planted") / name
+    # A piece of the secret may also be a piece of the file's names or of the tool's own
+    # words ("FloatSto", "eckpoint"): those said just as well with the secret blanked out
+    # are not quotes of it.
+    control = _said(path, body.replace(secret.encode(), b"~" * len(secret)))
+    said = _said(path, body)
+    pieces = {secret[i : i + 8] for i in range(len(secret) - 7)}
+    assert sorted(p for p in pieces if p in said and p not in control) == [], said

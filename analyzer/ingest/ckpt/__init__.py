@@ -2,11 +2,13 @@
 
     ranges           one file opened through safeio, read by byte ranges (no memory map)
     sniff            what a file holds, by its first bytes
+    quoting          what a message may quote of a file: names, cut short; nothing else
     archive          zip layout checks: bombs, overlaps, truncation (no extraction)
     staticpickle     a pickle rebuilt from its opcodes, nothing imported or called
     extents          every tensor's bytes checked to lie inside its storage's record
     safetensors_file safetensors header validation and raw tensor reading
     leaves           one view of a tensor, loaded or described
+    metaleaves       tensors of torch's meta-device reading, read and checked here
     stats            chunked per-tensor statistics and per-layer aggregation
     tree             where model, optimizer, scaler and step sit in a checkpoint
     optimizer        optimizer tensors and Adam second-moment findings

@@ -18,6 +18,7 @@ import struct
 import zipfile
 from dataclasses import dataclass
 
+from analyzer.ingest.ckpt.quoting import foreign, quote
 from analyzer.ingest.ckpt.ranges import FileRanges
 from analyzer.model import IngestIssue, Location
 
@@ -111,7 +112,8 @@ def read_archive(ranges: FileRanges) -> Archive:
         with zipfile.ZipFile(ranges.stream()) as archive:
             infos = archive.infolist()
     except NotImplementedError as exc:
-        issue = IngestIssue(Location(path, offset=0), "bad_checkpoint", f"zip archive: {exc}")
+        message = f"zip archive: {foreign(str(exc))}"
+        issue = IngestIssue(Location(path, offset=0), "bad_checkpoint", message)
         return Archive({}, "", True, True, (issue,))
     except (zipfile.BadZipFile, ValueError, OSError, EOFError, struct.error):
         return _walk_locals(ranges)
@@ -123,11 +125,11 @@ def read_archive(ranges: FileRanges) -> Archive:
             # A local header naming another file puts the entry's bytes somewhere else
             # than the directory says: neither can be trusted to say where they are.
             where = ("outside the file" if not inside else "where there is none"
-                     if local is None else f"naming {local.name!r} instead")
+                     if local is None else f"naming {quote(local.name)} instead")
             bad = IngestIssue(
                 Location(path, offset=info.header_offset),
                 "bad_checkpoint",
-                f"zip central directory: entry {info.filename!r} points to a local header "
+                f"zip central directory: entry {quote(info.filename)} points to a local header "
                 f"{where} (offset {info.header_offset}); the entries were found from their "
                 "local headers instead and read without torch.load",
             )
@@ -177,14 +179,14 @@ def _layout_problem(entries: list[Entry], size: int) -> tuple[int, str] | None:
         declared += entry.declared_size
         if entry.data_offset + entry.stored_size > size:
             return entry.header_offset, (
-                f"zip entry {entry.name!r} claims {entry.stored_size} bytes from offset "
+                f"zip entry {quote(entry.name)} claims {entry.stored_size} bytes from offset "
                 f"{entry.data_offset}, past the end of the {size}-byte file; archive refused"
             )
         stored = max(entry.stored_size, 1)
         inflated = entry.declared_size > entry.stored_size
         if inflated and (not entry.compressed or entry.declared_size > MAX_RATIO * stored):
             return entry.header_offset, (
-                f"zip entry {entry.name!r} claims {entry.declared_size} bytes but holds "
+                f"zip entry {quote(entry.name)} claims {entry.declared_size} bytes but holds "
                 f"{entry.stored_size}: refused before extraction (zip bomb?)"
             )
     if declared > max(4 * size, size + MAX_SLACK):
@@ -196,7 +198,7 @@ def _layout_problem(entries: list[Entry], size: int) -> tuple[int, str] | None:
     for before, after in itertools.pairwise(ordered):
         if before.data_offset + before.stored_size > after.header_offset:
             return after.header_offset, (
-                f"zip entries {before.name!r} and {after.name!r} overlap; archive refused"
+                f"zip entries {quote(before.name)} and {quote(after.name)} overlap; archive refused"
             )
     return None
 
@@ -258,14 +260,14 @@ def _walk_locals(ranges: FileRanges, directory: IngestIssue | None = None) -> Ar
     moved = _misplaced(ranges, entries)
     if directory is not None:
         if cut_in is not None:
-            message = (f"the local headers describe entry {cut_in!r} at offset {offset} "
+            message = (f"the local headers describe entry {quote(cut_in)} at offset {offset} "
                        f"no further; the {len(entries)} entries before it were read")
             stop = IngestIssue(Location(path, offset=offset), "bad_checkpoint", message)
             return Archive(entries, _prefix(names), False, False, (directory, stop),
                            alignment=aligned, misplaced=moved)
         return Archive(entries, _prefix(names), False, False, (directory,), alignment=aligned,
                        misplaced=moved)
-    where = f"inside entry {cut_in!r}" if cut_in else "after the last whole entry"
+    where = f"inside entry {quote(cut_in)}" if cut_in else "after the last whole entry"
     message = (
         f"incomplete checkpoint: no zip central directory (file cut off mid-save, {size} "
         f"bytes); it ends {where}, {len(entries)} entries were written whole"

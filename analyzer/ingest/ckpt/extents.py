@@ -54,6 +54,19 @@ def storage_problem(storage: StorageRef, entry: Entry | None, archive: Archive) 
         if archive.truncated:
             return "not written whole before the file ends"
         return "missing" if archive.complete else "not found by following the local headers"
+    if size is None or storage.numel < 0:
+        placed = record_problem(entry, archive, 0, "")
+        if placed is not None:
+            return placed
+        return f"storage type {storage.dtype!r} or element count {storage.numel} not understood"
+    need = storage.numel * size
+    claim = f"the pickle gives it {storage.numel} {storage.dtype} elements ({need} bytes)"
+    return record_problem(entry, archive, need, claim)
+
+
+def record_problem(entry: Entry, archive: Archive, need: int, claim: str) -> str | None:
+    """Why ``need`` bytes of a storage cannot be read from the record ``entry``, or None;
+    ``claim`` says who gives the storage that many bytes."""
     if entry.compressed:
         return "compressed (torch.save never compresses a storage)"
     if entry.name in archive.misplaced:
@@ -66,14 +79,8 @@ def storage_problem(storage: StorageRef, entry: Entry | None, archive: Archive) 
             f"its bytes start at offset {entry.data_offset}, off the archive's "
             f"{archive.alignment}-byte storage alignment (its local header was altered)"
         )
-    if size is None or storage.numel < 0:
-        return f"storage type {storage.dtype!r} or element count {storage.numel} not understood"
-    need = storage.numel * size
     if need > entry.stored_size:
-        return (
-            f"the pickle gives it {storage.numel} {storage.dtype} elements ({need} bytes) but "
-            f"its record holds {entry.stored_size} bytes"
-        )
+        return f"{claim} but its record holds {entry.stored_size} bytes"
     return None
 
 

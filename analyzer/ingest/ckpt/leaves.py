@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from analyzer.ingest.ckpt.archive import Archive
 from analyzer.ingest.ckpt.extents import unfit
@@ -18,6 +18,8 @@ from analyzer.ingest.ckpt.stats import tensor_chunks
 
 if TYPE_CHECKING:
     import torch
+
+ByteOrder = Literal["little", "big"]
 
 
 @dataclass(frozen=True)
@@ -47,10 +49,7 @@ def _numeric(dtype: torch.dtype | None) -> bool:
 
 
 class TorchLeaves:
-    """Leaves of a tree that ``torch.load`` built; ``release`` drops mapped pages."""
-
-    def __init__(self, *, release: bool) -> None:
-        self.release = release
+    """Leaves of a tree that ``torch.load`` built in memory (a bare pickle)."""
 
     def leaf(self, value: object) -> Leaf | None:
         import torch
@@ -61,10 +60,8 @@ class TorchLeaves:
         shape = tuple(int(d) for d in value.shape)
         if value.is_sparse or value.is_quantized or value.device.type != "cpu":
             return Leaf(shape, dtype, None, "layout or device not scanned", False)
-        release = self.release
-
         def chunks() -> Iterator[torch.Tensor]:
-            return tensor_chunks(value, release=release)
+            return tensor_chunks(value)
 
         layout = None if value.is_contiguous() else tuple(int(s) for s in value.stride())
         return Leaf(shape, dtype, chunks, None, _numeric(value.dtype), layout)
@@ -73,15 +70,17 @@ class TorchLeaves:
 class StaticLeaves:
     """Leaves of a statically read ``torch.save`` pickle, read raw from the archive.
 
-    Every tensor's extent is checked (:mod:`extents`) before a byte of it is read.
+    Every tensor's extent is checked (:mod:`extents`) before a byte of it is read. Values
+    of a big-endian archive are byte-swapped as they are read; ``order`` None (a byte
+    order record that names neither) leaves every value unread.
     """
 
     def __init__(
-        self, ranges: FileRanges | None, archive: Archive | None, *, little_endian: bool
+        self, ranges: FileRanges | None, archive: Archive | None, *, order: ByteOrder | None
     ) -> None:
         self.ranges = ranges
         self.archive = archive
-        self.little_endian = little_endian
+        self.order = order
         self._made: dict[int, tuple[TensorRef, Leaf]] = {}
 
     def leaf(self, value: object) -> Leaf | None:
@@ -109,15 +108,16 @@ class StaticLeaves:
         assert entry is not None
         base = entry.data_offset + value.offset * dtype.itemsize
         shape, stride, count = value.shape, value.stride, value.numel
+        swap = self.order == "big"
         if value.contiguous:
 
             def chunks() -> Iterator[torch.Tensor]:
-                return contiguous_chunks(ranges, base, count, dtype)
+                return contiguous_chunks(ranges, base, count, dtype, swap=swap)
 
             return Leaf(shape, dtype_name, chunks, None, numeric)
 
         def strided() -> Iterator[torch.Tensor]:
-            return strided_chunks(ranges, base, shape, stride, dtype)
+            return strided_chunks(ranges, base, shape, stride, dtype, swap=swap)
 
         return Leaf(shape, dtype_name, strided, None, numeric, stride)
 
@@ -126,7 +126,7 @@ class StaticLeaves:
             return "storage type not recognised"
         if self.archive is None:
             return "values not read (not a zip archive)"
-        if not self.little_endian:
-            return "big-endian archive: values not read"
+        if self.order is None:
+            return "values not read: the archive's byteorder record names no byte order"
         reason = unfit(ref, self.archive)
         return None if reason is None else f"not scanned: {reason}"

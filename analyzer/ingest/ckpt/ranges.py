@@ -9,6 +9,9 @@ memory map of it would fault with SIGBUS instead and kill the process.
     FileRanges          the open file: ``read``, ``readinto``, a bounded file object
     contiguous_chunks   a tensor's values stored one after the other, a chunk at a time
     strided_chunks      a view's values (any strides), a bounded span at a time
+
+Values stored big-endian (an archive whose ``byteorder`` record says ``big``) are
+byte-swapped in the buffer they are read into, as ``torch.load`` swaps them.
 """
 
 from __future__ import annotations
@@ -101,10 +104,23 @@ class _Bounded(io.RawIOBase):
         return got
 
 
+def swap_bytes(raw: bytearray, length: int, dtype: torch.dtype) -> None:
+    """Reverse the byte order of the first ``length`` bytes of ``raw``, value by value
+    (each half of a complex value on its own, as torch's own byte swap does)."""
+    import torch
+
+    width = dtype.itemsize // 2 if dtype.is_complex else dtype.itemsize
+    if width <= 1 or length <= 0:
+        return
+    values = torch.frombuffer(raw, dtype=torch.uint8, count=length).view(-1, width)
+    values.copy_(values.flip(1))
+
+
 def contiguous_chunks(
-    ranges: FileRanges, offset: int, numel: int, dtype: torch.dtype
+    ranges: FileRanges, offset: int, numel: int, dtype: torch.dtype, *, swap: bool = False
 ) -> Iterator[torch.Tensor]:
-    """Chunks of ``numel`` values stored raw (little-endian) from byte ``offset``.
+    """Chunks of ``numel`` values stored raw from byte ``offset`` (little-endian, or
+    big-endian when ``swap``).
 
     One buffer is reused, so memory stays at one chunk. A short read (the file ends early)
     stops the iteration; callers compare element counts to notice it.
@@ -120,6 +136,8 @@ def contiguous_chunks(
     while left > 0:
         count = min(left, stats.CHUNK)
         whole = ranges.readinto(position, view[: count * item]) // item
+        if swap:
+            swap_bytes(buffer, whole * item, dtype)
         if whole:
             yield torch.frombuffer(buffer, dtype=dtype, count=whole)
         if whole < count:
@@ -147,6 +165,8 @@ def strided_chunks(
     shape: tuple[int, ...],
     stride: tuple[int, ...],
     dtype: torch.dtype,
+    *,
+    swap: bool = False,
 ) -> Iterator[torch.Tensor]:
     """The values of a view whose first element is at byte ``base``, a bounded span at a
     time, in :func:`storage_order` (a transposed weight is read as it lies, not element by
@@ -159,52 +179,52 @@ def strided_chunks(
     shape = tuple(shape[i] for i in order)
     stride = tuple(stride[i] for i in order)
     item = torch.empty((), dtype=dtype).element_size()
-    yield from _blocks(ranges, base, shape, stride, dtype, item, SPAN_FACTOR * stats.CHUNK)
+    read = _Reader(ranges, dtype, item, swap)
+    yield from _blocks(read, base, shape, stride, SPAN_FACTOR * stats.CHUNK)
+
+
+class _Reader:
+    """Reads the values of one view's blocks: the file, their dtype, their byte order."""
+
+    def __init__(self, ranges: FileRanges, dtype: torch.dtype, item: int, swap: bool) -> None:
+        self.ranges, self.dtype, self.item, self.swap = ranges, dtype, item, swap
+
+    def view(
+        self, base: int, count: int, shape: tuple[int, ...], stride: tuple[int, ...]
+    ) -> torch.Tensor:
+        import torch
+
+        raw = bytearray(count * self.item)
+        got = self.ranges.readinto(base, memoryview(raw))
+        if got < len(raw):
+            raise ValueError(f"the file ends {len(raw) - got} bytes before the tensor's last value")
+        if self.swap:
+            swap_bytes(raw, len(raw), self.dtype)
+        values = torch.frombuffer(raw, dtype=self.dtype, count=count)
+        return values.as_strided(shape, stride).reshape(-1)
 
 
 def _blocks(
-    ranges: FileRanges,
+    read: _Reader,
     base: int,
     shape: tuple[int, ...],
     stride: tuple[int, ...],
-    dtype: torch.dtype,
-    item: int,
     limit: int,
 ) -> Iterator[torch.Tensor]:
     whole = span(shape, stride)
     if whole == 0:
         return
     if not shape or whole <= limit:
-        yield _read_view(ranges, base, whole, shape, stride, dtype, item)
+        yield read.view(base, whole, shape, stride)
         return
     inner, inner_stride = shape[1:], stride[1:]
     inner_span = span(inner, inner_stride)
     if inner_span > limit:  # one leading index alone spans too much: go one level down
         for row in range(shape[0]):
-            yield from _blocks(ranges, base + row * stride[0] * item, inner, inner_stride,
-                               dtype, item, limit)
+            yield from _blocks(read, base + row * stride[0] * read.item, inner, inner_stride,
+                               limit)
         return
     rows = max(1, (limit - inner_span) // max(stride[0], 1) + 1)
     for first in range(0, shape[0], rows):
         block = (min(rows, shape[0] - first), *inner)
-        yield _read_view(ranges, base + first * stride[0] * item, span(block, stride), block,
-                         stride, dtype, item)
-
-
-def _read_view(
-    ranges: FileRanges,
-    base: int,
-    count: int,
-    shape: tuple[int, ...],
-    stride: tuple[int, ...],
-    dtype: torch.dtype,
-    item: int,
-) -> torch.Tensor:
-    import torch
-
-    raw = bytearray(count * item)
-    got = ranges.readinto(base, memoryview(raw))
-    if got < len(raw):
-        raise ValueError(f"the file ends {len(raw) - got} bytes before the tensor's last value")
-    values = torch.frombuffer(raw, dtype=dtype, count=count)
-    return values.as_strided(shape, stride).reshape(-1)
+        yield read.view(base + first * stride[0] * read.item, span(block, stride), block, stride)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from analyzer.ingest.ckpt.leaves import Leaf, torch_dtype
+from analyzer.ingest.ckpt.quoting import foreign, quote, value
 from analyzer.ingest.ckpt.ranges import FileRanges, contiguous_chunks
 from analyzer.model import IngestIssue, Location
 
@@ -33,6 +34,9 @@ MAX_HEADER_BYTES = 32 << 20
 header lists a tensor in about 100 bytes: 32 MiB is room for 300,000 of them."""
 MAX_TENSORS = 100_000
 """The most tensors one file may list."""
+PLAUSIBLE_LENGTH = 1 << 48
+"""A header length at or above this is not given in messages: the 8 bytes that make it
+are then more likely text (eight letters read as a length) than a damaged length."""
 MAX_LISTED = 5
 """Holes reported one by one; the rest are counted."""
 
@@ -88,6 +92,10 @@ def read_header(ranges: FileRanges) -> SafeHeader:
         return _fail(path, 0, f"safetensors file of {size} bytes: too short for a header")
     (length,) = struct.unpack("<Q", ranges.read(0, 8))
     if 8 + length > size:
+        if length >= PLAUSIBLE_LENGTH:  # its 8 bytes are likely not a length: not quoted
+            return _fail(path, 0, f"safetensors header length (the first 8 bytes) reads as "
+                         f"more than {PLAUSIBLE_LENGTH:,} bytes, in a file of {size:,}: not "
+                         "a safetensors header")
         limit = f" (and the limit is {MAX_HEADER_BYTES:,})" if length > MAX_HEADER_BYTES else ""
         return _fail(path, 0, f"safetensors header claims {length} bytes; file has "
                      f"{size - 8} after it{limit}")
@@ -101,7 +109,7 @@ def read_header(ranges: FileRanges) -> SafeHeader:
     try:
         header = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)[:200]
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else foreign(str(exc), 200)
         return _fail(path, 8, f"safetensors header is not valid JSON: {reason}")
     if not isinstance(header, dict):
         return _fail(path, 8, "safetensors header is not a JSON object")
@@ -123,7 +131,7 @@ def _check_entries(path: str, header: dict[str, object], start: int, data_size: 
     for name, spec in header.items():
         problem = _entry_problem(spec, data_size)
         if problem is not None:
-            return _fail(path, 8, f"safetensors tensor {name!r}: {problem}")
+            return _fail(path, 8, f"safetensors tensor {quote(name)}: {problem}")
         assert isinstance(spec, dict)
         begin, end = spec["data_offsets"]
         tensors.append(SafeTensor(name, spec["dtype"], tuple(spec["shape"]), begin, end))
@@ -136,7 +144,7 @@ def _check_entries(path: str, header: dict[str, object], start: int, data_size: 
             return _fail(
                 path,
                 start + tensor.begin,
-                f"safetensors tensor {tensor.name!r} overlaps the tensor before it",
+                f"safetensors tensor {quote(tensor.name)} overlaps the tensor before it",
             )
         if tensor.begin > covered:
             holes += 1
@@ -145,7 +153,7 @@ def _check_entries(path: str, header: dict[str, object], start: int, data_size: 
                     IngestIssue(
                         Location(path, offset=start + covered),
                         "bad_checkpoint",
-                        f"safetensors data has a hole before {tensor.name!r}",
+                        f"safetensors data has a hole before {quote(tensor.name)}",
                     )
                 )
         covered = max(covered, tensor.end)
@@ -171,17 +179,17 @@ def _entry_problem(spec: object, data_size: int) -> str | None:
         return "entry is not an object"
     dtype, shape, offsets = spec.get("dtype"), spec.get("shape"), spec.get("data_offsets")
     if dtype not in DTYPES:
-        return f"unknown dtype {dtype!r}"
+        return f"unknown dtype {value(dtype)}"
     if not isinstance(shape, list) or not all(
         isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
     ):
-        return f"bad shape {shape!r}"
+        return f"bad shape {value(shape)}"
     if (
         not isinstance(offsets, list)
         or len(offsets) != 2
         or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
     ):
-        return f"bad data_offsets {offsets!r}"
+        return f"bad data_offsets {value(offsets)}"
     begin, end = offsets
     if not 0 <= begin <= end <= data_size:
         return f"data_offsets [{begin}, {end}] outside the {data_size}-byte data section"

@@ -7,19 +7,26 @@ Policy, one line per case (the issue kind in brackets):
 * what it holds is told by its first bytes: a zip archive, a safetensors header or a
   pickle. A name that says otherwise (a torch zip named ``.safetensors``) is reported and
   the content wins [``bad_checkpoint``]. Text, or bytes none of these start with, is not a
-  checkpoint [``bad_checkpoint``, read mode ``none``].
+  checkpoint [``bad_checkpoint``, read mode ``none``]: the message says what it holds and
+  its size, never quoting it (:mod:`sniff`, :mod:`quoting`).
 * torch zip archive: layout checked first (:mod:`archive`), then the pickle is read
   statically and every tensor's extent checked against its record (:mod:`extents`). A
   refused archive, or one with a tensor that does not fit, is not handed to torch.
-* complete archive: ``torch.load(weights_only=True, map_location="meta")`` decides whether
-  the pickle is acceptable without reading a value; the values are then read from the
-  records with ordinary reads (no memory map, so a file shrinking meanwhile cannot fault).
-  When the two readings of the pickle do not list the same tensors, the values come from
-  ``torch.load(weights_only=True, mmap=True)`` instead, extents still checked first.
+* complete archive: ``torch.load(weights_only=True, map_location="meta")``, given a stream
+  over the open handle, decides whether the pickle is acceptable without reading a value.
+  When its reading and the static one put the same tensors (name, shape, dtype, record,
+  offset, strides) in the same places, the static tree is scanned; when they differ,
+  torch's tree is, its extents checked against torch's own storages (:mod:`metaleaves`).
+  Either way the values are read from the records with ordinary reads, never through a
+  memory map, so a file shrinking meanwhile gives short reads, not a fault.
+* big-endian archive (``byteorder`` says ``big``): read statically and its values
+  byte-swapped as read; not given to torch, whose meta-device load crashes on one. A
+  ``byteorder`` naming neither order [``bad_checkpoint``]: tensors listed, values not read.
 * weights_only refuses the pickle [``unsafe_checkpoint``]: the message says why (the
   globals it wants, or the pickle feature the weights_only unpickler lacks) and the pickle
   is read statically. Nothing ever retries with ``weights_only=False``; only
-  ``trust_pickle=True`` (the user's explicit choice) does that.
+  ``trust_pickle=True`` (the user's explicit choice) does that, on the meta device as
+  above: the pickle runs, the values are still read and checked here.
 * archive cut off mid-save [``truncated``]: what was written whole is read statically.
 * TorchScript archive [``unsafe_checkpoint``]: holds code; read statically, never loaded.
 * bare pickle (legacy ``torch.save`` or ``pickle.dump``): ``weights_only`` load when small
@@ -40,11 +47,13 @@ from typing import Any
 from analyzer.ingest.ckpt import extents
 from analyzer.ingest.ckpt.archive import Archive, read_archive
 from analyzer.ingest.ckpt.build import Draft, assemble
-from analyzer.ingest.ckpt.leaves import Leaf, StaticLeaves, TorchLeaves
+from analyzer.ingest.ckpt.leaves import ByteOrder, Leaf, StaticLeaves, TorchLeaves
+from analyzer.ingest.ckpt.metaleaves import MetaLeaves, readings_agree
+from analyzer.ingest.ckpt.quoting import foreign, quote
 from analyzer.ingest.ckpt.ranges import FileRanges
 from analyzer.ingest.ckpt.records import CheckpointScan, StaticListing
 from analyzer.ingest.ckpt.safetensors_file import leaf_of, read_header
-from analyzer.ingest.ckpt.sniff import content_of, mismatch, not_a_checkpoint, text_line
+from analyzer.ingest.ckpt.sniff import content_of, is_text, mismatch, not_a_checkpoint, recognised
 from analyzer.ingest.ckpt.staticpickle import StaticResult, read_pickle
 from analyzer.ingest.ckpt.tree import walk
 from analyzer.model import IngestIssue, Location
@@ -81,25 +90,14 @@ def _listing(result: StaticResult) -> StaticListing:
     return StaticListing(globals_wanted=wanted, globals_all=tuple(result.globals_seen))
 
 
-def _torch_load(source: Any, *, trusted: bool, mmap: bool = False, meta: bool = False) -> Any:
+def _torch_load(source: Any, *, trusted: bool, meta: bool = False) -> Any:
+    """``torch.load`` of a stream over the open file: never a memory map, never a path
+    (which torch would open again, outside the checks made on this handle)."""
     import torch
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return torch.load(
-            source, map_location="meta" if meta else "cpu", weights_only=not trusted, mmap=mmap
-        )
-
-
-class _Described:
-    """Leaf source that only describes the tensors of a tree torch built (on ``meta``)."""
-
-    def leaf(self, value: object) -> Leaf | None:
-        import torch
-
-        if not isinstance(value, torch.Tensor):
-            return None
-        return Leaf(tuple(value.shape), str(value.dtype).removeprefix("torch."), None)
+        return torch.load(source, map_location="meta" if meta else "cpu", weights_only=not trusted)
 
 
 class _LeafPassThrough:
@@ -125,15 +123,22 @@ def _scan(ranges: FileRanges, *, trust_pickle: bool) -> CheckpointScan:
     head = ranges.read(0, 16)
     named = "safetensors" if path.lower().endswith(".safetensors") else "torch"
     content = content_of(head, size, named == "safetensors")
+    sample = ranges.read(0, 4096)
+    if content == "pickle":
+        # A text file may start with a protocol 0 pickle's first opcode: the name and
+        # content disagree only if the pickle turns out to be one.
+        scan = _scan_bare_pickle(ranges, draft, trust_pickle=trust_pickle)
+        if named == "safetensors" and scan.read_mode != "none":
+            issue = _issue(path, "bad_checkpoint", mismatch(named, content), 0)
+            scan = replace(scan, issues=(issue, *scan.issues))
+        return scan
     if content is not None and (content == "safetensors") != (named == "safetensors"):
         draft.issues.append(_issue(path, "bad_checkpoint", mismatch(named, content), 0))
     if content == "zip":
         return _scan_zip(ranges, draft, trust_pickle=trust_pickle)
-    if content == "pickle":
-        return _scan_bare_pickle(ranges, draft, trust_pickle=trust_pickle)
-    if content == "safetensors" or named == "safetensors":
+    if content == "safetensors" or (named == "safetensors" and not recognised(sample)):
         return _scan_safetensors(ranges, draft)
-    draft.issues.append(_issue(path, "bad_checkpoint", not_a_checkpoint(ranges.read(0, 4096)), 0))
+    draft.issues.append(_issue(path, "bad_checkpoint", not_a_checkpoint(sample, size), 0))
     return _nothing(draft)
 
 
@@ -192,31 +197,39 @@ def _scan_zip(ranges: FileRanges, draft: Draft, *, trust_pickle: bool) -> Checkp
         return _scan_static(ranges, archive, draft, parsed)
     if extents.problems(parsed, archive):
         return _scan_static(ranges, archive, draft, parsed)  # which reports them
-    if trust_pickle:
-        root = _torch_load(path, trusted=True, mmap=True)
-        return assemble(root, TorchLeaves(release=True), _with(draft, read_mode="trusted"))
+    if _byteorder(ranges, archive) != "little":
+        # torch.load on the meta device byte-swaps meta storages and crashes the process;
+        # a byteorder it does not know makes it quote the record. Neither reaches torch.
+        return _scan_static(ranges, archive, draft, parsed)
     try:
-        meta = _torch_load(ranges.stream(), trusted=False, meta=True)
+        meta = _torch_load(ranges.stream(), trusted=trust_pickle, meta=True)
     except pickle.UnpicklingError as exc:
+        if trust_pickle:
+            draft.issues.append(_issue(path, "bad_checkpoint", f"torch.load failed: {_short(exc)}"))
+            return _scan_static(ranges, archive, draft, parsed)
         return _refused(ranges, archive, draft, exc, parsed)
     except Exception as exc:  # torch reports archive damage with several types
         draft.issues.append(_issue(path, "bad_checkpoint", f"torch.load failed: {_short(exc)}"))
         return _scan_static(ranges, archive, draft, parsed)
-    leaves = StaticLeaves(ranges, archive, little_endian=_little_endian(ranges, archive))
-    if leaves.little_endian and _tensors(meta, _Described()) == _tensors(parsed.root, leaves):
-        return assemble(parsed.root, leaves, _with(draft, read_mode="weights_only"))
-    root = _torch_load(path, trusted=False, mmap=True)
-    return assemble(root, TorchLeaves(release=True), _with(draft, read_mode="weights_only"))
+    mode = "trusted" if trust_pickle else "weights_only"
+    if readings_agree(meta, parsed.root, archive):
+        leaves = StaticLeaves(ranges, archive, order="little")
+        return assemble(parsed.root, leaves, _with(draft, read_mode=mode))
+    # The readings differ: torch's is the one that counts, its extents checked in turn.
+    meta_leaves = MetaLeaves(ranges, archive)
+    for _ in walk(meta, "", meta_leaves):
+        pass
+    draft.issues.extend(_extent_issues(path, meta_leaves.problems))
+    return assemble(meta, meta_leaves, _with(draft, read_mode=mode))
 
 
-def _tensors(root: object, leaves: Any) -> list[tuple[str, tuple[int, ...], str]]:
-    """Name, shape and dtype of every tensor of a tree, in the tree's order: what torch
-    and the static reader must agree on before the static tree stands in for torch's."""
-    return [(name, leaf.shape, leaf.dtype) for name, leaf in walk(root, "", leaves)]
-
-
-def _little_endian(ranges: FileRanges, archive: Archive) -> bool:
-    return _read_member(ranges, archive, "byteorder") in (None, b"little")
+def _byteorder(ranges: FileRanges, archive: Archive) -> ByteOrder | None:
+    """The byte order of the archive's values: little without a record (as torch
+    assumes), None for a record that names neither order."""
+    if archive.member("byteorder") is None:
+        return "little"
+    data = _read_member(ranges, archive, "byteorder")
+    return "little" if data == b"little" else "big" if data == b"big" else None
 
 
 def _parse_data_pkl(ranges: FileRanges, archive: Archive) -> StaticResult | None:
@@ -237,8 +250,7 @@ def _extent_issues(path: str, unfit: list[extents.Problem]) -> list[IngestIssue]
 
 
 def _short(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+    return f"{type(exc).__name__}: {foreign(str(exc))}"[:300]
 
 
 _WO_REASON = re.compile(r"WeightsUnpickler error:\s*(.*?)\s*(?:\n\s*\n|$)", re.S)
@@ -250,7 +262,7 @@ def weights_only_reason(exc: BaseException) -> str:
     """What torch's weights_only unpickler objected to, in one line."""
     text = str(exc)
     found = _WO_REASON.search(text)
-    reason = " ".join(found.group(1).split()) if found else _short(exc)
+    reason = foreign(" ".join(found.group(1).split())) if found else _short(exc)
     operand = _OPERAND.search(reason)
     if operand is not None:
         code = int(operand.group(1))
@@ -277,7 +289,8 @@ def _refused(
         return scan  # not a pickle at all: its issue says so
     wanted = scan.static.globals_wanted if scan.static else ()
     if wanted:
-        names = ", ".join(wanted[:8]) + (f" and {len(wanted) - 8} more" if len(wanted) > 8 else "")
+        names = ", ".join(quote(g).strip("'") for g in wanted[:8])
+        names += f" and {len(wanted) - 8} more" if len(wanted) > 8 else ""
         message = (
             f"needs globals outside the weights_only allow-list ({names}); read statically "
             "without running it. Use --trust-pickle only for a file you trust"
@@ -310,7 +323,13 @@ def _scan_static(
             )
         )
     draft.issues.extend(_extent_issues(path, extents.problems(result, archive)))
-    leaves = StaticLeaves(ranges, archive, little_endian=_little_endian(ranges, archive))
+    order = _byteorder(ranges, archive)
+    if order is None:
+        entry = archive.member("byteorder")
+        draft.issues.append(_issue(path, "bad_checkpoint", "the byteorder record names neither "
+                                   "'little' nor 'big': values not read",
+                                   entry.data_offset if entry else None))
+    leaves = StaticLeaves(ranges, archive, order=order)
     mode = "none" if result.error is not None and not result.tensors else "static"
     return assemble(result.root, leaves, _with(draft, read_mode=mode, static=_listing(result)))
 
@@ -326,7 +345,7 @@ def _scan_bare_pickle(ranges: FileRanges, draft: Draft, *, trust_pickle: bool) -
             draft.issues.append(_issue(path, "bad_checkpoint", f"torch.load failed: {_short(exc)}"))
             return _static_bare(ranges, draft)
         mode = "trusted" if trust_pickle else "weights_only"
-        return assemble(root, TorchLeaves(release=False), _with(draft, read_mode=mode))
+        return assemble(root, TorchLeaves(), _with(draft, read_mode=mode))
     draft.issues.append(
         _issue(path, "too_large", "bare pickle too large to load into memory; read statically")
     )
@@ -344,19 +363,19 @@ def _static_bare(ranges: FileRanges, draft: Draft) -> CheckpointScan:
             if result.error is not None:
                 break
     if result.error is not None and not result.tensors:
-        draft.issues.append(_issue(path, "bad_checkpoint", _not_a_pickle(data, result), 0))
+        message = _not_a_pickle(data, draft.size, result)
+        draft.issues.append(_issue(path, "bad_checkpoint", message, 0))
         return _nothing(draft)
     if result.error is not None:
         draft.issues.append(
             _issue(path, "bad_checkpoint", f"pickle: {result.error}", result.error_offset)
         )
-    leaves = StaticLeaves(None, None, little_endian=True)
+    leaves = StaticLeaves(None, None, order="little")
     return assemble(result.root, leaves, _with(draft, read_mode="static", static=_listing(result)))
 
 
-def _not_a_pickle(data: bytes, result: StaticResult) -> str:
-    line = text_line(data[:4096])
-    if line is not None:
-        return f"not a checkpoint: a text file ({line!r}), not a pickle"
+def _not_a_pickle(data: bytes, size: int, result: StaticResult) -> str:
+    if is_text(data[:4096]):
+        return not_a_checkpoint(data[:4096], size)
     return (f"not a checkpoint: no tensor could be read from it as a pickle ({result.error} "
             f"at byte {result.error_offset or 0})")

@@ -14,6 +14,8 @@ import io
 import pickletools
 from dataclasses import dataclass, field
 
+from analyzer.ingest.ckpt.quoting import foreign
+
 MAX_OPS = 20_000_000
 
 _TENSOR_REBUILDERS = {
@@ -381,7 +383,7 @@ def read_pickle(data: bytes, start: int = 0) -> StaticResult:
                 machine.result.end = stream.tell()
                 return machine.result
     except Exception as exc:  # any damage in untrusted bytes is reported, not raised
-        machine.result.error = str(exc) or type(exc).__name__
+        machine.result.error = _damage(exc)
         machine.result.error_offset = position
         machine.result.root = machine.stack[0] if machine.stack else None
         return machine.result
@@ -389,3 +391,13 @@ def read_pickle(data: bytes, start: int = 0) -> StaticResult:
     machine.result.error_offset = position
     machine.result.root = machine.stack[0] if machine.stack else None
     return machine.result
+
+
+def _damage(exc: Exception) -> str:
+    """What stopped the read, in words that quote nothing of the pickle: a failed memo
+    lookup's key or pickletools' complaint about a value would be bytes of the file."""
+    if isinstance(exc, KeyError):
+        return "a memo lookup of an entry never stored"
+    if isinstance(exc, IndexError):
+        return "an opcode found the stack empty"
+    return foreign(str(exc)) or type(exc).__name__

@@ -3,21 +3,15 @@
 A tensor's values are never copied whole: chunks of at most ``CHUNK`` elements are
 folded into an accumulator, half-precision chunks by way of a reused float32 buffer.
 Chunks without NaN or Inf (the common case, told by one min/max pass, since both
-propagate NaN) take a fast path of reductions only. Tensors loaded with ``mmap=True``
-(only for a pickle the user trusts, or one the static reader lists differently from
-torch) have the pages of each finished chunk handed back to the kernel, so resident
-memory follows the chunk, not the file; every other tensor is read from the file into
-a reused buffer (:mod:`ranges`).
+propagate NaN) take a fast path of reductions only. Tensors of a file are read from it
+into a reused buffer (:mod:`ranges`); only a bare pickle, loaded whole by ``torch.load``,
+has its tensors in memory already.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import functools
 import math
-import os
-import sys
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
@@ -28,10 +22,6 @@ if TYPE_CHECKING:
 
 CHUNK = 1 << 20
 """Elements per chunk: 4 MiB as float32, small enough to stay in cache on most CPUs."""
-
-_MADV_DONTNEED = 4
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-
 
 _scratch_buffers: dict[tuple[str, object], torch.Tensor] = {}
 
@@ -169,25 +159,7 @@ def single_threaded() -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-@functools.cache
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(None, use_errno=True)
-
-
-def _release(chunk: torch.Tensor) -> None:
-    # Clean pages of a private file mapping can be dropped and are read again from
-    # the file if touched; without this, every page a scan reads stays resident.
-    if not sys.platform.startswith("linux") or chunk.numel() == 0:
-        return
-    start = chunk.data_ptr()
-    end = start + chunk.numel() * chunk.element_size()
-    first = (start + _PAGE - 1) // _PAGE * _PAGE
-    last = end // _PAGE * _PAGE
-    if last > first:
-        _libc().madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), _MADV_DONTNEED)
-
-
-def tensor_chunks(tensor: torch.Tensor, *, release: bool) -> Iterator[torch.Tensor]:
+def tensor_chunks(tensor: torch.Tensor) -> Iterator[torch.Tensor]:
     """Flat chunks of ``tensor``; a non-contiguous tensor is copied block by block."""
     tensor = tensor.detach()  # a Parameter would make every reduction record autograd history
 
@@ -197,10 +169,7 @@ def tensor_chunks(tensor: torch.Tensor, *, release: bool) -> Iterator[torch.Tens
     if tensor.is_contiguous():
         flat = tensor.reshape(-1)
         for begin in range(0, flat.numel(), CHUNK):
-            chunk = flat[begin : begin + CHUNK]
-            yield chunk
-            if release:
-                _release(chunk)
+            yield flat[begin : begin + CHUNK]
         return
     rows = max(1, CHUNK // max(1, tensor[0].numel()))
     for begin in range(0, tensor.shape[0], rows):
