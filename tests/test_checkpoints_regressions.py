@@ -438,7 +438,9 @@ def test_regression_inspect_walks_deep_folders_without_recursion(tmp_path: Path)
             folder = os.path.dirname(folder)
     text = out.getvalue()
     assert "top.pt" in text and "deep.pt" not in text
-    assert "not searched (more than 32 levels down)" in text
+    from analyzer.ingest.discover import MAX_DEPTH
+
+    assert f"too_deep: 1 sub-folder(s) more than {MAX_DEPTH} levels below" in text
 
 
 def test_regression_scan_renders_no_step_in_words(tmp_path: Path) -> None:

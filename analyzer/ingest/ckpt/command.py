@@ -3,8 +3,9 @@
 Exit status, one rule: 0 when every file was read as a checkpoint and every tensor read is
 finite; 1 when a non-finite tensor was found (whatever else happened); 2 when a file could
 not be read as a checkpoint at all (read mode ``none``: not a checkpoint, refused, empty,
-unreadable) and no tensor was non-finite, or on a usage error. 3 is the CLI's, for an
-internal error.
+unreadable; or passed over by the folder walk: a FIFO, device, socket or broken link named
+like one, a folder that cannot be listed) and no tensor was non-finite, or on a usage
+error. 3 is the CLI's, for an internal error.
 """
 
 from __future__ import annotations
@@ -16,54 +17,45 @@ from typing import TextIO
 
 from analyzer.errors import UsageError
 from analyzer.ingest.ckpt.records import CheckpointScan
+from analyzer.model import IngestIssue
 
 EXIT_OK, EXIT_FOUND, EXIT_ERROR = 0, 1, 2
-MAX_DEPTH = 32
-"""Folder levels below a given folder that are searched for checkpoints."""
+UNREAD_FILE_KINDS = ("not_regular", "unreadable")
+"""Kinds of a passed-over issue that mean a file could not be read (exit status 2)."""
 
 
-def expand(paths: list[str], skipped: list[str] | None = None) -> list[str]:
-    """Files as given; folders replaced by the checkpoint files below them, sorted. The
-    walk is iterative and stops ``MAX_DEPTH`` levels down; symlinked folders are not
-    followed. Folders left out are added to ``skipped``, with the reason."""
+def expand(paths: list[str], passed: list[IngestIssue] | None = None) -> list[str]:
+    """Files as given; folders replaced by the checkpoint files below them, in the order
+    of discovery's one folder walk (:func:`discover.walk_tree`: iterative, to its depth
+    limit, symlinked folders not followed). What the walk passed over (deeper folders,
+    symlinked folders, special files and broken links named like checkpoints, folders
+    that cannot be listed) is added to ``passed``."""
     found: list[str] = []
     for path in paths:
         if os.path.isdir(path):
-            found.extend(_below(path, skipped if skipped is not None else []))
+            found.extend(_below(path, passed if passed is not None else []))
         elif os.path.lexists(path):
             found.append(path)
         else:
             raise UsageError(f"{path}: no such file or folder")
-    if not found:
+    if not found and not passed:
         raise UsageError("no checkpoint files found in " + ", ".join(paths))
     return found
 
 
-def _below(root: str, skipped: list[str]) -> list[str]:
+def _below(root: str, passed: list[IngestIssue]) -> list[str]:
     from analyzer.ingest.checkpoints import is_checkpoint_file
+    from analyzer.ingest.discover import is_run_file, walk_tree
 
     found: list[str] = []
-    stack = [(root, 0)]
-    while stack:
-        folder, depth = stack.pop()
-        try:
-            entries = sorted(os.scandir(folder), key=lambda e: e.name)
-        except OSError as exc:
-            skipped.append(f"{folder}: not read ({exc.strerror or exc})")
-            continue
-        subfolders = []
-        for entry in entries:
-            if entry.is_dir(follow_symlinks=False):
-                subfolders.append(entry.path)
-            elif entry.is_symlink() and entry.is_dir():
-                skipped.append(f"{entry.path}: a symlinked folder, not followed")
-            elif is_checkpoint_file(entry.name):
-                found.append(entry.path)
-        if subfolders and depth >= MAX_DEPTH:
-            skipped.append(f"{folder}: folders below it not searched (more than "
-                           f"{MAX_DEPTH} levels down)")
-            continue
-        stack.extend((sub, depth + 1) for sub in reversed(subfolders))
+    for listing in walk_tree(root, lambda _folder: True):
+        found.extend(os.path.join(listing.folder, f) for f in listing.files
+                     if is_checkpoint_file(f))
+        for issue in listing.issues:  # a FIFO named train.log is not inspect's business
+            name = os.path.basename(issue.location.file)
+            if issue.location.file == listing.folder or not is_run_file(name) or \
+                    is_checkpoint_file(name):
+                passed.append(issue)
     return found
 
 
@@ -86,8 +78,8 @@ def inspect_command(
     )
 
     out = stream or sys.stdout
-    skipped: list[str] = []
-    files = expand(paths, skipped)
+    passed: list[IngestIssue] = []
+    files = expand(paths, passed)
     if len(files) == 1:
         scan = scan_checkpoint(files[0], trust_pickle=trust_pickle)
         scans: tuple[CheckpointScan, ...] = (scan,)
@@ -98,9 +90,9 @@ def inspect_command(
         scans = history.scans
         payload = {"checkpoints": history.to_dict()}
         text = "\n\n".join([*(format_scan(s) for s in scans), format_history(history)])
-    if skipped:
-        payload["not_searched"] = skipped
-        text = "\n".join([text, *(f"! {line}" for line in skipped)])
+    if passed:
+        payload["passed_over"] = [issue.to_dict() for issue in passed]
+        text = "\n".join([text, *(f"! passed over: {issue}" for issue in passed)])
     if as_json:
         json.dump(payload, out, indent=2, allow_nan=False)
         out.write("\n")
@@ -108,6 +100,8 @@ def inspect_command(
         out.write(text + "\n")
     if any(s.has_nonfinite for s in scans):
         return EXIT_FOUND
-    if any(s.read_mode == "none" for s in scans):
+    if any(s.read_mode == "none" for s in scans) or any(
+        issue.kind in UNREAD_FILE_KINDS for issue in passed
+    ):
         return EXIT_ERROR
     return EXIT_OK

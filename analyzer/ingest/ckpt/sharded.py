@@ -13,10 +13,11 @@ import os
 from collections.abc import Callable
 from dataclasses import replace
 
+from analyzer.ingest.ckpt.quoting import foreign, quote
 from analyzer.ingest.ckpt.records import CheckpointScan, ReadMode
 from analyzer.ingest.ckpt.stats import aggregate_layers
 from analyzer.ingest.ckpt.tree import step_from_name
-from analyzer.ingest.safeio import check_regular, read_regular
+from analyzer.ingest.safeio import open_regular
 from analyzer.model import IngestIssue, Location
 
 MAX_INDEX_BYTES = 64 << 20
@@ -36,23 +37,32 @@ def _bad(path: str, size: int, message: str, kind: str = "bad_checkpoint") -> Ch
 def read_weight_map(path: str) -> tuple[dict[str, str] | None, str | None]:
     """The index's tensor name -> shard file map, or None and why not. OSError (and
     NotRegularFile) when the file cannot be opened."""
-    size = check_regular(path).st_size
-    if size > MAX_INDEX_BYTES:
-        return None, f"index of {size:,} bytes is above the {MAX_INDEX_BYTES:,}-byte limit"
+    weight_map, problem, _ = read_index(path)
+    return weight_map, problem
+
+
+def read_index(path: str) -> tuple[dict[str, str] | None, str | None, int]:
+    """:func:`read_weight_map`, and the index's size, from one opening of the file."""
+    handle, size = open_regular(path)
+    with handle:
+        if size > MAX_INDEX_BYTES:
+            limit = f"{MAX_INDEX_BYTES:,}-byte limit"
+            return None, f"index of {size:,} bytes is above the {limit}", size
+        raw = handle.read(size)
     try:
-        index = json.loads(read_regular(path, MAX_INDEX_BYTES).decode("utf-8"))
+        index = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        return None, f"index is not valid JSON: {str(exc)[:200] or type(exc).__name__}"
+        reason = foreign(str(exc), 200) or type(exc).__name__
+        return None, f"index is not valid JSON: {reason}", size
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-        return None, "index has no 'weight_map' of tensor name -> shard file"
-    return weight_map, None
+        return None, "index has no 'weight_map' of tensor name -> shard file", size
+    return weight_map, None, size
 
 
 def scan_sharded(path: str, scan_one: Callable[[str], CheckpointScan]) -> CheckpointScan:
     """Scan each shard the index names (only files beside the index) and merge them."""
-    size = check_regular(path).st_size
-    weight_map, problem = read_weight_map(path)
+    weight_map, problem, size = read_index(path)
     if weight_map is None:
         kind = "too_large" if size > MAX_INDEX_BYTES else "bad_checkpoint"
         return _bad(path, size, problem or "index not read", kind)
@@ -62,7 +72,7 @@ def scan_sharded(path: str, scan_one: Callable[[str], CheckpointScan]) -> Checkp
     for shard in dict.fromkeys(weight_map.values()):
         if is_index(shard):
             itself = os.path.basename(path) == shard
-            what = "itself" if itself else f"another index, {shard!r},"
+            what = "itself" if itself else f"another index, {quote(shard)},"
             issues.append(
                 IngestIssue(
                     Location(path),
@@ -77,7 +87,7 @@ def scan_sharded(path: str, scan_one: Callable[[str], CheckpointScan]) -> Checkp
                 IngestIssue(
                     Location(path),
                     "bad_checkpoint",
-                    f"shard {shard!r} is not a file name beside the index",
+                    f"shard {quote(shard)} is not a file name beside the index",
                 )
             )
             continue
@@ -87,7 +97,7 @@ def scan_sharded(path: str, scan_one: Callable[[str], CheckpointScan]) -> Checkp
                 IngestIssue(
                     Location(path),
                     "bad_checkpoint",
-                    f"shard {shard!r} named by the index is missing",
+                    f"shard {quote(shard)} named by the index is missing",
                 )
             )
             continue
@@ -101,7 +111,7 @@ def scan_sharded(path: str, scan_one: Callable[[str], CheckpointScan]) -> Checkp
                 Location(path),
                 "bad_checkpoint",
                 f"{len(missing)} tensors of the index not found in their "
-                f"shards, e.g. {missing[0]!r}",
+                f"shards, e.g. {quote(missing[0])}",
             )
         )
     modes = {s.read_mode for s in scans}
