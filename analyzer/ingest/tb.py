@@ -123,10 +123,11 @@ def read_event_file(path: str, *, verify: bool = True,
         handle, size = open_regular(path)
     except OSError as exc:
         return EventFile(path, 0, 0, (), (), (), (_refused(path, exc),))
-    framer = Framer(path, size, verify=verify)
+    deadline = deadline or Deadline()
+    framer = Framer(path, size, verify=verify, deadline=deadline)
     decoder = _Decoder(path, framer.log)
     with handle:
-        for window in RecordReader(handle, size, framer, deadline or Deadline()):
+        for window in RecordReader(handle, size, framer, deadline):
             decoder.add(window)
     return decoder.result(size, framer)
 

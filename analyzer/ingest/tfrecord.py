@@ -21,7 +21,14 @@ Damage is returned as :class:`IngestIssue` values, one written policy per kind, 
     bad_payload_crc  the payload does not match its CRC: the record is dropped, and its
                      length is not trusted either
     too_large        a record longer than the reader decodes in bounded memory
-                     (:data:`MAX_LOADED`): checked by streaming, then skipped whole
+                     (:data:`MAX_LOADED`): skipped whole. With verify, or when the search
+                     after damage lands on it, its payload CRC is checked first (piece by
+                     piece when it is not in memory; a mismatch makes it bad_payload_crc);
+                     without verify and away from damage its length is trusted unchecked
+    read_limit       the time budget ran out: reading stops, everything before is kept (the
+                     deadline is consulted inside the search after damage too, not only
+                     between windows). Or the check budget below was spent: one issue per
+                     file says how many records and bytes it left unchecked, and where
     not_event_file   no valid record anywhere: the file is not an event file
 
 Wherever a length is not trusted, the reader scans forward for the next position where a
@@ -30,9 +37,23 @@ issue says how many bytes were skipped and where reading resumed (or that nothin
 followed). Issues go to an :class:`~analyzer.ingest.issuelog.IssueLog`, which lists a
 bounded number of each kind per file and counts the rest.
 
+That scan, and the walk on from where it resumes, spend payload CRCs on records that may
+fail. Honest damage makes that about one record per damaged stretch; a hostile file can make
+it the rest of the file for every position (headers that check everywhere, each claiming to
+run to the end), quadratic in all. So the payload bytes checked on records that fail are
+capped per file at :data:`CHECK_FLOOR` plus :data:`CHECK_FACTOR` per byte of the file up
+to where reading is (see :class:`~analyzer.ingest.tfsearch.Budget`). Where a check after
+damage would cost more than is left, the record is not checked and its length is not
+trusted: the search passes such candidates over, and a walk after damage that reaches one
+treats it as the start of a damaged stretch. The read_limit issue counts them. The floor is
+as large as the longest record loaded, so an honest file would need hundreds of megabytes
+of failing records to meet the cap. The first walk through a window's bytes checks each
+byte once and is not capped, but what fails in it is charged.
+
 The :class:`Framer` is fed the file window by window (see :mod:`analyzer.ingest.tfwindow`);
 :func:`frame` frames a buffer that holds a whole file. The byte work is in
-:mod:`analyzer.ingest.tfwalk`.
+:mod:`analyzer.ingest.tfwalk`, the search after damage in :mod:`analyzer.ingest.tfsearch`,
+the words of the damage issues in :mod:`analyzer.ingest.tfdamage`.
 """
 
 from __future__ import annotations
@@ -42,6 +63,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from analyzer.ingest.issuelog import IssueLog
+from analyzer.ingest.safeio import Deadline
+from analyzer.ingest.tfdamage import Damage, at_end, what
+from analyzer.ingest.tfsearch import Budget, OutOfTime, find_record
 from analyzer.ingest.tfwalk import (
     HEADER,
     MAX_RECORD,
@@ -49,7 +73,6 @@ from analyzer.ingest.tfwalk import (
     BoolArray,
     Bytes,
     IntArray,
-    find_record,
     header_ok,
     headers_ok,
     ints,
@@ -67,19 +90,15 @@ __all__ = ["HEADER", "MAX_LOADED", "OVERHEAD", "Framer", "Framing", "frame", "ro
 
 MAX_LOADED = 256 << 20
 """Longest record read into memory to be decoded; longer ones are checked and skipped."""
+CHECK_FLOOR = 256 << 20
+"""Payload CRC bytes a file may spend on records that fail, beside :data:`CHECK_FACTOR`."""
+CHECK_FACTOR = 4
+"""Further bytes of that budget per byte of the file framed so far."""
 # A run of zeros this long at the end of a damaged stretch is reported as a zero tail.
 _ZERO_NOTE = 4096
-
-
-@dataclass
-class _Damage:
-    """A stretch of the file where no record could be trusted, still being scanned."""
-
-    start: int
-    kind: str
-    length: int | None  # the length its header claims, when the header checks
-    counted: int  # file offset up to which its bytes were looked at for zeros
-    last_nonzero: int  # file offset of the last nonzero byte looked at (< start: none)
+# The kind of a damaged stretch that begins at a record the budget could not check: its
+# stretches are summed up in one read_limit issue per file instead of listed.
+_UNCHECKED = "unchecked"
 
 
 # Records walked from one position: offsets, lengths, header CRC ok, the indices of records
@@ -145,7 +164,8 @@ class Framer:
     CRC by streaming (when :attr:`big_needs_check`) and calls :meth:`resolve_big`.
     """
 
-    def __init__(self, path: str, size: int, *, verify: bool = True) -> None:
+    def __init__(self, path: str, size: int, *, verify: bool = True,
+                 deadline: Deadline | None = None) -> None:
         self.path = path
         self.size = size
         self.verify = verify
@@ -155,7 +175,8 @@ class Framer:
         self.done = size == 0
         self.records = 0
         self.log = IssueLog(path)
-        self._damage: _Damage | None = None
+        self.budget = Budget(CHECK_FLOOR, CHECK_FACTOR, deadline)
+        self._damage: Damage | None = None
         self._end = 0  # end of the current buffer, as a file offset
         self._limit = size  # the file offset no record may pass
         if size == 0:
@@ -173,15 +194,27 @@ class Framer:
             raise ValueError("feed() must get the bytes from Framer.pos on")
         self._end = base + int(buf.shape[0])
         self._limit = self._end if final else self.size
+        self.budget.base = base
         accepted = _Accepted()
+        try:
+            self._frame(buf, base, final, accepted)
+        except OutOfTime as late:
+            self.out_of_time(late.at)
+        offsets, lengths = accepted.arrays()
+        self.records += int(offsets.shape[0])
+        return offsets, lengths
+
+    def _frame(self, buf: Bytes, base: int, final: bool, accepted: _Accepted) -> None:
         cache: _Walked | None = None
+        limit = False  # after damage, walk on only as far as the check budget allows
         p: int | None = 0
         while p is not None:
-            if self._damage is not None:
+            if self._damage is not None:  # the search looks at the deadline too
                 p = self._scan(buf, base, p, final)
                 if p is None:
                     break
-            seg, lens, hdr, bad, stop = self._segment(buf, p, cache)
+                limit = self.verify
+            seg, lens, hdr, bad, stop = self._segment(buf, p, cache, limit)
             cache = None
             if bad.size:
                 b = int(bad[0])
@@ -193,36 +226,40 @@ class Framer:
                 p = at + 1
                 continue
             accepted.add(seg, lens)
-            p = self._at_stop(buf, base, stop, final, accepted)
+            p = self._at_stop(buf, base, stop, final, accepted, limit)
         if final:
             self.done = True
         elif not self.verify:
             self._hold_back_last(base, accepted)
-        offsets, lengths = accepted.arrays()
-        self.records += int(offsets.shape[0])
-        return offsets, lengths
 
-    def _segment(self, buf: Bytes, p: int, cache: _Walked | None) -> _Walked:
+    def _segment(self, buf: Bytes, p: int, cache: _Walked | None, limit: bool) -> _Walked:
         """Records walked from ``p``, whether each header checks, and which records fail a
         check. After damage the scan usually resumes at a record already walked and
-        checked: that walk is reused."""
+        checked: that walk is reused. Otherwise, with ``limit``, the walk ends where the
+        payloads checked would cost more than the budget has left, should they fail; the
+        payload bytes from the first failing record on are charged to the budget."""
         if cache is not None and cache[0].size:
             j = int(np.searchsorted(cache[0], p))
             if j < cache[0].shape[0] and int(cache[0][j]) == p:
                 seg, lens, hdr, bad, stop = cache
                 bad = bad[int(np.searchsorted(bad, j)):] - j
                 return seg[j:], lens[j:], hdr[j:], bad, stop
-        seg, stop = walk(buf, p, MAX_LOADED)
+        until = p + OVERHEAD + max(0, self.budget.spare(p)) if limit else None
+        seg, stop = walk(buf, p, MAX_LOADED, until)
         lens = lengths_at(buf, seg)
         if not self.verify:
             return seg, lens, np.ones(seg.shape[0], dtype=bool), ints([]), stop
         hdr = headers_ok(buf, seg)
         pay = payloads_ok(buf, seg, lens) if seg.size else hdr
-        return seg, lens, hdr, np.flatnonzero(~(hdr & pay)), stop
+        bad = np.flatnonzero(~(hdr & pay))
+        if bad.size:
+            self.budget.wasted += int(lens[int(bad[0]):].sum())
+        return seg, lens, hdr, bad, stop
 
-    def _at_stop(self, buf: Bytes, base: int, p: int, final: bool,
-                 accepted: _Accepted) -> int | None:
-        """The walk stopped at ``p``: say why; the position to go on from, or None."""
+    def _at_stop(self, buf: Bytes, base: int, p: int, final: bool, accepted: _Accepted,
+                 limit: bool) -> int | None:
+        """The walk stopped at ``p``: say why; the position to go on from, or None. With
+        ``limit`` (after damage), a record the budget cannot check is not trusted."""
         rest = int(buf.shape[0]) - p
         if rest < HEADER:
             if not final:
@@ -252,9 +289,14 @@ class Framer:
         if base + end > self._limit:
             self._open(base + p, "truncated", n)
             return p + 1
+        if limit and n > self.budget.spare(p):
+            self._open(base + p, _UNCHECKED, n)
+            return p + 1
         if n > MAX_LOADED and end <= buf.shape[0]:
             ok = not self.big_needs_check or payload_ok(buf, p, n)
             return self._big_record(base + p, n, ok) - base
+        if end <= buf.shape[0] and n and limit:  # the end of what the budget let it walk
+            return p
         if end <= buf.shape[0]:  # an empty record, which the walk leaves to be checked here
             if self.verify and not payload_ok(buf, p, n):
                 self._open(base + p, "bad_payload_crc", n)
@@ -275,8 +317,9 @@ class Framer:
         if last is None:
             return None
         q, n = last
-        if q + OVERHEAD + n != p or payload_ok(buf, q, n):
+        if q + OVERHEAD + n != p or n > self.budget.spare(q) or payload_ok(buf, q, n):
             return None
+        self.budget.wasted += n
         accepted.drop_last()
         self._open(base + q, "bad_payload_crc", n)
         return q
@@ -302,7 +345,7 @@ class Framer:
         """Look for the next valid record from ``p`` on; its position, or None (waiting for
         more bytes, or at the end)."""
         size = int(buf.shape[0])
-        found, n = find_record(buf, p, self._limit - base)
+        found, n = find_record(buf, p, self._limit - base, self.budget)
         if n is not None:  # a header that checks, its payload not read yet
             self._count(buf, base, found)
             self._wait(base + found, OVERHEAD + n)
@@ -337,6 +380,7 @@ class Framer:
             self.log.add(off, "too_large", f"record of {n} payload bytes, more than the "
                          f"{MAX_LOADED} bytes a record may have to be decoded: skipped")
             return off + OVERHEAD + n
+        self.budget.wasted += n
         if self._damage is None:
             self._open(off, "bad_payload_crc", n)
         damage = self._damage
@@ -348,17 +392,32 @@ class Framer:
     def stop(self, at: int) -> None:
         """Reading ends at ``at`` before the end of the file (a time budget, a read error)."""
         damage = self._damage
-        if damage is not None:
+        if damage is not None and damage.kind == _UNCHECKED:
+            self._damage = None
+            self.budget.skip(damage.start, at - damage.start)
+        elif damage is not None:
             self._damage = None
             self.log.add(damage.start, damage.kind,
-                         f"{_what(damage, False)}; reading stopped {at - damage.start} bytes "
-                         f"later, at offset {at}, before a valid record was found")
+                         f"{what(damage, False)}; reading stopped {at - damage.start} bytes "
+                         f"later, at offset {at}, before a valid record was found"
+                         f"{self._passed(damage)}")
         self.done = True
+
+    def out_of_time(self, at: int) -> None:
+        """The deadline passed with reading at ``at``: stop there."""
+        self.stop(at)
+        deadline = self.budget.deadline
+        seconds = f" of {deadline.seconds:g} s" if deadline is not None else ""
+        self.log.add(at, "read_limit", f"reading stopped at offset {at} of {self.size} after "
+                     f"the time budget{seconds}; everything before it was kept")
 
     def finish(self) -> list[IngestIssue]:
         """The issues, in file order; call once reading is over."""
         if self._damage is not None:
             self.stop(self._end)
+        unchecked = self.budget.summary()
+        if unchecked is not None:
+            self.log.add(self.budget.first, "read_limit", unchecked)
         if self.records == 0 and {"bad_length_crc", "absurd_length"} & self.log.kinds() \
                 and not {"truncated", "bad_payload_crc", "too_large"} & self.log.kinds():
             self.log.drop({"bad_length_crc", "absurd_length", "zero_tail"})
@@ -367,7 +426,17 @@ class Framer:
         return self.log.issues()
 
     def _open(self, at: int, kind: str, length: int | None) -> None:
-        self._damage = _Damage(at, kind, length, counted=at, last_nonzero=at - 1)
+        self._damage = Damage(at, kind, length, counted=at, last_nonzero=at - 1,
+                               passed=self.budget.passed)
+
+    def _passed(self, damage: Damage) -> str:
+        """What the message of ``damage`` says about records the budget left unchecked."""
+        count = self.budget.passed - damage.passed
+        if not count:
+            return ""
+        return (f"; {count} header(s) in it that check were not followed: checking their "
+                "payloads would have cost more than the budget for damage had left "
+                "(see the read_limit issue)")
 
     def _count(self, buf: Bytes, base: int, upto: int) -> None:
         """Look at the damaged bytes up to ``upto`` (relative) for zeros."""
@@ -393,44 +462,16 @@ class Framer:
                 else f"{skipped} zero bytes (space reserved or a hole, never written); "
                 f"reading resumes at the next valid record, at offset {found}"))
             return
-        if found is not None:
-            self.log.add(damage.start, damage.kind, f"{_what(damage, True)}; skipped "
-                         f"{skipped} bytes to the next valid record at offset {found}")
-            return
-        self.log.add(damage.start, damage.kind, _at_end(damage, skipped))
+        if damage.kind == _UNCHECKED:
+            self.budget.skip(damage.start, skipped)
+        elif found is not None:
+            self.log.add(damage.start, damage.kind, f"{what(damage, True)}; skipped "
+                         f"{skipped} bytes to the next valid record at offset {found}"
+                         f"{self._passed(damage)}")
+        else:
+            self.log.add(damage.start, damage.kind,
+                         at_end(damage, skipped) + self._passed(damage))
         tail = end - damage.last_nonzero - 1
-        if tail >= _ZERO_NOTE:
+        if found is None and tail >= _ZERO_NOTE:
             self.log.add(damage.last_nonzero + 1, "zero_tail",
                          f"last {tail} bytes are all zero: nothing was written there")
-
-
-def _what(damage: _Damage, resumed: bool) -> str:
-    """What went wrong at the start of a damaged stretch; ``resumed``: a valid record
-    follows it."""
-    if damage.kind == "bad_payload_crc":
-        return "record payload CRC mismatch, so its length is not trusted either"
-    if damage.kind == "absurd_length":
-        return f"record claims {damage.length} bytes, more than any event record holds"
-    if damage.kind == "truncated" and resumed:
-        return (f"record cut off: its header claims {damage.length} payload bytes, but a "
-                "valid record starts before their end (a writer stopped mid-record and "
-                "another wrote after it)")
-    if damage.kind == "truncated":
-        return f"record cut off: its header claims {damage.length} payload bytes"
-    return "record header CRC mismatch"
-
-
-def _at_end(damage: _Damage, skipped: int) -> str:
-    """The message for damage that runs to the end of the file."""
-    n = damage.length
-    if damage.kind == "truncated" and n is None:
-        return (f"file ends inside a record header ({skipped} of {HEADER} bytes); "
-                "everything before it was read")
-    if damage.kind == "truncated" and n is not None:
-        present = skipped - HEADER
-        if present > n:
-            return (f"last record cut off in its CRC: all {n} payload bytes and {present - n} "
-                    "of 4 CRC bytes present; everything before it was read")
-        return (f"last record cut off: {max(present, 0)} of {n} payload bytes present; "
-                "everything before it was read")
-    return f"{_what(damage, False)}; no valid record after it, last {skipped} bytes skipped"

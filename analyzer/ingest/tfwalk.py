@@ -1,5 +1,5 @@
-"""The byte work of TFRecord framing, vectorised: following lengths, checking CRCs, and
-finding the next valid record after damage.
+"""The byte work of TFRecord framing, vectorised: following lengths and checking CRCs (the
+search for the next valid record after damage is in :mod:`analyzer.ingest.tfsearch`).
 
 Everything here works on one buffer (a window of the file) with positions relative to it;
 what the results mean, and what is reported, is decided in :mod:`analyzer.ingest.tfrecord`.
@@ -8,7 +8,6 @@ what the results mean, and what is reported, is decided in :mod:`analyzer.ingest
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
 
 import numpy as np
 import numpy.typing as npt
@@ -23,9 +22,9 @@ MAX_RECORD = 1 << 31
 _VECTOR_MAX = 1024
 # Lengths below this get their header CRCs from a lookup table indexed by length.
 _LUT_MAX = 1 << 20
-# The search for the next valid record looks at windows of positions that grow from the
-# first size to the second: damage is usually one record long, sometimes megabytes.
-_SCAN_FIRST, _SCAN_MAX = 256, 1 << 16
+# Up to this many records are checked one by one in C: numpy calls cost more for so few
+# (after damage, the walk between two damaged spots is often a record or two).
+_FEW = 8
 
 _LEN = struct.Struct("<Q")
 
@@ -54,13 +53,14 @@ def length_at(data: Bytes, pos: int) -> int:
 
 
 def lengths_at(data: Bytes, offsets: IntArray) -> IntArray:
-    if not offsets.size:
-        return ints([])
+    if offsets.size <= _FEW:
+        return ints([length_at(data, pos) for pos in offsets.tolist()])
     return rows(data, offsets, 8).copy().view("<u8")[:, 0].astype(np.int64)
 
 
-def walk(data: Bytes, pos: int, most: int) -> tuple[IntArray, int]:
-    """Follow length fields from ``pos`` while each record lies wholly inside ``data``.
+def walk(data: Bytes, pos: int, most: int, until: int | None = None) -> tuple[IntArray, int]:
+    """Follow length fields from ``pos`` while each record lies wholly inside ``data`` (and
+    ends by ``until``, when given).
 
     The walk also stops at a zero length (no writer writes empty records, and a run of zero
     bytes read as 16-byte empty records would yield millions of them) and at a length above
@@ -74,6 +74,7 @@ def walk(data: Bytes, pos: int, most: int) -> tuple[IntArray, int]:
     """
     raw = data.data
     size = int(data.shape[0])
+    fit = size if until is None else min(size, until)
     done: list[IntArray] = []
     offsets: list[int] = []
     recent: list[int] = []
@@ -82,7 +83,7 @@ def walk(data: Bytes, pos: int, most: int) -> tuple[IntArray, int]:
     while pos <= last:
         n = unpack(raw, pos)[0]
         end = pos + OVERHEAD + n
-        if end > size or n == 0 or n > most:
+        if end > fit or n == 0 or n > most:
             break
         offsets.append(pos)
         recent.append(n)
@@ -92,7 +93,7 @@ def walk(data: Bytes, pos: int, most: int) -> tuple[IntArray, int]:
             if period:
                 done.append(ints(offsets))
                 offsets = []
-                pos, predicted = _predict(data, pos, recent[-period:])
+                pos, predicted = _predict(data, pos, recent[-period:], fit)
                 done.append(predicted)
             if period or len(recent) == _PERIOD_CHECKS[-1]:
                 recent = []
@@ -113,14 +114,14 @@ def _period(lengths: list[int]) -> int | None:
     return None
 
 
-def _predict(data: Bytes, pos: int, cycle: list[int]) -> tuple[int, IntArray]:
-    """Walk from ``pos`` while record lengths keep repeating ``cycle``.
+def _predict(data: Bytes, pos: int, cycle: list[int], fit: int) -> tuple[int, IntArray]:
+    """Walk from ``pos`` while record lengths keep repeating ``cycle`` and records end by
+    ``fit``.
 
     Blocks of predicted records, growing while predictions hold, are checked against the
     length fields in one go; records are accepted up to the first one whose length differs
     from the prediction, and the plain walk takes over there.
     """
-    size = int(data.shape[0])
     lengths = ints(cycle)
     period = lengths.shape[0]
     heads = np.lib.stride_tricks.sliding_window_view(data, 8)
@@ -129,19 +130,19 @@ def _predict(data: Bytes, pos: int, cycle: list[int]) -> tuple[int, IntArray]:
     while True:
         want = np.tile(lengths, cycles)
         ends = pos + np.cumsum(want + OVERHEAD)
-        fit = int(np.searchsorted(ends, size, side="right"))
-        fit -= fit % period  # whole cycles only, so the next block starts in phase
-        if fit == 0:
+        inside = int(np.searchsorted(ends, fit, side="right"))
+        inside -= inside % period  # whole cycles only, so the next block starts in phase
+        if inside == 0:
             break
-        offs = np.concatenate(([pos], ends[: fit - 1]))
+        offs = np.concatenate(([pos], ends[: inside - 1]))
         found = heads[offs].copy().view("<u8")[:, 0]
-        wrong = np.flatnonzero(found != want[:fit].astype(np.uint64))
+        wrong = np.flatnonzero(found != want[:inside].astype(np.uint64))
         if wrong.size:
             accepted.append(offs[: int(wrong[0])])
             pos = int(offs[int(wrong[0])])
             break
         accepted.append(offs)
-        pos = int(ends[fit - 1])
+        pos = int(ends[inside - 1])
         cycles = min(cycles * 4, (1 << 20) // period + 1)
     return pos, (np.concatenate(accepted) if accepted else ints([]))
 
@@ -152,13 +153,16 @@ def headers_ok(data: Bytes, offsets: IntArray) -> BoolArray:
     A header's CRC depends on the length alone, and records come in few lengths: each
     distinct length is hashed once and every stored CRC compared with its own.
     """
-    if not offsets.size:
-        return np.zeros(0, dtype=bool)
+    if offsets.size <= _FEW:
+        return np.array([header_ok(data, pos) for pos in offsets.tolist()], dtype=bool)
     heads = rows(data, offsets, HEADER)
     length_bytes = np.ascontiguousarray(heads[:, :8])
     stored = np.ascontiguousarray(heads[:, 8:]).view("<u4")[:, 0]
     lengths = length_bytes.view("<u8")[:, 0]
-    if int(lengths.max()) < _LUT_MAX:  # the usual case: a lookup table indexed by length
+    longest = int(lengths.max())
+    # The usual case: a lookup table indexed by length, when it is not much longer than
+    # the records are many.
+    if longest < _LUT_MAX and longest < 64 * offsets.size:
         present = np.flatnonzero(np.bincount(lengths.astype(np.intp)))
         table = np.zeros(int(present[-1]) + 1, dtype=np.uint32)
         table[present] = masked_crc32c_rows(
@@ -178,6 +182,9 @@ def payloads_ok(data: Bytes, offsets: IntArray, lengths: IntArray) -> BoolArray:
     costs a few numpy calls per four bytes of length, so a length shared by few records
     (histograms, long or odd records) is hashed record by record in C instead.
     """
+    if offsets.size <= _FEW:
+        return np.array([payload_ok(data, pos, n) for pos, n in
+                         zip(offsets.tolist(), lengths.tolist(), strict=True)], dtype=bool)
     ok = np.ones(offsets.shape[0], dtype=bool)
     short = np.flatnonzero(lengths <= _VECTOR_MAX)
     single = [np.flatnonzero(lengths > _VECTOR_MAX)]
@@ -197,76 +204,6 @@ def payloads_ok(data: Bytes, offsets: IntArray, lengths: IntArray) -> BoolArray:
     for i in np.concatenate(single).tolist():
         ok[i] = payload_ok(data, int(offsets[i]), int(lengths[i]))
     return ok
-
-
-def find_record(data: Bytes, lo: int, room: int) -> tuple[int, int | None]:
-    """The first position at or after ``lo`` where a valid record starts.
-
-    A valid record has a header whose CRC checks, a length below :data:`MAX_RECORD` that
-    fits in the ``room`` bytes the file holds from the start of ``data`` on, and a payload
-    whose CRC checks. Returns ``(pos, None)`` for a record wholly inside ``data``;
-    ``(pos, n)`` for a header that checks whose payload of ``n`` bytes lies past the end of
-    ``data`` (it cannot be checked yet); ``(end, None)`` when no position before ``end``
-    (the last one with a whole header in ``data``) holds a record.
-
-    Only positions whose length field is below 2**31 (its top 33 bits zero) are hashed, and
-    windows of zero bytes are passed over whole: a valid header always has a nonzero byte,
-    since the CRC of a zero length is not zero.
-    """
-    size = int(data.shape[0])
-    end = max(lo, size - HEADER + 1)
-    pos, step = lo, _SCAN_FIRST
-    while pos < end:
-        stop = min(end, pos + step)
-        step = min(step * 4, _SCAN_MAX)
-        window = data[pos: stop + HEADER - 1]
-        if pos == lo:  # damage is mostly one record long: look near first, without numpy
-            found = _near_candidates(data, window.tobytes(), pos, stop - pos, room)
-        elif window.any():
-            m = stop - pos
-            found = _header_candidates(data, pos + np.flatnonzero(
-                (window[3:3 + m] < 0x80) & (window[4:4 + m] == 0) & (window[5:5 + m] == 0)
-                & (window[6:6 + m] == 0) & (window[7:7 + m] == 0)), room)
-        else:
-            found = iter(())
-        for cand in found:
-            n = length_at(data, cand)
-            if cand + OVERHEAD + n > size:
-                return cand, n
-            if payload_ok(data, cand, n):
-                return cand, None
-        pos = stop
-    return end, None
-
-
-def _near_candidates(data: Bytes, window: bytes, pos: int, m: int, room: int) -> Iterator[int]:
-    """What :func:`_header_candidates` gives for the ``m`` positions from ``pos`` (``window``
-    holds their bytes), found with ``bytes.find``, in order and lazily: the first window of
-    a search is short, and numpy calls cost more than the search there."""
-    at = window.find(b"\0\0\0\0", 4)
-    while at != -1 and at - 4 < m:
-        cand = pos + at - 4
-        if window[at - 1] < 0x80 and cand + OVERHEAD + length_at(data, cand) <= room \
-                and header_ok(data, cand):
-            yield cand
-        at = window.find(b"\0\0\0\0", at + 1)
-
-
-def _header_candidates(data: Bytes, cands: IntArray, room: int) -> Iterator[int]:
-    """The positions among ``cands``, in order, whose header CRC checks and whose record
-    fits: one by one in C while they are few (the search mostly stops at the first), all at
-    once with numpy when there are many."""
-    if cands.size <= 64:
-        for cand in cands.tolist():
-            if cand + OVERHEAD + length_at(data, cand) <= room and header_ok(data, cand):
-                yield cand
-        return
-    heads = rows(data, cands, HEADER)
-    lengths = np.ascontiguousarray(heads[:, :8]).view("<u8")[:, 0].astype(np.int64)
-    stored = np.ascontiguousarray(heads[:, 8:]).view("<u4")[:, 0]
-    plausible = np.flatnonzero((cands + OVERHEAD + lengths <= room) & (heads != 0).any(axis=1))
-    crc = masked_crc32c_rows(np.ascontiguousarray(heads[plausible, :8]))
-    yield from cands[plausible[crc == stored[plausible]]].tolist()
 
 
 def payload_ok(data: Bytes, pos: int, n: int) -> bool:

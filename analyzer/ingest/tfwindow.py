@@ -83,13 +83,12 @@ class RecordReader:
                 first = False
                 buf, base, final = self._next(buf, base)
             except _OutOfTime as stop:
-                self._stopped(stop.at, "read_limit", f"reading stopped at offset {stop.at} of "
-                              f"{self.size} after the time budget of "
-                              f"{self.deadline.seconds:g} s; everything before it was kept")
+                framer.out_of_time(stop.at)
                 return
             except OSError as exc:
-                self._stopped(framer.pos, "unreadable", f"read failed at offset {framer.pos}: "
-                              f"{exc.strerror or exc}; everything before it was kept")
+                framer.stop(framer.pos)
+                framer.log.add(framer.pos, "unreadable", f"read failed at offset {framer.pos}: "
+                               f"{exc.strerror or exc}; everything before it was kept")
                 return
             offsets, lengths = framer.feed(buf, base, final)
             yield Window(buf, base, offsets, lengths)
@@ -154,7 +153,3 @@ class RecordReader:
             self.framer.log.add(end, "truncated", f"file shrank while it was read: it had "
                                 f"{self.size} bytes when opened but ends at offset {end}; the "
                                 f"last {self.size - end} bytes are missing")
-
-    def _stopped(self, at: int, kind: str, message: str) -> None:
-        self.framer.stop(at)
-        self.framer.log.add(at, kind, message)
