@@ -5,8 +5,9 @@ are random ``Event`` protobufs (summaries with ``simple_value``, tensors of rand
 with ``tensor_content`` of random length, histograms with NaN and Inf among their fields,
 ``file_version``, ``session_log``; random wall times and steps), then damaged: cut
 anywhere, bytes flipped, inserted or deleted, runs of zeros written or inserted, two files
-glued, a record cut and another file appended. The committed corpus (files from the real
-writers) is damaged the same way.
+glued, a record cut and another file appended, a run of headers that check inserted, each
+claiming a payload that runs to the end of the file. The committed corpus (files from the
+real writers) is damaged the same way.
 
 Properties, each of which a reader bug can break:
 
@@ -16,7 +17,9 @@ Properties, each of which a reader bug can break:
   and a direct reading of each value);
 - after damage at offset D, every valid record that ends before D is still recovered;
   with CRCs verified, so is every record wholly after the damaged bytes;
-- what a file gives does not depend on the size of the windows it is read by.
+- what a file gives does not depend on the size of the windows it is read by;
+- with a check budget made tiny, the payload bytes hashed stay within what the budget
+  allows, and the records before the damage are still kept.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, types_pb2
 
-from analyzer.ingest import tfwindow
+from analyzer.ingest import crc32c, tfrecord, tfsearch, tfwalk, tfwindow
 from analyzer.ingest.tb import EventFile, read_event_file
 from tests.fuzz.budget import fuzz_settings
 from tests.fuzz.make_corpus import corpus_files
@@ -292,7 +295,7 @@ def damaged(draw: Any, data: bytes, other: bytes) -> tuple[bytes, int, Records]:
 
     d = draw(st.integers(0, size))
     how = draw(st.sampled_from(["cut", "flip", "insert", "delete", "zeros", "insert zeros",
-                                "glue", "cut and append"]))
+                                "glue", "cut and append", "claims"]))
     if how == "cut":
         return data[:d], d, []
     if how == "flip" and d < size:
@@ -310,9 +313,48 @@ def damaged(draw: Any, data: bytes, other: bytes) -> tuple[bytes, int, Records]:
     if how == "insert zeros":
         k = draw(st.integers(1, 5000))
         return data[:d] + b"\0" * k + data[d:], d, moved(d, k)
+    if how == "claims":
+        k = draw(st.integers(1, 60))
+        return data[:d] + claims(d, k, size + 12 * k) + data[d:], d, moved(d, 12 * k)
     if how == "glue":
         d = size
     return data[:d] + other, d, [(o + d, e + d, p) for o, e, p in appended]
+
+
+def claims(at: int, count: int, size: int) -> bytes:
+    """``count`` headers that check from offset ``at`` of a file of ``size`` bytes, each
+    claiming a payload that ends one byte before the end of the file."""
+    out = b""
+    for i in range(count):
+        length = struct.pack("<Q", max(1, size - (at + 12 * i) - 17))
+        out += length + struct.pack("<I", _masked(length))
+    return out
+
+
+@contextmanager
+def counted(floor: int) -> Iterator[list[int]]:
+    """The check budget's floor set to ``floor``; yields the bytes hashed so far."""
+    hashed = [0]
+    extend, rows = crc32c.crc32c_extend, crc32c.masked_crc32c_rows
+
+    def counted_extend(crc: int, data: bytes | memoryview) -> int:
+        hashed[0] += len(data)
+        return extend(crc, data)
+
+    def counted_rows(block: Any) -> Any:
+        hashed[0] += int(block.size)
+        return rows(block)
+
+    saved = tfrecord.CHECK_FLOOR
+    tfrecord.CHECK_FLOOR = floor
+    crc32c.crc32c_extend = tfwindow.crc32c_extend = counted_extend  # type: ignore[assignment]
+    tfwalk.masked_crc32c_rows = tfsearch.masked_crc32c_rows = counted_rows
+    try:
+        yield hashed
+    finally:
+        tfrecord.CHECK_FLOOR = saved
+        crc32c.crc32c_extend = tfwindow.crc32c_extend = extend  # type: ignore[assignment]
+        tfwalk.masked_crc32c_rows = tfsearch.masked_crc32c_rows = rows
 
 
 @pytest.fixture(scope="module")
@@ -361,6 +403,24 @@ def test_window_size_changes_nothing(folder: str, data: Any, first: list[bytes],
         whole = summary(read(folder, blob, verify=verify))
         with window(size):
             assert summary(read(folder, blob, verify=verify)) == whole
+
+
+@fuzz_settings(100)
+@given(st.data(), RECORDS, RECORDS, st.sampled_from([0, 64, 4096]),
+       st.sampled_from([None, 13, 200]))
+def test_tiny_check_budget_bounds_the_work_and_keeps_what_came_before(
+        folder: str, data: Any, first: list[bytes], second: list[bytes], floor: int,
+        size: int | None) -> None:
+    original = b"".join(framed(p) for p in first)
+    blob, d, _ = data.draw(damaged(original, b"".join(framed(p) for p in second)))
+    before = oracle([r for r in valid_records(original) if r[1] <= d])
+    for verify in (True, False):
+        with counted(floor) as hashed, window(size or tfwindow.WINDOW):
+            got = points(read(folder, blob, verify=verify))
+        assert before <= got, sorted(before - got)[:3]
+        # Failing checks within the budget, plus each byte hashed by the first walk, once
+        # more by a resumed walk, and twice as a header (the search, then the walk).
+        assert hashed[0] <= floor + (tfrecord.CHECK_FACTOR + 4) * len(blob) + 64
 
 
 CORPUS = corpus_files("tfrecord")
@@ -439,4 +499,9 @@ def seeds() -> dict[str, bytes]:
         out["events.out.tfevents.5.cut"] = torch_scalars[: len(torch_scalars) - 9]
         out["events.out.tfevents.6.zero-tail"] = torch_scalars + b"\0" * 2048
         out["events.out.tfevents.7.two-writers"] = torch_scalars[:700] + tbx
+        # Headers that check, each claiming the rest of the file, between two records.
+        d = valid_records(torch_scalars)[len(valid_records(torch_scalars)) // 2][0]
+        size = len(torch_scalars) + 12 * 40
+        out["events.out.tfevents.9.claims-to-the-end"] = (
+            torch_scalars[:d] + claims(d, 40, size) + torch_scalars[d:])
     return out
