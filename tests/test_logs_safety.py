@@ -23,7 +23,9 @@ from hypothesis import strategies as st
 
 from analyzer.ingest import logs as logs_module
 from analyzer.ingest.logformats import reader as reader_module
-from analyzer.ingest.logformats import trainer_state as state_module
+from analyzer.ingest.logformats import trainer_state_compact as compact_module
+from analyzer.ingest.logformats import trainer_state_records as state_records
+from analyzer.ingest.logformats.context import Context
 from analyzer.ingest.logformats.source import HOLES_LISTED
 from analyzer.ingest.logs import LogRead, read_log
 from analyzer.ingest.safeio import Deadline
@@ -183,6 +185,37 @@ def test_many_holes_are_listed_then_summarised(tmp_path: Path) -> None:
     holes = [i for i in read.issues if i.kind == "zero_run"]
     assert [h.location.line for h in holes[:-1]] == list(range(2, 2 + HOLES_LISTED))
     assert "30 runs of NUL bytes in all, 210 bytes" in holes[-1].message
+
+
+def test_regression_zero_tail_is_reported_after_the_listed_holes(tmp_path: Path) -> None:
+    # More holes than are listed one by one, then a crash's zero-filled tail.
+    body = b"".join(b"step %d loss 1.0\n" % i + b"\x00" * 7 for i in range(30))
+    path = tmp_path / "train.log"
+    path.write_bytes(body + b"step 30 loss nan\n" + b"\x00" * 5000)
+    for chunk in (1 << 22, 64):  # the tail followed across chunks as well
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(reader_module, "CHUNK_BYTES", chunk)
+            read = read_unchanged(path)
+        (tail,) = [i for i in read.issues if i.kind == "zero_tail"]
+        assert "5000 NUL bytes" in tail.message
+        assert (tail.location.line, tail.location.offset) == (32, len(body) + 17)
+        assert first_nonfinite(read) == ("loss", 30, 31)
+
+
+@pytest.mark.parametrize("encoding", ["utf-16-le", "utf-16-be"])
+def test_regression_utf16_hole_lengths_are_bytes_of_the_file(
+    tmp_path: Path, encoding: str
+) -> None:
+    line = "step 1 loss nan\n".encode(encoding)
+    path = tmp_path / "train.log"
+    path.write_bytes(b"\xff\xfe" if encoding == "utf-16-le" else b"\xfe\xff")
+    with open(path, "ab") as out:
+        out.write(line + b"\x00" * 300 + line + b"\x00" * 64)
+    read = read_unchanged(path)
+    hole, tail = read.issues
+    assert hole.kind == "zero_run" and hole.message.startswith("300 NUL bytes")
+    assert tail.kind == "zero_tail" and tail.message.startswith("64 NUL bytes")
+    assert [p[3] for p in points(read)] == [1, 2]
 
 
 def test_a_file_of_nul_bytes_only_is_empty_and_a_binary_one_is_not_text(tmp_path: Path) -> None:
@@ -437,6 +470,127 @@ def test_trainer_state_ending_in_nul_bytes_keeps_its_records(tmp_path: Path) -> 
     assert kinds(read) == ["zero_tail", "truncated"]
 
 
+def _indented(records: int) -> str:
+    return json.dumps(_state(records), indent=2, sort_keys=True)  # as the Trainer writes it
+
+
+def _hole_at(text: str, at: int, size: int = 4096) -> bytes:
+    return text[:at].encode() + b"\x00" * size + text[at:].encode()
+
+
+def test_regression_nul_run_between_indented_records_loses_nothing_and_is_reported(
+    tmp_path: Path,
+) -> None:
+    text = _indented(5)
+    path = tmp_path / "trainer_state.json"
+    path.write_text(text)
+    whole = points(read_log(str(path)))
+    at = text.index("    {", text.index('"step": 20'))  # the line that opens record 3
+    path.write_bytes(_hole_at(text, at))
+    read = read_unchanged(path)
+    assert points(read) == whole
+    (hole,) = read.issues
+    assert hole.kind == "zero_run" and "4096 NUL bytes" in hole.message
+    assert (hole.location.line, hole.location.offset) == (text.count("\n", 0, at) + 1, at)
+
+
+def test_regression_nul_run_inside_an_indented_record_is_reported_and_glues_nothing(
+    tmp_path: Path,
+) -> None:
+    # The committed corpus file's case: a run at the start of a line inside record 3.
+    # The fields after it (with the step) are kept; those before it cannot be told from
+    # the end of a record whose rest was lost, so they are dropped, and the issue says so.
+    text = _indented(5)
+    path = tmp_path / "trainer_state.json"
+    path.write_text(text)
+    whole = points(read_log(str(path)))
+    record = text.index('"epoch": 0.03')
+    at = text.index('      "learning_rate"', record)
+    path.write_bytes(_hole_at(text, at))
+    read = read_unchanged(path)
+    lost = {("epoch", 30), ("grad_norm", 30)}
+    assert points(read) == [p for p in whole if (p[0], p[1]) not in lost]
+    assert [p[1] for p in points(read) if p[0] == "lr"] == [10, 20, 30, 40, 50]
+    (hole,) = read.issues
+    assert hole.kind == "zero_run" and "fields before it" in hole.message
+    assert (hole.location.line, hole.location.offset) == (text.count("\n", 0, at) + 1, at)
+
+
+def test_regression_lost_block_never_puts_a_value_under_another_records_step(
+    tmp_path: Path,
+) -> None:
+    # A block that never reached the disk reads as NULs in place of the end of record 2
+    # and the start of record 4; each side is read on its own.
+    for indent in (2, None):
+        text = json.dumps(_state(5), indent=indent, sort_keys=True)
+        start = text.index('"learning_rate"', text.index('"epoch": 0.02'))
+        end = text.index('"loss"', text.index('"epoch": 0.04'))
+        path = tmp_path / "trainer_state.json"
+        path.write_text(text)
+        whole = {p[:3] for p in points(read_log(str(path)))}
+        path.write_bytes(text[:start].encode() + b"\x00" * (end - start) + text[end:].encode())
+        read = read_unchanged(path)
+        got = {p[:3] for p in points(read)}
+        assert got <= whole
+        kept = {p for p in whole if p[1] in (10, 50) or p[:2] in {("loss", 40)}}
+        assert got == kept, indent
+        assert kinds(read) == ["zero_run"]
+
+
+def test_regression_nul_run_between_compact_records_keeps_the_records_after_it(
+    tmp_path: Path,
+) -> None:
+    text = json.dumps(_state(5))
+    path = tmp_path / "trainer_state.json"
+    path.write_text(text)
+    whole = points(read_log(str(path)))
+    at = text.index('{"epoch": 0.03')
+    path.write_bytes(_hole_at(text, at, 300))
+    read = read_unchanged(path)
+    assert points(read) == whole
+    (hole,) = read.issues
+    assert (hole.kind, hole.location.line, hole.location.offset) == ("zero_run", 1, at)
+
+
+class CountingText(str):
+    """A text that counts the characters its Python-level scans go over: counts,
+    searches and slices."""
+
+    scanned = 0
+
+    def count(self, sub: str, start: Any = None, end: Any = None) -> int:  # type: ignore[override]
+        lo, hi, _ = slice(start, end).indices(len(self))
+        CountingText.scanned += max(hi - lo, 0)
+        return super().count(sub, start, end)
+
+    def __getitem__(self, key: Any) -> str:  # type: ignore[override]
+        if isinstance(key, slice):
+            lo, hi, _ = key.indices(len(self))
+            CountingText.scanned += max(hi - lo, 0)
+        return super().__getitem__(key)
+
+
+def test_regression_compact_trainer_state_is_read_in_linear_work() -> None:
+    # Each record's line and offset used to be counted from the start of the file: 15 MB
+    # of records took minutes. Counted on from the record before, the lookups of all the
+    # records scan the text a few times at most, however many records it holds.
+    state = _state(3000)
+    state["log_history"][1500]["note_é"] = 1.0  # non-ASCII: offsets are counted in bytes
+    text = json.dumps(state, ensure_ascii=False)
+    cut = text.index('{"epoch": 29.99')
+    ctx = Context("trainer_state.json")
+    CountingText.scanned = 0
+    compact_module.read_compact(CountingText(text[: cut + 20]), ctx, Deadline(600))
+    # One pass for the lines, one for the byte offset of the cut, one for the json
+    # module's own error message (which counts the lines of its document).
+    assert CountingText.scanned <= 4 * cut, CountingText.scanned
+    steps = next(s for (tag, _), s, _, _ in ctx.store.series() if tag == "loss")
+    assert steps.tolist() == [10 * i for i in range(1, 2999)]  # 2999 is the one cut
+    (issue,) = ctx.issues()
+    assert issue.kind == "truncated"
+    assert issue.location.offset == len(text[:cut].encode("utf-8"))
+
+
 def test_oversized_trainer_state_is_refused_unread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -476,7 +630,7 @@ def test_read_limit_in_a_trainer_state_keeps_the_records_before(
 ) -> None:
     # Compact files are checked every few records, indented ones every few lines.
     for indent, every in ((None, 3), (2, 20)):
-        monkeypatch.setattr(state_module, "_CHECK_EVERY", every)
+        monkeypatch.setattr(state_records, "CHECK_EVERY", every)
         path = tmp_path / "trainer_state.json"
         path.write_text(json.dumps(_state(8), indent=indent))
         read = read_unchanged(path, Expiring(0))

@@ -225,6 +225,67 @@ def test_a_cut_trainer_state_keeps_exactly_the_records_before_the_cut(
         assert {i.kind for i in read.issues} & damage
 
 
+def _state_text(records: list[dict[str, str]], indented: bool) -> tuple[str, list[tuple[int, int]]]:
+    """A trainer state as the Trainer (indented) or ``json.dumps`` (compact) writes it, and
+    where each record of its log_history begins and ends."""
+    history = [
+        {**{k: _json_value(v) for k, v in r.items()}, "step": 10 * (i + 1)}
+        for i, r in enumerate(records)
+    ]
+    state = {"best_metric": None, "global_step": 10 * len(history), "log_history": history,
+             "max_steps": 500}
+    text = json.dumps(state, indent=2 if indented else None, sort_keys=True)
+    spans, pos = [], text.index("[", text.index('"log_history"'))
+    for _ in history:
+        pos = text.index("{", pos)
+        end = text.index("}", pos) + 1
+        spans.append((pos, end))
+        pos = end
+    return text, spans
+
+
+def _points(read: LogRead, lines: bool) -> list[tuple[Any, ...]]:
+    return [p if lines else p[1:] for p in outcome(read)[0]]
+
+
+@fuzz_settings(300)
+@given(st.lists(RECORD, min_size=1, max_size=8), st.booleans(), st.floats(0, 1),
+       st.integers(1, 600), st.sampled_from(["insert", "insert", "lose"]))
+def test_a_nul_run_in_a_trainer_state_loses_only_the_record_it_falls_in(
+    tmp_path: Path, records: list[dict[str, str]], indented: bool, where: float, run: int,
+    how: str,
+) -> None:
+    # "insert": NULs put in (the oracle: the file without them); "lose": bytes replaced by
+    # NULs, as a block that never reached the disk leaves them.
+    text, spans = _state_text(records, indented)
+    path = _write(tmp_path, text.encode(), "trainer_state.json")
+    full = read_log(str(path))
+    first = text.index("[", text.index('"log_history"')) + 1  # the list's key stays whole
+    at = first + int((len(text) - first - 1) * where)
+    if how == "insert":
+        damaged, end = text[:at] + "\0" * run + text[at:], at
+    else:
+        end = min(at + run, len(text))
+        damaged = text[:at] + "\0" * (end - at) + text[end:]
+    path.write_bytes(damaged.encode())
+    read = read_log(str(path))
+    lines = how == "insert"  # a lost block takes its newlines, moving the lines after it
+    got, whole = _points(read, lines), _points(full, lines)
+    # Never a value the file did not hold, nor one under another record's step.
+    assert set(got) <= set(whole)
+    # Every record the run does not reach is kept whole.
+    untouched = {10 * (i + 1) for i, (a, b) in enumerate(spans) if b <= at or a >= end}
+    step = 3 if lines else 2
+    assert [p for p in whole if p[step] in untouched] == [p for p in got if p[step] in untouched]
+    if how == "insert" and not any(a < at < b for a, b in spans):
+        assert got == whole  # a run between records (or outside them) loses nothing
+    # The run is reported where it begins.
+    kind = "zero_tail" if end == len(text) else "zero_run"
+    holes = [i for i in read.issues if i.kind == kind]
+    assert len(holes) == 1 and holes[0].location.offset == at
+    assert holes[0].location.line == text.count("\n", 0, at) + 1
+
+
 @pytest.mark.parametrize("path", corpus_files("logs"), ids=lambda p: Path(p).name)
 @pytest.mark.parametrize("chunk", [1, 7, 64, 4096])
 def test_corpus_files_read_the_same_in_any_chunks(

@@ -89,8 +89,7 @@ class Dispatcher:
         self.bare = not self.numbered and not _holds_any(batch.text, _TAG_MARKS)
         if self.bare and untagged is None:
             untagged = True
-        # What line_records checks, inline: a call per line costs more than the test.
-        holes, cap = batch.holes, reader.LINE_CAP
+        holes, single = batch.holes, reader.single
         i, n = 0, len(lines)
         while i < n:
             recent = self.recent
@@ -112,13 +111,7 @@ class Dispatcher:
             i += 1
             if not line:
                 continue
-            if batch.plain or (
-                "\r" not in line
-                and "\x1b" not in line
-                and "\x08" not in line
-                and (not holes or "\x00" not in line)
-                and len(line) <= cap
-            ):
+            if batch.plain or single(line, holes):
                 record(before + i, line)
             else:
                 bare = self.bare

@@ -145,29 +145,25 @@ Batch = Lines | Records
 """Complete lines, or the records of a line read in pieces or left without a newline."""
 
 
-def iter_records(chunks: Chunks, ctx: Context) -> Iterator[tuple[int, str]]:
-    """Yield (1-based line number, record text) for every record of the file."""
-    for batch in iter_batches(chunks, ctx):
-        if not isinstance(batch, Lines):
-            yield from batch
-            continue
-        number = batch.before
-        for line in batch.lines:
-            number += 1
-            yield from line_records(line, number, ctx, batch.holes)
+def single(text: str, holes: bool = True, length: int | None = None) -> bool:
+    """True when ``text`` is one record as it stands: no carriage return, backspace or
+    escape character, no hole unless ``holes`` is False (its bytes held no NUL), and not
+    longer than LINE_CAP. ``length`` is the length held to the cap when ``text`` is lines
+    joined: the longest line's."""
+    return (
+        (len(text) if length is None else length) <= LINE_CAP
+        and "\r" not in text
+        and "\x1b" not in text
+        and "\x08" not in text
+        and (not holes or "\x00" not in text)
+    )
 
 
 def line_records(line: str, number: int, ctx: Context, holes: bool = True) -> Records:
     """The records of one complete physical line (``holes`` as for ``_split``)."""
     if not line:
         return []
-    if (
-        "\r" not in line
-        and "\x1b" not in line
-        and "\x08" not in line
-        and (not holes or "\x00" not in line)
-        and len(line) <= LINE_CAP
-    ):
+    if single(line, holes):
         return [(number, line)]
     out: Records = []
     held = _split(line, number, ctx, None, out, holes)
@@ -296,11 +292,5 @@ def _complete_lines(block: bytes, before: int, ctx: Context) -> Lines:
         lines = [_decode(raw, before + i + 1, ctx) for i, raw in enumerate(block.split(b"\n"))]
         text = "\n".join(lines)
     holes = b"\x00" in block
-    plain = (
-        not holes
-        and "\r" not in text
-        and "\x1b" not in text
-        and "\x08" not in text
-        and max(map(len, lines)) <= LINE_CAP
-    )
+    plain = not holes and single(text, False, max(map(len, lines)))
     return Lines(before, lines, text, plain, holes)

@@ -10,15 +10,17 @@ UTF-16 log is turned into UTF-8. Policy, one rule per kind:
   ``copytruncate`` leaves at the head of a log still being written to, a block that never
   reached the disk. The run is skipped and stands for a break between records (the
   text on either side is never glued into one record), not between lines: line numbers
-  stay those of the file. Each run is reported with its line, byte offset and length, the
-  first ``HOLES_LISTED`` of a file one by one and the rest in one summary. The work is
-  done per chunk by C routines (``bytes.count``, ``re.subn``), so a zero-filled gigabyte
-  costs time in proportion to its size and memory of one chunk.
+  stay those of the file. Each run is reported with its line, byte offset and length in
+  bytes of the file: the first ``HOLES_LISTED`` runs of a file with text after them one
+  by one and the rest in one ``zero_run`` summary; the tail is always reported. The work
+  is done per chunk by C routines (``bytes.count``, ``re.subn``), so a zero-filled
+  gigabyte costs time in proportion to its size and memory of one chunk.
 - ``read_limit``: the time budget ran out. The lines read before are kept; the line being
   read is dropped, as the stop cut it, and reading ends.
 - A UTF-8 byte-order mark is dropped. A UTF-16 log (Windows PowerShell's redirection
   writes one) is recognised by its byte-order mark, or by ASCII text whose every other
-  byte is NUL, and transcoded chunk by chunk; its holes are then located by line only.
+  byte is NUL, and transcoded chunk by chunk; its holes are then located by line only
+  (their lengths are still in bytes of the file: two per NUL character).
 
 :func:`sniff` reads the head of the file the same way, for the decisions taken before
 reading (empty, not text, which prefixes a line may carry).
@@ -138,6 +140,8 @@ class Chunks:
         self.ctx = ctx
         self.deadline = deadline
         self.decoder = _decoder(head.encoding)
+        self.unit = 1 if self.decoder is None else 2
+        """Bytes of the file per NUL the record reader sees: UTF-16 spends two on one."""
         self.consumed = head.skip
         stream.seek(head.skip)
         self.stopped = False
@@ -149,6 +153,9 @@ class Chunks:
         """The last chunk ended inside a run of NULs, which the next one may go on with."""
         self.hole: list[int] | None = None
         """The run being located while runs are still listed: [line, offset, length]."""
+        self.last: list[int] = [0, -1, 0]
+        """The run the last chunk ended in, located whether runs are still listed or not,
+        so that a file's tail is reported after the listing has stopped."""
         self.first: tuple[int, int | None] | None = None
         self.zero_block = b""
 
@@ -186,21 +193,26 @@ class Chunks:
     def _collapse(self, data: bytes, line: int, base: int | None) -> bytes:
         """``data`` with each run of NULs as one NUL, a run that goes on from the last
         chunk as none, so that the marks do not depend on where chunks end."""
+        unit = self.unit
         continued = self.in_run and data[0] == 0
         if data[0] == 0 and data == self._zeros(len(data)):
-            # The inside of a large hole: one memcmp instead of three passes.
-            self.nul_bytes += len(data)
-            if not continued:
-                if self.in_run:
-                    self._close(False)
+            # The inside of a large hole: one memcmp instead of three passes. A run
+            # that does not go on from the last chunk starts one (the last chunk held
+            # no NUL at its end, so no run is open to close).
+            length = unit * len(data)
+            self.nul_bytes += length
+            if continued:
+                self.last[2] += length
+                if self.hole is not None:
+                    self.hole[2] += length
+            else:
                 self.runs += 1
+                self.last = [line, -1 if base is None else base, length]
                 if self.listed < HOLES_LISTED:
-                    self._open(line, base, 0)
-            if self.hole is not None:
-                self.hole[2] += len(data)
+                    self._open(line, base, 0, length)
             self.in_run = True
             return b"" if continued else b"\x00"
-        self.nul_bytes += data.count(0)
+        self.nul_bytes += unit * data.count(0)
         collapsed, runs = _NULS.subn(b"\x00", data)
         if self.in_run and not continued:
             self._close(False)
@@ -208,16 +220,22 @@ class Chunks:
         if self.listed < HOLES_LISTED:
             self._locate(data, line, base, continued)
         self.in_run = data[-1] == 0
+        if self.in_run:  # a run starts in this chunk (one that fills it goes above)
+            text = len(data.rstrip(b"\x00"))
+            offset = -1 if base is None else base + text
+            self.last = [line + data.count(b"\n", 0, text), offset, unit * (len(data) - text)]
         return collapsed[1:] if continued else collapsed
 
     def _locate(self, data: bytes, line: int, base: int | None, continued: bool) -> None:
         """Follow the runs of ``data`` one by one, until enough of them are listed."""
+        unit = self.unit
         for m in _NULS.finditer(data):
             start, end = m.span()
             if start == 0 and continued and self.hole is not None:
-                self.hole[2] += end
+                self.hole[2] += unit * end
             else:
-                self._open(line + data.count(b"\n", 0, start), base, start, end - start)
+                where = line + data.count(b"\n", 0, start)
+                self._open(where, base, start, unit * (end - start))
             if end < len(data):
                 self._close(False)
                 if self.listed >= HOLES_LISTED:
@@ -240,23 +258,45 @@ class Chunks:
             return
         self.listed += 1
         where, offset, length = hole
-        what = "the file ends in them (a zero-filled tail)" if at_end else "a hole in the text"
-        self.ctx.issue(
-            "zero_tail" if at_end else "zero_run",
-            f"{length} NUL bytes skipped: {what}; the text around them is read",
-            where,
-            None if offset < 0 else offset,
-        )
+        report_hole(self.ctx, length, at_end, where, None if offset < 0 else offset)
 
     def finish(self) -> None:
         """Report the run the file ends in, and the runs past the listed ones."""
-        self._close(self.in_run and not self.stopped)
+        at_end = self.in_run and not self.stopped
+        if at_end and self.hole is None:
+            # Past the listed runs: the tail is still said, from where it was followed.
+            where, at, length = self.last
+            report_hole(self.ctx, length, True, where, None if at < 0 else at)
+        self._close(at_end)
         if self.runs > self.listed and self.first is not None:
             line, offset = self.first
-            self.ctx.issue(
-                "zero_run",
-                f"{self.runs} runs of NUL bytes in all, {self.nul_bytes} bytes, skipped; "
-                f"only the first {self.listed} are listed",
-                line,
-                offset,
-            )
+            report_holes(self.ctx, self.runs, self.nul_bytes, self.listed, line, offset)
+
+
+def report_hole(
+    ctx: Context,
+    length: int,
+    at_end: bool,
+    line: int,
+    offset: int | None,
+    what: str = "a hole in the text; the text around them is read",
+) -> None:
+    """One run of NUL bytes: ``zero_tail`` when the file ends in it, else ``zero_run``
+    (``what`` says what became of the text around it)."""
+    if at_end:
+        what = "the file ends in them (a zero-filled tail); the text before them is read"
+    kind = "zero_tail" if at_end else "zero_run"
+    ctx.issue(kind, f"{length} NUL bytes skipped: {what}", line, offset)
+
+
+def report_holes(
+    ctx: Context, runs: int, nul_bytes: int, listed: int, line: int, offset: int | None
+) -> None:
+    """The summary of a file's runs of NUL bytes past the ``listed`` ones."""
+    ctx.issue(
+        "zero_run",
+        f"{runs} runs of NUL bytes in all, {nul_bytes} bytes, skipped; "
+        f"only the first {listed} are listed",
+        line,
+        offset,
+    )
