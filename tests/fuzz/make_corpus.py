@@ -10,6 +10,9 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from typing import Any
+
+from hypothesis import strategies as st
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CORPUS = os.path.join(HERE, "corpus")
@@ -23,6 +26,16 @@ def corpus_files(target: str) -> list[str]:
         return []
     return sorted(os.path.join(folder, f) for f in os.listdir(folder)
                   if not f.startswith(".") and f != "README.md")
+
+
+def flipped_and_cut(data: Any, raw: bytes) -> bytes:
+    """``raw`` with up to three bytes overwritten and then cut at a point, drawn from
+    Hypothesis' ``data``: what a flipped bit and a killed writer leave of a corpus file."""
+    out = bytearray(raw)
+    for _ in range(data.draw(st.integers(0, 3))):
+        if out:
+            out[data.draw(st.integers(0, len(out) - 1))] = data.draw(st.integers(0, 255))
+    return bytes(out[: data.draw(st.integers(0, len(out)))])
 
 
 def main() -> int:

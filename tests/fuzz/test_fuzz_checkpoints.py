@@ -57,7 +57,7 @@ from analyzer.ingest.checkpoints import format_scan, scan_checkpoint
 from analyzer.ingest.ckpt.records import CheckpointScan
 from analyzer.ingest.ckpt.scan import scan_file
 from tests.fuzz.budget import fuzz_settings
-from tests.fuzz.make_corpus import corpus_files
+from tests.fuzz.make_corpus import corpus_files, flipped_and_cut
 
 pytestmark = pytest.mark.fuzz
 
@@ -454,13 +454,9 @@ def test_damaged_corpus_files_never_raise(
     if not CORPUS:
         pytest.skip("no corpus")
     source = data.draw(st.sampled_from(CORPUS))
-    raw = bytearray(Path(source).read_bytes())
-    for _ in range(data.draw(st.integers(0, 3))):
-        if raw:
-            raw[data.draw(st.integers(0, len(raw) - 1))] = data.draw(st.integers(0, 255))
-    raw = raw[: data.draw(st.integers(0, len(raw)))]
+    raw = flipped_and_cut(data, Path(source).read_bytes())
     path = tmp_path_factory.mktemp("corpus") / os.path.basename(source)
-    path.write_bytes(bytes(raw))
+    path.write_bytes(raw)
     if path.name.endswith(".index.json"):
         scan = scan_checkpoint(str(path))
     else:

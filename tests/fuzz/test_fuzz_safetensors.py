@@ -38,7 +38,7 @@ from analyzer.ingest.ckpt.records import CheckpointScan, TensorStats
 from analyzer.ingest.ckpt.safetensors_file import DTYPES
 from analyzer.ingest.ckpt.scan import scan_file
 from tests.fuzz.budget import fuzz_settings
-from tests.fuzz.make_corpus import corpus_files
+from tests.fuzz.make_corpus import corpus_files, flipped_and_cut
 
 pytestmark = pytest.mark.fuzz
 
@@ -233,15 +233,11 @@ def test_damaged_corpus_files_never_raise(
 ) -> None:
     if not CORPUS:
         pytest.skip("no corpus")
-    raw = bytearray(Path(data.draw(st.sampled_from(CORPUS))).read_bytes())
-    for _ in range(data.draw(st.integers(0, 3))):
-        if raw:
-            raw[data.draw(st.integers(0, len(raw) - 1))] = data.draw(st.integers(0, 255))
-    raw = raw[: data.draw(st.integers(0, len(raw)))]
+    raw = flipped_and_cut(data, Path(data.draw(st.sampled_from(CORPUS))).read_bytes())
     path = tmp_path_factory.mktemp("corpus") / NAME
-    path.write_bytes(bytes(raw))
+    path.write_bytes(raw)
     scan = scan_file(str(path), trust_pickle=False)
-    _check(bytes(raw), scan)
+    _check(raw, scan)
 
 
 # -- the seed corpus ------------------------------------------------------------------------
