@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # makes pip fetch a multi-GB CUDA build, so it is installed first when missing.
 TORCH  := torch==2.13.0
 
-.PHONY: setup demo test fuzz lint audit bench samples app clean
+.PHONY: setup demo test golden fuzz lint audit bench samples app clean
 
 setup: $(STAMP)
 
@@ -28,6 +28,10 @@ demo: setup
 test: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 0; fi; exit $$rc
+
+# Rewrite the golden reports (tests/golden/) after a deliberate change; review the diff.
+golden: setup
+	FORENSICS_GOLDEN=update $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_golden.py
 
 # The fuzz targets with a long budget (FORENSICS_FUZZ_EXAMPLES per target, default 20,000).
 fuzz: setup
