@@ -23,8 +23,8 @@ _EXPORTS = {
     "RunFiles": "analyzer.ingest.discover",
     "find_runs": "analyzer.ingest.discover",
     "read_event_file": "analyzer.ingest.tb",
-    "layer_from_tag": "analyzer.locate",
-    "locate": "analyzer.locate",
+    "layer_from_tag": "analyzer.onset",
+    "locate": "analyzer.onset",
     "SCHEMA_VERSION": "analyzer.model",
     "Event": "analyzer.model",
     "Histogram": "analyzer.model",
@@ -69,7 +69,6 @@ if TYPE_CHECKING:
     from analyzer.errors import ForensicsError, ReadError, UsageError
     from analyzer.ingest.discover import RunFiles, find_runs
     from analyzer.ingest.tb import EventFile, read_event_file
-    from analyzer.locate import layer_from_tag, locate
     from analyzer.model import (
         SCHEMA_VERSION,
         Event,
@@ -82,6 +81,7 @@ if TYPE_CHECKING:
         RunResult,
         Series,
     )
+    from analyzer.onset import layer_from_tag, locate
 
 
 def __getattr__(name: str) -> Any:

@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING, Any
 from analyzer.errors import ForensicsError, UsageError
 from analyzer.ingest.discover import discover
 from analyzer.ingest.runs import Progress, read_runs
-from analyzer.locate import locate
 from analyzer.model import CodeRefusal, IngestIssue, Report, Run, RunResult
+from analyzer.onset import locate
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from analyzer.replay.records import ReplayResult
+    from analyzer.replayer.records import ReplayResult
 
 
 def tool_version() -> str:
@@ -99,7 +99,7 @@ def attempt_replay(capture: str, *, device: str = "cpu", dtype: str = "as-run",
     """Replay a capture: (the result, or why it failed, or why it was not run). A capture
     that breaks the replay in any way is reported, never raised: one hostile run must not
     stop the analysis of the others."""
-    from analyzer.replay import replay as run_replay
+    from analyzer.replayer import replay as run_replay
     from analyzer.trust import refusal_of
 
     try:

@@ -108,7 +108,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _replay_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from analyzer.replay import DTYPE_CHOICES
+    from analyzer.replayer import DTYPE_CHOICES
 
     rp = sub.add_parser(
         "replay", help="re-run a captured failing step and name the layer, op and line",
@@ -177,7 +177,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "analyze":
         return _analyze(args)
     if args.command == "replay":
-        from analyzer.replay.command import replay_command
+        from analyzer.replayer.command import replay_command
 
         return replay_command(args.path, device=args.device, dtype=args.dtype,
                               json_file=args.json, import_paths=args.import_path,

@@ -11,7 +11,7 @@ stops a command as a whole::
      +-- ModelRebuildError      a capture's model, loss or optimizer cannot be rebuilt
      +-- ReplayError            the captured step raised while being replayed
 
-The replay errors live in :mod:`analyzer.replay.errors`, beside the code that raises them.
+The replay errors live in :mod:`analyzer.replayer.errors`, beside the code that raises them.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ import numpy.typing as npt
 
 if TYPE_CHECKING:
     from analyzer.ingest.ckpt.records import CheckpointHistory
-    from analyzer.replay.records import ReplayResult
+    from analyzer.replayer.records import ReplayResult
 
 SCHEMA_VERSION = 2
 """Bumped whenever a field of the JSON report changes meaning or disappears. 2: a run's

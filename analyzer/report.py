@@ -197,7 +197,7 @@ def _log_lines(run: Run) -> list[str]:
 
 def _replay_lines(result: RunResult) -> list[str]:
     if result.replay is not None:
-        from analyzer.replay import brief_replay
+        from analyzer.replayer import brief_replay
 
         return [f"   {brief_replay(result.replay)}"]
     if result.replay_refused is not None:

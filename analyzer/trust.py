@@ -292,7 +292,7 @@ def check(target: str, policy: TrustPolicy, *, run_folder: str | None = None,
     Raises :class:`RefusedCode` for what no trust allows, :class:`UntrustedCode` for a
     folder not trusted, and ``ModelRebuildError`` when no candidate folder holds it.
     """
-    from analyzer.replay.errors import ModelRebuildError
+    from analyzer.replayer.errors import ModelRebuildError
 
     module_name, attr = _split(target, separator)
     if separator == "." and (module_name + ".").startswith("torch.optim."):
@@ -335,7 +335,7 @@ def resolve(target: str, policy: TrustPolicy, *, run_folder: str | None = None,
 
 def resolve_plan(plan: Plan, policy: TrustPolicy, *, run_folder: str | None = None) -> Resolved:
     """Import what a :func:`check` judged, and check what came of it."""
-    from analyzer.replay.errors import ModelRebuildError
+    from analyzer.replayer.errors import ModelRebuildError
 
     target = plan.target
     if plan.source == "torch":
@@ -373,7 +373,7 @@ def _installed(top: str) -> bool:
 
 
 def _import(target: str, module_name: str, folder: str) -> Any:
-    from analyzer.replay.errors import ModelRebuildError
+    from analyzer.replayer.errors import ModelRebuildError
 
     with import_path([folder]):
         top = module_name.split(".")[0]

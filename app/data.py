@@ -75,7 +75,7 @@ class _Facts:
 
 @dataclass(frozen=True)
 class ReplayOutcome:
-    """A replay's result (an ``analyzer.replay.ReplayResult``), or why it failed."""
+    """A replay's result (an ``analyzer.replayer.ReplayResult``), or why it failed."""
 
     result: Any
     error: str | None = None
@@ -383,7 +383,7 @@ def tag_roles(path: str, digest: str, tags: tuple[str, ...]) -> TagRoles:
     and which are per-layer gradient or weight norms (and of which layer)."""
     import re
 
-    from analyzer.locate import is_loss_scale_tag, layer_from_tag, tag_priority
+    from analyzer.onset import is_loss_scale_tag, layer_from_tag, tag_priority
 
     lr = re.compile(r"(^|[/_\-])(lr|learning[_ ]?rate)([/_\-]|$)", re.IGNORECASE)
     weight = re.compile(r"^(weight_norm|weight_norms|param_norm|weights?)(/|$)", re.IGNORECASE)
@@ -444,7 +444,7 @@ def replay_devices() -> list[str]:
 
 
 def dtype_choices() -> tuple[str, ...]:
-    from analyzer.replay import DTYPE_CHOICES
+    from analyzer.replayer import DTYPE_CHOICES
 
     return DTYPE_CHOICES
 
@@ -469,6 +469,6 @@ def replay(capture: str, digest: str, device: str, dtype: str,
 
 
 def format_replay(result: Any) -> str:
-    from analyzer.replay import format_replay as fmt
+    from analyzer.replayer import format_replay as fmt
 
     return fmt(result)

@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from analyzer.model import Event, Location, Run, RunResult, Series, step_words
-from analyzer.replay.records import LOSS_NAME
+from analyzer.replayer.records import LOSS_NAME
 
 if TYPE_CHECKING:
     from analyzer.ingest.ckpt.records import SaveRef

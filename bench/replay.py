@@ -27,9 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from analyzer.replay import replay_step
-from analyzer.replay.passes import instrumented_pass
-from analyzer.replay.state import StepConfig, TrainState, clone_state
+from analyzer.replayer import replay_step
+from analyzer.replayer.passes import instrumented_pass
+from analyzer.replayer.state import StepConfig, TrainState, clone_state
 from analyzer.scenarios import models
 
 

@@ -16,7 +16,7 @@ import torch
 
 from analyzer.capture import FlightRecorder
 from analyzer.errors import ForensicsError, UsageError
-from analyzer.replay import (
+from analyzer.replayer import (
     CaptureError,
     ModelRebuildError,
     brief_replay,
@@ -24,7 +24,7 @@ from analyzer.replay import (
     load_capture,
     replay,
 )
-from analyzer.replay.command import replay_command
+from analyzer.replayer.command import replay_command
 from analyzer.scenarios import losses, models
 
 MLP = "analyzer.scenarios.models:mlp"

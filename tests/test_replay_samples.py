@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from analyzer.replay import capture_folder, format_replay, replay
+from analyzer.replayer import capture_folder, format_replay, replay
 
 SAMPLES = Path(__file__).resolve().parent.parent / "sample_runs"
 

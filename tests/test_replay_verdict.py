@@ -5,8 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from analyzer.replay.records import OpFault, PassOutcome, Phase, TensorStat
-from analyzer.replay.verdict import decide
+from analyzer.replayer.records import OpFault, PassOutcome, Phase, TensorStat
+from analyzer.replayer.verdict import decide
 
 F16 = TensorStat((2,), "float16", 2)
 
@@ -65,14 +65,14 @@ def test_bit_differences_are_reported_and_bad_input_comes_first() -> None:
 
 
 def test_importing_the_package_does_not_import_torch() -> None:
-    code = "import sys, analyzer.replay; print('torch' in sys.modules)"
+    code = "import sys, analyzer.replayer; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "False"
 
 
 def test_the_public_api_is_pinned() -> None:
-    import analyzer.replay as api
+    import analyzer.replayer as api
 
     assert sorted(api.__all__) == sorted([
         "DTYPE_CHOICES", "BackwardReport", "CaptureError", "ForwardReport", "ModelRebuildError",

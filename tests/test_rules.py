@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from analyzer.cli import main
-from analyzer.locate import locate
 from analyzer.model import Event, Location, Run, Series
+from analyzer.onset import locate
 from analyzer.rules import RULES, SECTIONS, evaluate, explain
 from analyzer.rules.docs import render
 from analyzer.rules.signals import growth, robust_z

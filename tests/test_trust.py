@@ -25,7 +25,7 @@ import pytest
 from analyzer import trust
 from analyzer.api import analyze
 from analyzer.cli import main
-from analyzer.replay import load_capture, replay
+from analyzer.replayer import load_capture, replay
 from analyzer.trust import RefusedCode, TrustPolicy, UntrustedCode
 
 ROOT = Path(__file__).resolve().parent.parent

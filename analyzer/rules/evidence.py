@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from analyzer.locate import is_loss_scale_tag, layer_from_tag, tag_priority
 from analyzer.model import Event, Incident, Location, RunResult, Series
+from analyzer.onset import is_loss_scale_tag, layer_from_tag, tag_priority
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]

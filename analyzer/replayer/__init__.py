@@ -15,10 +15,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from analyzer.replay.discover import capture_folder
-from analyzer.replay.errors import CaptureError, ModelRebuildError, ReplayError
-from analyzer.replay.format import brief_replay, format_replay
-from analyzer.replay.records import (
+from analyzer.replayer.discover import capture_folder
+from analyzer.replayer.errors import CaptureError, ModelRebuildError, ReplayError
+from analyzer.replayer.format import brief_replay, format_replay
+from analyzer.replayer.records import (
     BackwardReport,
     ForwardReport,
     ModuleFrame,
@@ -36,8 +36,8 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from analyzer.replay.loading import Capture
-    from analyzer.replay.state import Restorable
+    from analyzer.replayer.loading import Capture
+    from analyzer.replayer.state import Restorable
 
 DTYPE_CHOICES = ("as-run", "float64", "float32", "bfloat16", "float16")
 """Values of ``--dtype``; kept here so the CLI can list them without importing torch."""
@@ -45,8 +45,8 @@ DTYPE_CHOICES = ("as-run", "float64", "float32", "bfloat16", "float16")
 
 def load_capture(path: str, *, import_paths: Sequence[str] = (),
                  trust_code: bool = False) -> Capture:
-    """Read a capture; see :func:`analyzer.replay.loading.load_capture`."""
-    from analyzer.replay.loading import load_capture as load
+    """Read a capture; see :func:`analyzer.replayer.loading.load_capture`."""
+    from analyzer.replayer.loading import load_capture as load
     from analyzer.trust import TrustPolicy
 
     return load(path, policy=TrustPolicy.of(import_paths, trust_code))
@@ -60,7 +60,7 @@ def replay(path: str, *, device: str = "cpu", dtype: str = "as-run",
     ``import_paths``, those recorded with ``forensics trust``, the tool's own, or, with
     ``trust_code``, wherever they are found.
     """
-    from analyzer.replay.run import replay_capture
+    from analyzer.replayer.run import replay_capture
 
     return replay_capture(path, device=device, dtype=dtype, import_paths=import_paths,
                           trust_code=trust_code)
@@ -73,8 +73,8 @@ def replay_step(model: nn.Module, inputs: Any, targets: Any, loss_fn: Any,
                 rng: Restorable | None = None, repeats: int = 2, expected: bool = True,
                 source: str = "<in-memory>", step: int | None = None,
                 notes: Sequence[str] = ()) -> ReplayResult:
-    """Replay a step from live objects; see :func:`analyzer.replay.step.replay_step`."""
-    from analyzer.replay.step import replay_step as run
+    """Replay a step from live objects; see :func:`analyzer.replayer.step.replay_step`."""
+    from analyzer.replayer.step import replay_step as run
 
     return run(model, inputs, targets, loss_fn, optimizer, scaler=scaler,
                autocast_dtype=autocast_dtype, device=device, dtype=dtype, grad_clip=grad_clip,

@@ -22,8 +22,8 @@ from torch import nn
 
 from analyzer.capture import FORMAT_NAME, FORMAT_VERSION
 from analyzer.ingest.safeio import NotRegularFile, open_regular, read_regular
-from analyzer.replay.discover import find_capture
-from analyzer.replay.errors import CaptureError, ModelRebuildError
+from analyzer.replayer.discover import find_capture
+from analyzer.replayer.errors import CaptureError, ModelRebuildError
 from analyzer.trust import Plan, TrustPolicy, check, resolve_plan
 
 _DTYPES = ("float32", "float16", "bfloat16", "float64")

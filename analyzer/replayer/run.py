@@ -10,13 +10,13 @@ import torch
 
 from analyzer.capture import restore_rng
 from analyzer.errors import UsageError
-from analyzer.replay import DTYPE_CHOICES
-from analyzer.replay.loading import Capture, load_capture
-from analyzer.replay.passes import backward, forward, update
-from analyzer.replay.records import ReplayResult
-from analyzer.replay.state import StepConfig, TrainState, clone_state, dtype_of
-from analyzer.replay.stats import all_finite
-from analyzer.replay.step import replay_step
+from analyzer.replayer import DTYPE_CHOICES
+from analyzer.replayer.loading import Capture, load_capture
+from analyzer.replayer.passes import backward, forward, update
+from analyzer.replayer.records import ReplayResult
+from analyzer.replayer.state import StepConfig, TrainState, clone_state, dtype_of
+from analyzer.replayer.stats import all_finite
+from analyzer.replayer.step import replay_step
 from analyzer.trust import TrustPolicy, import_path
 
 _PHASE_OF_TRIGGER = {"loss": "forward", "grad": "backward", "param": "update"}
@@ -69,7 +69,7 @@ def _advance(cap: Capture, config: StepConfig) -> tuple[TrainState, list[str]]:
         _set_lr(state.optimizer, entry.get("lr"))
         inputs, targets = entry.get("inputs"), entry.get("targets")
         if isinstance(inputs, torch.Tensor | list | tuple | dict):
-            from analyzer.replay.state import cast_batch
+            from analyzer.replayer.state import cast_batch
 
             inputs, targets = cast_batch((inputs, targets), config)
         loss = forward(state, inputs, targets, cap.loss_fn, config)

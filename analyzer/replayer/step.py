@@ -8,10 +8,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from analyzer.replay.errors import ReplayError
-from analyzer.replay.passes import Instrumented, instrumented_pass, plain_pass
-from analyzer.replay.records import PHASES, OpFault, Phase, ReplayResult
-from analyzer.replay.state import (
+from analyzer.replayer.errors import ReplayError
+from analyzer.replayer.passes import Instrumented, instrumented_pass, plain_pass
+from analyzer.replayer.records import PHASES, OpFault, Phase, ReplayResult
+from analyzer.replayer.state import (
     Restorable,
     RngState,
     StepConfig,
@@ -22,8 +22,8 @@ from analyzer.replay.state import (
     dtype_of,
     nonfinite_state,
 )
-from analyzer.replay.stats import all_finite, floating
-from analyzer.replay.verdict import decide
+from analyzer.replayer.stats import all_finite, floating
+from analyzer.replayer.verdict import decide
 
 
 def _as_dtype(value: torch.dtype | str | None) -> torch.dtype | None:

@@ -15,11 +15,11 @@ from typing import Any
 
 import torch
 
-from analyzer.replay.backward import GradWatch
-from analyzer.replay.errors import ReplayError
-from analyzer.replay.forward import ForwardRecorder
-from analyzer.replay.ops import OpTracer
-from analyzer.replay.records import (
+from analyzer.replayer.backward import GradWatch
+from analyzer.replayer.errors import ReplayError
+from analyzer.replayer.forward import ForwardRecorder
+from analyzer.replayer.ops import OpTracer
+from analyzer.replayer.records import (
     BackwardReport,
     ForwardReport,
     OpFault,
@@ -28,9 +28,9 @@ from analyzer.replay.records import (
     Phase,
     UpdateReport,
 )
-from analyzer.replay.state import StepConfig, TrainState, dtype_name
-from analyzer.replay.stats import all_finite, floating, stats_of, tensor_stat
-from analyzer.replay.update import explain
+from analyzer.replayer.state import StepConfig, TrainState, dtype_name
+from analyzer.replayer.stats import all_finite, floating, stats_of, tensor_stat
+from analyzer.replayer.update import explain
 
 
 def forward(state: TrainState, inputs: Any, targets: Any,

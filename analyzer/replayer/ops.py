@@ -16,8 +16,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
-from analyzer.replay.records import OpFault, Phase
-from analyzer.replay.stats import (
+from analyzer.replayer.records import OpFault, Phase
+from analyzer.replayer.stats import (
     all_finite,
     floating,
     is_finite,

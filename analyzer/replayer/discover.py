@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 
-from analyzer.replay.errors import CaptureError
+from analyzer.replayer.errors import CaptureError
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 

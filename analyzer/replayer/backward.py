@@ -14,9 +14,9 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from analyzer.replay.ops import OpTracer, node_module, node_source
-from analyzer.replay.records import BackwardReport, ParamGrad, TensorStat, param_module
-from analyzer.replay.stats import is_finite, tensor_stat
+from analyzer.replayer.ops import OpTracer, node_module, node_source
+from analyzer.replayer.records import BackwardReport, ParamGrad, TensorStat, param_module
+from analyzer.replayer.stats import is_finite, tensor_stat
 
 
 def grad_parents(loss: Any) -> dict[int, list[Any]]:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from analyzer.errors import UsageError
-from analyzer.replay import format_replay, replay
+from analyzer.replayer import format_replay, replay
 
 
 def replay_command(path: str, *, device: str = "cpu", dtype: str = "as-run",

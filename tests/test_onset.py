@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from analyzer.api import analyze
-from analyzer.locate import layer_from_tag, locate, tag_priority
 from analyzer.model import Event, Location, Run, Series
+from analyzer.onset import layer_from_tag, locate, tag_priority
 
 
 def _series(tag: str, values: list[float], steps: list[int] | None = None) -> Series:

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from analyzer.replay.stats import is_finite
+from analyzer.replayer.stats import is_finite
 
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16,
            "float32": torch.float32, "float64": torch.float64}

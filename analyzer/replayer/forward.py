@@ -18,8 +18,8 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from analyzer.replay.ops import MODULE_KEY
-from analyzer.replay.records import (
+from analyzer.replayer.ops import MODULE_KEY
+from analyzer.replayer.records import (
     LOSS_NAME,
     ROOT_NAME,
     ForwardReport,
@@ -27,7 +27,7 @@ from analyzer.replay.records import (
     Role,
     TensorStat,
 )
-from analyzer.replay.stats import all_finite, floating, is_finite, stats_of, tensors_in
+from analyzer.replayer.stats import all_finite, floating, is_finite, stats_of, tensors_in
 
 WINDOW = 3
 
