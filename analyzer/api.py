@@ -17,7 +17,7 @@ from analyzer.onset import locate
 if TYPE_CHECKING:
     import pandas as pd
 
-    from analyzer.replayer.records import ReplayResult
+    from analyzer.model.replays import ReplayResult
 
 
 def tool_version() -> str:

@@ -14,7 +14,7 @@ import pandas as pd
 import streamlit as st
 
 from analyzer.model import Run, RunResult
-from analyzer.replayer.records import LOSS_NAME
+from analyzer.model.replays import LOSS_NAME
 from app import data, views
 from app.views import failing_layer
 

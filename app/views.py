@@ -16,10 +16,10 @@ import numpy as np
 import numpy.typing as npt
 
 from analyzer.model import Event, Location, Run, RunResult, Series, step_words
-from analyzer.replayer.records import LOSS_NAME
+from analyzer.model.replays import LOSS_NAME
 
 if TYPE_CHECKING:
-    from analyzer.ingest.ckpt.records import SaveRef
+    from analyzer.model.checkpoints import SaveRef
 
 FloatArray = npt.NDArray[np.float64]
 TIMELINE_ROLES = ("loss", "grad norm", "learning rate", "loss scale")

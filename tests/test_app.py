@@ -432,7 +432,7 @@ def test_regression_layers_page_with_two_checkpoints_at_one_step(
 
 
 def test_save_labels_are_distinct() -> None:
-    from analyzer.ingest.ckpt.records import SaveRef
+    from analyzer.model.checkpoints import SaveRef
     from app.views import save_labels
 
     saves = [SaveRef("a/epoch=0-step=10.ckpt", 10, 0, None), SaveRef("a/last.ckpt", 10, 0, None),

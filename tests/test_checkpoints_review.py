@@ -20,8 +20,8 @@ import torch
 
 from analyzer.ingest import discover
 from analyzer.ingest.checkpoints import format_scan, inspect_command, scan_checkpoint
-from analyzer.ingest.ckpt.records import CheckpointScan
 from analyzer.ingest.ckpt.staticpickle import read_pickle
+from analyzer.model.checkpoints import CheckpointScan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SECRET = "ghp_SECRETTOKEN123abcXYZ"

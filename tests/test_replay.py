@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from analyzer.errors import ForensicsError
+from analyzer.model.replays import ReplayResult
 from analyzer.replayer import ReplayError, format_replay, replay_step
-from analyzer.replayer.records import ReplayResult
 
 THIS_FILE = __file__
 

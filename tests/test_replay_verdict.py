@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from analyzer.replayer.records import OpFault, PassOutcome, Phase, TensorStat
+from analyzer.model.replays import OpFault, PassOutcome, Phase, TensorStat
 from analyzer.replayer.verdict import decide
 
 F16 = TensorStat((2,), "float16", 2)

@@ -21,7 +21,10 @@ from collections.abc import Callable
 from analyzer.ingest.ckpt.command import inspect_command
 from analyzer.ingest.ckpt.history import build_history, checkpoint_incident
 from analyzer.ingest.ckpt.quoting import foreign
-from analyzer.ingest.ckpt.records import (
+from analyzer.ingest.ckpt.render import format_history, format_scan
+from analyzer.ingest.safeio import NotRegularFile, is_regular
+from analyzer.model import IngestIssue, Location
+from analyzer.model.checkpoints import (
     AdamFinding,
     CheckpointFormat,
     CheckpointHistory,
@@ -36,9 +39,6 @@ from analyzer.ingest.ckpt.records import (
     TensorStats,
     jsonable,
 )
-from analyzer.ingest.ckpt.render import format_history, format_scan
-from analyzer.ingest.safeio import NotRegularFile, is_regular
-from analyzer.model import IngestIssue, Location
 
 __all__ = [
     "CHECKPOINT_SUFFIXES",

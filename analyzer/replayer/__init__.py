@@ -15,10 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from analyzer.replayer.discover import capture_folder
-from analyzer.replayer.errors import CaptureError, ModelRebuildError, ReplayError
-from analyzer.replayer.format import brief_replay, format_replay
-from analyzer.replayer.records import (
+from analyzer.model.replays import (
     BackwardReport,
     ForwardReport,
     ModuleFrame,
@@ -31,6 +28,9 @@ from analyzer.replayer.records import (
     UpdateReport,
     Verdict,
 )
+from analyzer.replayer.discover import capture_folder
+from analyzer.replayer.errors import CaptureError, ModelRebuildError, ReplayError
+from analyzer.replayer.format import brief_replay, format_replay
 
 if TYPE_CHECKING:
     import torch

@@ -14,8 +14,8 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from analyzer.model.replays import BackwardReport, ParamGrad, TensorStat, param_module
 from analyzer.replayer.ops import OpTracer, node_module, node_source
-from analyzer.replayer.records import BackwardReport, ParamGrad, TensorStat, param_module
 from analyzer.replayer.stats import is_finite, tensor_stat
 
 

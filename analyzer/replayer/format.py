@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 
-from analyzer.replayer.records import ModuleFrame, OpFault, PassOutcome, ReplayResult
+from analyzer.model.replays import ModuleFrame, OpFault, PassOutcome, ReplayResult
 
 
 def _num(value: float | None) -> str:

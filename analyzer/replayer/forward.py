@@ -18,8 +18,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from analyzer.replayer.ops import MODULE_KEY
-from analyzer.replayer.records import (
+from analyzer.model.replays import (
     LOSS_NAME,
     ROOT_NAME,
     ForwardReport,
@@ -27,6 +26,7 @@ from analyzer.replayer.records import (
     Role,
     TensorStat,
 )
+from analyzer.replayer.ops import MODULE_KEY
 from analyzer.replayer.stats import all_finite, floating, is_finite, stats_of, tensors_in
 
 WINDOW = 3

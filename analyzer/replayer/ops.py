@@ -16,7 +16,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
-from analyzer.replayer.records import OpFault, Phase
+from analyzer.model.replays import OpFault, Phase
 from analyzer.replayer.stats import (
     all_finite,
     floating,

@@ -15,11 +15,7 @@ from typing import Any
 
 import torch
 
-from analyzer.replayer.backward import GradWatch
-from analyzer.replayer.errors import ReplayError
-from analyzer.replayer.forward import ForwardRecorder
-from analyzer.replayer.ops import OpTracer
-from analyzer.replayer.records import (
+from analyzer.model.replays import (
     BackwardReport,
     ForwardReport,
     OpFault,
@@ -28,6 +24,10 @@ from analyzer.replayer.records import (
     Phase,
     UpdateReport,
 )
+from analyzer.replayer.backward import GradWatch
+from analyzer.replayer.errors import ReplayError
+from analyzer.replayer.forward import ForwardRecorder
+from analyzer.replayer.ops import OpTracer
 from analyzer.replayer.state import StepConfig, TrainState, dtype_name
 from analyzer.replayer.stats import all_finite, floating, stats_of, tensor_stat
 from analyzer.replayer.update import explain

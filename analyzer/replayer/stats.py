@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves
 
-from analyzer.replayer.records import TensorStat
+from analyzer.model.replays import TensorStat
 
 # Frames from these trees are machinery, not the user's code.
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep

@@ -8,9 +8,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from analyzer.model.replays import PHASES, OpFault, Phase, ReplayResult
 from analyzer.replayer.errors import ReplayError
 from analyzer.replayer.passes import Instrumented, instrumented_pass, plain_pass
-from analyzer.replayer.records import PHASES, OpFault, Phase, ReplayResult
 from analyzer.replayer.state import (
     Restorable,
     RngState,

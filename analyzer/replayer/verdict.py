@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from analyzer.replayer.records import PHASES, OpFault, PassOutcome, Phase, Verdict
+from analyzer.model.replays import PHASES, OpFault, PassOutcome, Phase, Verdict
 
 # Hints by aten op for a fault that float64 reproduces.
 _MATH_HINTS = (

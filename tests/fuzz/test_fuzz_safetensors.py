@@ -34,9 +34,9 @@ from hypothesis import strategies as st
 from safetensors.torch import _TYPES as REFERENCE_DTYPES
 from safetensors.torch import load, save
 
-from analyzer.ingest.ckpt.records import CheckpointScan, TensorStats
 from analyzer.ingest.ckpt.safetensors_file import DTYPES
 from analyzer.ingest.ckpt.scan import scan_file
+from analyzer.model.checkpoints import CheckpointScan, TensorStats
 from tests.fuzz.budget import fuzz_settings
 from tests.fuzz.make_corpus import corpus_files, flipped_and_cut
 

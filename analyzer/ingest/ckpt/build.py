@@ -7,16 +7,6 @@ from dataclasses import dataclass, field
 
 from analyzer.ingest.ckpt.leaves import Leaf
 from analyzer.ingest.ckpt.optimizer import scan_optimizer
-from analyzer.ingest.ckpt.records import (
-    AdamFinding,
-    CheckpointFormat,
-    CheckpointScan,
-    ReadMode,
-    ScalerState,
-    StaticListing,
-    TensorGroup,
-    TensorRecord,
-)
 from analyzer.ingest.ckpt.stats import StatsAccumulator, aggregate_layers
 from analyzer.ingest.ckpt.tree import (
     OPTIMIZER_KEYS,
@@ -28,6 +18,16 @@ from analyzer.ingest.ckpt.tree import (
     walk,
 )
 from analyzer.model import IngestIssue
+from analyzer.model.checkpoints import (
+    AdamFinding,
+    CheckpointFormat,
+    CheckpointScan,
+    ReadMode,
+    ScalerState,
+    StaticListing,
+    TensorGroup,
+    TensorRecord,
+)
 
 
 @dataclass

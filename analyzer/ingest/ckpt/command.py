@@ -16,8 +16,8 @@ import sys
 from typing import TextIO
 
 from analyzer.errors import UsageError
-from analyzer.ingest.ckpt.records import CheckpointScan
 from analyzer.model import IngestIssue
+from analyzer.model.checkpoints import CheckpointScan
 
 EXIT_OK, EXIT_FOUND, EXIT_ERROR = 0, 1, 2
 UNREAD_FILE_KINDS = ("not_regular", "unreadable")

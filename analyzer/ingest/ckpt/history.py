@@ -7,9 +7,9 @@ import os
 import re
 from collections.abc import Callable
 
-from analyzer.ingest.ckpt.records import CheckpointHistory, CheckpointScan, LayerGrowth, SaveRef
 from analyzer.ingest.ckpt.sharded import is_index, read_weight_map
 from analyzer.model import Incident, Location, NonFiniteKind
+from analyzer.model.checkpoints import CheckpointHistory, CheckpointScan, LayerGrowth, SaveRef
 
 
 def _natural(path: str) -> list[object]:

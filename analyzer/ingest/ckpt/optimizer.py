@@ -7,10 +7,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from analyzer.ingest.ckpt.leaves import Leaf
-from analyzer.ingest.ckpt.records import AdamFinding, TensorRecord
 from analyzer.ingest.ckpt.staticpickle import dict_key
 from analyzer.ingest.ckpt.stats import StatsAccumulator, count, scratch, work_view
 from analyzer.ingest.ckpt.tree import LeafSource
+from analyzer.model.checkpoints import AdamFinding, TensorRecord
 
 if TYPE_CHECKING:
     import torch

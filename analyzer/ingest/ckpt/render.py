@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from analyzer.ingest.ckpt.records import CheckpointHistory, CheckpointScan, LayerStats, TensorStats
 from analyzer.model import step_words
+from analyzer.model.checkpoints import CheckpointHistory, CheckpointScan, LayerStats, TensorStats
 
 MAX_ROWS = 15
 

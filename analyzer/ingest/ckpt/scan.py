@@ -51,12 +51,12 @@ from analyzer.ingest.ckpt.leaves import ByteOrder, Leaf, StaticLeaves, TorchLeav
 from analyzer.ingest.ckpt.metaleaves import MetaLeaves, readings_agree
 from analyzer.ingest.ckpt.quoting import foreign, quote
 from analyzer.ingest.ckpt.ranges import FileRanges
-from analyzer.ingest.ckpt.records import CheckpointScan, StaticListing
 from analyzer.ingest.ckpt.safetensors_file import leaf_of, read_header
 from analyzer.ingest.ckpt.sniff import content_of, is_text, mismatch, not_a_checkpoint, recognised
 from analyzer.ingest.ckpt.staticpickle import StaticResult, read_pickle
 from analyzer.ingest.ckpt.tree import walk
 from analyzer.model import IngestIssue, Location
+from analyzer.model.checkpoints import CheckpointScan, StaticListing
 
 MAX_PICKLE_BYTES = 256 << 20
 """Largest pickle read into memory (a bare pickle, or data.pkl of an archive)."""

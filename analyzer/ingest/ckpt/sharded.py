@@ -14,11 +14,11 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from analyzer.ingest.ckpt.quoting import foreign, quote
-from analyzer.ingest.ckpt.records import CheckpointScan, ReadMode
 from analyzer.ingest.ckpt.stats import aggregate_layers
 from analyzer.ingest.ckpt.tree import step_from_name
 from analyzer.ingest.safeio import open_regular
 from analyzer.model import IngestIssue, Location
+from analyzer.model.checkpoints import CheckpointScan, ReadMode
 
 MAX_INDEX_BYTES = 64 << 20
 INDEX_SUFFIX = ".index.json"

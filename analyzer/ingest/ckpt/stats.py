@@ -15,7 +15,7 @@ import math
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
-from analyzer.ingest.ckpt.records import FP16_MAX, LayerStats, TensorRecord, TensorStats
+from analyzer.model.checkpoints import FP16_MAX, LayerStats, TensorRecord, TensorStats
 
 if TYPE_CHECKING:
     import torch

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Protocol, cast
 
 from analyzer.ingest.ckpt.leaves import Leaf
-from analyzer.ingest.ckpt.records import CheckpointFormat
 from analyzer.ingest.ckpt.staticpickle import Call, Obj
+from analyzer.model.checkpoints import CheckpointFormat
 
 MODEL_KEYS = ("state_dict", "model_state_dict", "model", "module", "net", "network", "model_state")
 OPTIMIZER_KEYS = ("optimizer", "optimizer_state_dict", "optim", "optimizer_states", "opt")

@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from analyzer.model import json_safe
+from analyzer.model.encode import json_safe
 
 Phase = Literal["forward", "backward", "update"]
 Role = Literal["finite", "producer", "pass-through", "absorbs", "bad-parameters"]

@@ -10,7 +10,8 @@ import math
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Literal
 
-from analyzer.model import IngestIssue, json_safe
+from analyzer.model.encode import json_safe
+from analyzer.model.issues import IngestIssue
 
 CheckpointFormat = Literal[
     "state_dict",

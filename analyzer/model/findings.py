@@ -1,0 +1,116 @@
+"""What the analysis finds in a run: incidents, findings and their evidence, refusals."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from analyzer.model.issues import Location
+from analyzer.model.runs import NonFiniteKind
+
+
+@dataclass(frozen=True)
+class Incident:
+    """The first non-finite value of a tag, or of the whole run.
+
+    ``last_finite_step`` is the last step before ``step`` at which the same tag was
+    finite (None when it never was). ``decided_by`` says which rule picked this
+    incident among others at the same step, for the run-level incident.
+    """
+
+    step: int | None
+    """None only for a log line that reports a NaN/Inf before the log numbered any step
+    (an autograd anomaly error at the first backward, say)."""
+    tag: str
+    kind: NonFiniteKind
+    last_finite_step: int | None
+    location: Location
+    layer: str | None = None
+    decided_by: str | None = None
+    origin: str = "scalar"
+    """Where the value was seen: ``scalar``, ``histogram``, ``log`` or ``checkpoint``."""
+    rank: int | None = None
+    """The data-parallel rank whose log line it was, for rank-prefixed logs."""
+    after: bool = False
+    """True when the source names no step and ``step`` is the last step logged before it:
+    the value went non-finite at some later step, not at ``step``."""
+
+    @property
+    def earliest_step(self) -> int | None:
+        """The first step that can hold the failure: ``step``, or the one after it for a
+        line placed after a step; None when unknown."""
+        if self.step is None:
+            return None
+        return self.step + 1 if self.after else self.step
+
+
+def step_words(step: int | None, after: bool = False) -> str:
+    """A failure's step in words: ``step 12``, ``after step 12`` or ``no step``."""
+    if step is None:
+        return "no step"
+    return f"after step {step}" if after else f"step {step}"
+
+
+Confidence = Literal["low", "medium", "high"]
+CONFIDENCE_ORDER: dict[str, int] = {"low": 0, "medium": 1, "high": 2}
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One fact a finding rests on, and where it was seen."""
+
+    text: str
+    location: Location | None = None
+    step: int | None = None
+    subject: str | None = None
+    """The tensor, parameter, module or tag the fact is about."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A root cause (or a symptom of one) that a rule found in a run.
+
+    ``role`` is ``cause`` for a root cause, ``symptom`` for a mechanism that a cause
+    explains (exploding gradients, loss spikes) and ``warning`` for a risk in a run that
+    did not fail. ``rank_note`` says, for every finding but the first, why it ranked lower.
+    """
+
+    code: str
+    name: str
+    title: str
+    confidence: Confidence
+    role: str
+    evidence: tuple[Evidence, ...]
+    fix: str
+    score: float = 0.0
+    rank_note: str | None = None
+
+    @property
+    def is_failure(self) -> bool:
+        return self.role in ("cause", "symptom")
+
+
+@dataclass(frozen=True)
+class SkippedRule:
+    """A rule that could not run on a run, and the evidence it lacked."""
+
+    code: str
+    name: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class CodeRefusal:
+    """A replay not run because it would import code nobody trusted (:mod:`analyzer.trust`).
+
+    ``folder`` is where the code would come from and ``command`` the one that trusts it;
+    both None when no trust allows the name (the standard library, say)."""
+
+    target: str
+    message: str
+    folder: str | None = None
+    command: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"target": self.target, "message": self.message, "folder": self.folder,
+                "command": self.command}

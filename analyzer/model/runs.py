@@ -1,0 +1,151 @@
+"""What is read from a run folder: series, histograms, events, logs, the run itself."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from analyzer.model.issues import IngestIssue, Location
+
+if TYPE_CHECKING:
+    from analyzer.model.checkpoints import CheckpointHistory
+
+NonFiniteKind = Literal["nan", "+inf", "-inf", "nan-or-inf"]
+"""``nan-or-inf`` is for sources that say only "NaN or Inf" (some frameworks' messages)."""
+PositionUnit = Literal["offset", "line"]
+
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+
+
+def nonfinite_kind(value: float) -> NonFiniteKind | None:
+    """Classify a number: None when finite, else 'nan', '+inf' or '-inf'."""
+    if math.isnan(value):
+        return "nan"
+    if math.isinf(value):
+        return "+inf" if value > 0 else "-inf"
+    return None
+
+
+@dataclass(frozen=True, eq=False)
+class Series:
+    """One scalar tag of one source file, in the order the file holds it.
+
+    ``positions[i]`` is where point ``i`` was read: the byte offset of its record
+    (``position_unit == "offset"``) or its line number (``"line"``). Steps are not
+    deduplicated or sorted: a restarted run logs the same steps twice, and that is
+    evidence too.
+    """
+
+    tag: str
+    steps: IntArray
+    values: FloatArray
+    wall_times: FloatArray
+    source: str
+    positions: IntArray
+    position_unit: PositionUnit = "offset"
+    rank: int | None = None
+
+    def __len__(self) -> int:
+        return int(self.steps.shape[0])
+
+    def location(self, index: int) -> Location:
+        pos = int(self.positions[index])
+        if self.position_unit == "line":
+            return Location(self.source, line=pos)
+        return Location(self.source, offset=pos)
+
+
+@dataclass(frozen=True, eq=False)
+class Histogram:
+    """A histogram tag: per step the summary numbers of the distribution."""
+
+    tag: str
+    steps: IntArray
+    wall_times: FloatArray
+    mins: FloatArray
+    maxs: FloatArray
+    sums: FloatArray
+    counts: FloatArray
+    sum_squares: FloatArray
+    source: str
+    positions: IntArray
+
+    def __len__(self) -> int:
+        return int(self.steps.shape[0])
+
+    def nonfinite_mask(self) -> npt.NDArray[np.bool_]:
+        """True where the logged distribution held a NaN or Inf.
+
+        A histogram of a tensor with NaN or Inf has a non-finite min, max or sum.
+        """
+        stats = np.stack([self.mins, self.maxs, self.sums, self.sum_squares])
+        return np.asarray(~np.isfinite(stats).all(axis=0), dtype=bool)
+
+    def location(self, index: int) -> Location:
+        return Location(self.source, offset=int(self.positions[index]))
+
+
+@dataclass(frozen=True)
+class Event:
+    """Something that happened at a step, as opposed to a number logged at it.
+
+    Kinds in use: ``restart`` (a new file_version record, a new event file, or a
+    step going backwards), ``nonfinite`` (a log line that reports a NaN or Inf without a
+    number to plot; detail ``tag`` and ``kind``), ``overflow_skip`` (a mixed-precision
+    step skipped for overflow), ``loss_scale`` (the loss scale changed),
+    ``min_loss_scale`` (the scaler reached its floor), ``error`` (an error the run
+    printed, e.g. ``FloatingPointError``). A log event without a step of its own carries
+    ``detail["after_step"]``, the last step the log numbered before it.
+    """
+
+    kind: str
+    step: int | None
+    location: Location
+    message: str
+    detail: Mapping[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LogSource:
+    """A text log of a run: the framework it looks like, and remarks for the report."""
+
+    path: str
+    framework: str | None
+    confidence: float
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Run:
+    """Everything read from one run folder."""
+
+    path: str
+    name: str
+    files: tuple[str, ...]
+    series: tuple[Series, ...] = ()
+    histograms: tuple[Histogram, ...] = ()
+    events: tuple[Event, ...] = ()
+    issues: tuple[IngestIssue, ...] = ()
+    logs: tuple[LogSource, ...] = ()
+    checkpoints: CheckpointHistory | None = None
+    captures: tuple[str, ...] = ()
+    """Capture folders of the flight recorder (``capture/step_N``), earliest step first."""
+
+    def tags(self) -> list[str]:
+        return sorted({s.tag for s in self.series})
+
+    @property
+    def readable(self) -> bool:
+        """Whether anything could be read at all: a value, an event or a checkpoint tensor.
+        A run of empty, unreadable or foreign files is not (a capture counts only once it
+        has been replayed: see :attr:`RunResult.status`)."""
+        if self.series or self.histograms or self.events:
+            return True
+        return self.checkpoints is not None and any(
+            t.stats is not None for scan in self.checkpoints.scans for t in scan.tensors)
