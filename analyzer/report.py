@@ -20,7 +20,7 @@ from analyzer.model import (
     Report,
     Run,
     RunResult,
-    json_safe,
+    encode,
     step_words,
 )
 
@@ -111,7 +111,7 @@ def _finding_dict(f: Finding) -> dict[str, Any]:
 
 def _event_dict(event: Event) -> dict[str, Any]:
     return {"kind": event.kind, "step": event.step, "message": event.message,
-            "location": event.location.to_dict(), "detail": json_safe(event.detail)}
+            "location": event.location.to_dict(), "detail": encode(event.detail)}
 
 
 def format_text(report: Report) -> str:

@@ -37,7 +37,6 @@ from analyzer.model.checkpoints import (
     StaticListing,
     TensorRecord,
     TensorStats,
-    jsonable,
 )
 
 __all__ = [
@@ -60,7 +59,6 @@ __all__ = [
     "format_scan",
     "inspect_command",
     "is_checkpoint_file",
-    "jsonable",
     "scan_checkpoint",
     "scan_run_checkpoints",
 ]

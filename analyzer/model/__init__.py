@@ -41,10 +41,9 @@ from analyzer.model.checkpoints import (
     TensorGroup,
     TensorRecord,
     TensorStats,
-    jsonable,
 )
 from analyzer.model.encode import (
-    json_safe,
+    encode,
 )
 from analyzer.model.findings import (
     CONFIDENCE_ORDER,
@@ -157,8 +156,7 @@ __all__ = [
     "UpdateReport",
     "Verdict",
     "VerdictKind",
-    "json_safe",
-    "jsonable",
+    "encode",
     "nonfinite_kind",
     "param_module",
     "step_words",

@@ -7,10 +7,10 @@ kept after every tensor it looked at has been released.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import dataclass
 from typing import Literal
 
-from analyzer.model.encode import json_safe
+from analyzer.model.encode import encode
 from analyzer.model.issues import IngestIssue
 
 CheckpointFormat = Literal[
@@ -61,6 +61,8 @@ class TensorStats:
     abs_max: float
     sum_squares: float
     beyond_fp16: int
+
+    JSON_EXTRA = ("l2_norm", "nonfinite", "beyond_fp16_share")
 
     @property
     def nonfinite(self) -> int:
@@ -173,7 +175,7 @@ class CheckpointScan:
         return bool(self.nonfinite_tensors)
 
     def to_dict(self) -> dict[str, object]:
-        return jsonable(self)  # type: ignore[return-value]
+        return encode(self)  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True)
@@ -223,25 +225,4 @@ class CheckpointHistory:
         return stop - 1 if stop > 0 else None
 
     def to_dict(self) -> dict[str, object]:
-        return jsonable(self)  # type: ignore[return-value]
-
-
-def jsonable(value: object) -> object:
-    """Turn records into plain JSON values; non-finite floats become strings. A read issue
-    takes the one shape every report gives it, :meth:`IngestIssue.to_dict`."""
-    if isinstance(value, IngestIssue):
-        return value.to_dict()
-    if is_dataclass(value) and not isinstance(value, type):
-        out: dict[str, object] = {f.name: jsonable(getattr(value, f.name)) for f in fields(value)}
-        if isinstance(value, TensorStats):
-            out["l2_norm"] = jsonable(value.l2_norm)
-            out["nonfinite"] = value.nonfinite
-            out["beyond_fp16_share"] = value.beyond_fp16_share
-        return out
-    if isinstance(value, float):
-        return json_safe(value)
-    if isinstance(value, tuple | list):
-        return [jsonable(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    return value
+        return encode(self)  # type: ignore[no-any-return]

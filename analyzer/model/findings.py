@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from analyzer.model.encode import encode
 from analyzer.model.issues import Location
 from analyzer.model.runs import NonFiniteKind
 
@@ -112,5 +113,4 @@ class CodeRefusal:
     command: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"target": self.target, "message": self.message, "folder": self.folder,
-                "command": self.command}
+        return encode(self)  # type: ignore[no-any-return]

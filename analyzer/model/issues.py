@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from analyzer.model.encode import encode
+
 
 @dataclass(frozen=True)
 class Location:
@@ -16,7 +18,7 @@ class Location:
 
     def to_dict(self) -> dict[str, Any]:
         """The one JSON shape of a location, wherever a report holds one."""
-        return {"file": self.file, "offset": self.offset, "line": self.line}
+        return encode(self)  # type: ignore[no-any-return]
 
     def __str__(self) -> str:
         if self.line is not None:
@@ -69,7 +71,7 @@ class IngestIssue:
 
     def to_dict(self) -> dict[str, Any]:
         """The one JSON shape of a read issue, wherever a report holds one."""
-        return {"kind": self.kind, "message": self.message, "location": self.location.to_dict()}
+        return encode(self)  # type: ignore[no-any-return]
 
     def __str__(self) -> str:
         return f"{self.location}: {self.kind}: {self.message}"

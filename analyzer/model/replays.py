@@ -18,12 +18,11 @@ serialised without importing torch.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from analyzer.model.encode import json_safe
+from analyzer.model.encode import encode
 
 Phase = Literal["forward", "backward", "update"]
 Role = Literal["finite", "producer", "pass-through", "absorbs", "bad-parameters"]
@@ -245,6 +244,8 @@ class ReplayResult:
     verdict: Verdict
     notes: tuple[str, ...] = ()
 
+    JSON_EXTRA = ("layer", "op")
+
     @property
     def op(self) -> OpFault | None:
         """The op fault of the phase that went non-finite first."""
@@ -286,11 +287,7 @@ class ReplayResult:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict: non-finite floats become the strings 'nan', 'inf', '-inf'."""
         data = {"schema": "nan-forensics-replay", "schema_version": REPLAY_SCHEMA_VERSION}
-        body = json_safe(dataclasses.asdict(self))
-        assert isinstance(body, dict)
-        data.update(body)
-        data["layer"] = self.layer
-        data["op"] = json_safe(dataclasses.asdict(self.op)) if self.op is not None else None
+        data.update(encode(self))
         return data
 
 
