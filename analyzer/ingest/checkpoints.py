@@ -23,7 +23,7 @@ from analyzer.ingest.ckpt.history import build_history, checkpoint_incident
 from analyzer.ingest.ckpt.quoting import foreign
 from analyzer.ingest.ckpt.render import format_history, format_scan
 from analyzer.ingest.safeio import NotRegularFile, is_regular
-from analyzer.model import IngestIssue, Location
+from analyzer.model import IngestIssue, IssueKind, Location
 from analyzer.model.checkpoints import (
     AdamFinding,
     CheckpointFormat,
@@ -119,7 +119,7 @@ def _guarded(path: str, scan: Callable[[], CheckpointScan]) -> CheckpointScan:
         return _failed(path, f"{type(exc).__name__}: {foreign(str(exc))}")
 
 
-def _failed(path: str, reason: str, kind: str = "unreadable") -> CheckpointScan:
+def _failed(path: str, reason: str, kind: IssueKind = "unreadable") -> CheckpointScan:
     size = os.path.getsize(path) if is_regular(path) else 0
     issue = IngestIssue(Location(path), kind, reason)
     return CheckpointScan(path, size, "unknown", "none", files=(path,), issues=(issue,))

@@ -28,7 +28,7 @@ from analyzer.ingest.checkpoints import is_checkpoint_file
 from analyzer.ingest.logs import TRAINER_STATE, is_log_file
 from analyzer.ingest.safeio import file_kind
 from analyzer.ingest.tb import event_file_order, is_event_file
-from analyzer.model import IngestIssue, Location
+from analyzer.model import IngestIssue, IssueKind, Location
 
 _SKIP_DIRS = {"__pycache__", "node_modules", ".git", ".venv", "venv", ".hg", ".svn"}
 CAPTURE_DIRS = {"capture", "captures"}
@@ -124,7 +124,7 @@ def _single_file_run(path: str) -> RunFiles | None:
     return None
 
 
-def _issue(path: str, kind: str, message: str) -> IngestIssue:
+def _issue(path: str, kind: IssueKind, message: str) -> IngestIssue:
     return IngestIssue(Location(path), kind, message)
 
 

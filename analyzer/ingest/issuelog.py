@@ -6,7 +6,7 @@ issue of that kind says how many there were and between which offsets.
 
 from __future__ import annotations
 
-from analyzer.model import IngestIssue, Location
+from analyzer.model import IngestIssue, IssueKind, Location
 
 MAX_LISTED = 100
 """Issues of one kind listed one by one per file; the rest are counted in one more."""
@@ -18,10 +18,10 @@ class IssueLog:
     def __init__(self, path: str) -> None:
         self.path = path
         self._listed: list[IngestIssue] = []
-        self._counts: dict[str, int] = {}
-        self._more: dict[str, list[int]] = {}  # kind -> [count, first offset, last offset]
+        self._counts: dict[IssueKind, int] = {}
+        self._more: dict[IssueKind, list[int]] = {}  # kind -> [count, first offset, last offset]
 
-    def add(self, offset: int | None, kind: str, message: str) -> None:
+    def add(self, offset: int | None, kind: IssueKind, message: str) -> None:
         count = self._counts[kind] = self._counts.get(kind, 0) + 1
         if count <= MAX_LISTED:
             self._listed.append(IngestIssue(Location(self.path, offset=offset), kind, message))
@@ -30,10 +30,10 @@ class IssueLog:
         more[0] += 1
         more[2] = offset or 0
 
-    def kinds(self) -> set[str]:
+    def kinds(self) -> set[IssueKind]:
         return set(self._counts)
 
-    def drop(self, kinds: set[str]) -> None:
+    def drop(self, kinds: set[IssueKind]) -> None:
         self._listed = [i for i in self._listed if i.kind not in kinds]
         for kind in kinds:
             self._counts.pop(kind, None)

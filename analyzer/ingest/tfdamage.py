@@ -7,8 +7,14 @@ is; the words are here.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from analyzer.ingest.tfwalk import HEADER
+from analyzer.model import IssueKind
+
+DamageKind = IssueKind | Literal["unchecked"]
+"""A read issue's kind, or ``unchecked``: a stretch that begins at a record the check
+budget could not afford to check, summed up in one ``read_limit`` issue per file."""
 
 
 @dataclass
@@ -16,7 +22,7 @@ class Damage:
     """A stretch of the file where no record could be trusted, still being scanned."""
 
     start: int
-    kind: str
+    kind: DamageKind
     length: int | None  # the length its header claims, when the header checks
     counted: int  # file offset up to which its bytes were looked at for zeros
     last_nonzero: int  # file offset of the last nonzero byte looked at (< start: none)

@@ -59,12 +59,13 @@ the words of the damage issues in :mod:`analyzer.ingest.tfdamage`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
 import numpy as np
 
 from analyzer.ingest.issuelog import IssueLog
 from analyzer.ingest.safeio import Deadline
-from analyzer.ingest.tfdamage import Damage, at_end, what
+from analyzer.ingest.tfdamage import Damage, DamageKind, at_end, what
 from analyzer.ingest.tfsearch import Budget, OutOfTime, find_record
 from analyzer.ingest.tfwalk import (
     HEADER,
@@ -98,7 +99,7 @@ CHECK_FACTOR = 4
 _ZERO_NOTE = 4096
 # The kind of a damaged stretch that begins at a record the budget could not check: its
 # stretches are summed up in one read_limit issue per file instead of listed.
-_UNCHECKED = "unchecked"
+_UNCHECKED: Final = "unchecked"
 
 
 # Records walked from one position: offsets, lengths, header CRC ok, the indices of records
@@ -391,12 +392,12 @@ class Framer:
 
     def stop(self, at: int) -> None:
         """Reading ends at ``at`` before the end of the file (a time budget, a read error)."""
-        damage = self._damage
-        if damage is not None and damage.kind == _UNCHECKED:
-            self._damage = None
+        damage, self._damage = self._damage, None
+        if damage is None:
+            pass
+        elif damage.kind == _UNCHECKED:
             self.budget.skip(damage.start, at - damage.start)
-        elif damage is not None:
-            self._damage = None
+        else:
             self.log.add(damage.start, damage.kind,
                          f"{what(damage, False)}; reading stopped {at - damage.start} bytes "
                          f"later, at offset {at}, before a valid record was found"
@@ -425,7 +426,7 @@ class Framer:
                          "bytes: not an event file")
         return self.log.issues()
 
-    def _open(self, at: int, kind: str, length: int | None) -> None:
+    def _open(self, at: int, kind: DamageKind, length: int | None) -> None:
         self._damage = Damage(at, kind, length, counted=at, last_nonzero=at - 1,
                                passed=self.budget.passed)
 

@@ -66,7 +66,7 @@ class IngestIssue:
     """Damage met while reading. Reading goes on; the issue says what was lost."""
 
     location: Location
-    kind: str
+    kind: IssueKind
     message: str
 
     def to_dict(self) -> dict[str, Any]:

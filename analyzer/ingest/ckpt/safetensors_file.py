@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from analyzer.ingest.ckpt.leaves import Leaf, torch_dtype
 from analyzer.ingest.ckpt.quoting import foreign, quote, value
 from analyzer.ingest.ckpt.ranges import FileRanges, contiguous_chunks
-from analyzer.model import IngestIssue, Location
+from analyzer.model import IngestIssue, IssueKind, Location
 
 if TYPE_CHECKING:
     import torch
@@ -80,7 +80,7 @@ class SafeHeader:
     issues: tuple[IngestIssue, ...]
 
 
-def _fail(path: str, offset: int, message: str, kind: str = "bad_checkpoint") -> SafeHeader:
+def _fail(path: str, offset: int, message: str, kind: IssueKind = "bad_checkpoint") -> SafeHeader:
     issue = IngestIssue(Location(path, offset=offset), kind, message)
     return SafeHeader((), {}, 0, (issue,))
 

@@ -55,7 +55,7 @@ from analyzer.ingest.ckpt.safetensors_file import leaf_of, read_header
 from analyzer.ingest.ckpt.sniff import content_of, is_text, mismatch, not_a_checkpoint, recognised
 from analyzer.ingest.ckpt.staticpickle import StaticResult, read_pickle
 from analyzer.ingest.ckpt.tree import walk
-from analyzer.model import IngestIssue, Location
+from analyzer.model import IngestIssue, IssueKind, Location
 from analyzer.model.checkpoints import CheckpointScan, StaticListing
 
 MAX_PICKLE_BYTES = 256 << 20
@@ -64,7 +64,7 @@ MAX_PICKLE_BYTES = 256 << 20
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 
 
-def _issue(path: str, kind: str, message: str, offset: int | None = None) -> IngestIssue:
+def _issue(path: str, kind: IssueKind, message: str, offset: int | None = None) -> IngestIssue:
     return IngestIssue(Location(path, offset=offset), kind, message)
 
 

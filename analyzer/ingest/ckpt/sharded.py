@@ -17,7 +17,7 @@ from analyzer.ingest.ckpt.quoting import foreign, quote
 from analyzer.ingest.ckpt.stats import aggregate_layers
 from analyzer.ingest.ckpt.tree import step_from_name
 from analyzer.ingest.safeio import open_regular
-from analyzer.model import IngestIssue, Location
+from analyzer.model import IngestIssue, IssueKind, Location
 from analyzer.model.checkpoints import CheckpointScan, ReadMode
 
 MAX_INDEX_BYTES = 64 << 20
@@ -29,7 +29,7 @@ def is_index(path: str) -> bool:
     return path.lower().endswith(INDEX_SUFFIX)
 
 
-def _bad(path: str, size: int, message: str, kind: str = "bad_checkpoint") -> CheckpointScan:
+def _bad(path: str, size: int, message: str, kind: IssueKind = "bad_checkpoint") -> CheckpointScan:
     issue = IngestIssue(Location(path, offset=0), kind, message)
     return CheckpointScan(path, size, "sharded", "none", files=(path,), issues=(issue,))
 
@@ -64,7 +64,7 @@ def scan_sharded(path: str, scan_one: Callable[[str], CheckpointScan]) -> Checkp
     """Scan each shard the index names (only files beside the index) and merge them."""
     weight_map, problem, size = read_index(path)
     if weight_map is None:
-        kind = "too_large" if size > MAX_INDEX_BYTES else "bad_checkpoint"
+        kind: IssueKind = "too_large" if size > MAX_INDEX_BYTES else "bad_checkpoint"
         return _bad(path, size, problem or "index not read", kind)
     folder = os.path.dirname(path)
     issues: list[IngestIssue] = []

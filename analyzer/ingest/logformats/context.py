@@ -7,7 +7,7 @@ from collections import Counter
 from typing import Any
 
 from analyzer.ingest.logformats.store import PointStore
-from analyzer.model import Event, IngestIssue, Location
+from analyzer.model import Event, IngestIssue, IssueKind, Location
 
 MESSAGE_CHARS = 240
 """Event messages keep this many characters of the line."""
@@ -37,7 +37,7 @@ class Context:
         self.notes: list[str] = []
         self.votes: Counter[str] = Counter()
         self._issues: list[IngestIssue] = []
-        self._issue_counts: Counter[str] = Counter()
+        self._issue_counts: Counter[IssueKind] = Counter()
         self._issue_first: dict[str, int] = {}
         self._noted: set[str] = set()
 
@@ -84,7 +84,7 @@ class Context:
             self.notes.append(text)
 
     def issue(
-        self, kind: str, message: str, line: int | None = None, offset: int | None = None
+        self, kind: IssueKind, message: str, line: int | None = None, offset: int | None = None
     ) -> None:
         """Damage at ``line`` (the record being parsed when None), and at the byte
         ``offset`` when the reader knows it."""

@@ -35,6 +35,7 @@ from typing import BinaryIO
 
 from analyzer.ingest.logformats.context import Context
 from analyzer.ingest.safeio import Deadline
+from analyzer.model import IssueKind
 
 HEAD_BYTES = 1 << 16
 """Bytes of text, NULs aside, that :func:`sniff` collects."""
@@ -285,7 +286,7 @@ def report_hole(
     (``what`` says what became of the text around it)."""
     if at_end:
         what = "the file ends in them (a zero-filled tail); the text before them is read"
-    kind = "zero_tail" if at_end else "zero_run"
+    kind: IssueKind = "zero_tail" if at_end else "zero_run"
     ctx.issue(kind, f"{length} NUL bytes skipped: {what}", line, offset)
 
 
