@@ -25,9 +25,6 @@ CAPTURE_DIR = "capture"
 Mode = Literal["every_step", "every_n"]
 
 
-_DTYPE_NAMES = ("float32", "float16", "bfloat16", "float64")
-
-
 @dataclass(frozen=True)
 class Factory:
     """An importable ``module:function`` and the JSON keyword arguments to call it with."""

@@ -27,11 +27,6 @@ def _regression(seed: int) -> Iterator[data.Batch]:
     return data.epochs(data.linear_regression(1024, 16, 1, 0.1, seed), 32, seed)
 
 
-def _wide_regression(seed: int) -> Iterator[data.Batch]:
-    x, y = data.linear_regression(1024, 16, 1, 0.1, seed)
-    return data.epochs((x * 8.0, y * 40.0), 32, seed)
-
-
 def _raw_blobs(seed: int) -> Iterator[data.Batch]:
     # Raw sensor-like features in the hundreds: nobody standardised them.
     x, y = data.blobs(1024, 16, 4, 4.0, seed)

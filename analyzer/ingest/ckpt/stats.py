@@ -136,11 +136,6 @@ def merge(parts: Iterable[TensorStats]) -> TensorStats:
     )
 
 
-def has_stats(dtype: torch.dtype) -> bool:
-    """Floating and complex tensors can hold NaN and Inf; integers and bools cannot."""
-    return dtype.is_floating_point or dtype.is_complex
-
-
 @contextlib.contextmanager
 def single_threaded() -> Iterator[None]:
     """Run torch on one thread for the duration, then restore the setting.
