@@ -178,6 +178,26 @@ def test_every_n_mode_replays_to_the_failing_step(tmp_path: Path) -> None:
         torch.testing.assert_close(tensor, starts[6][name])
 
 
+def test_regression_every_n_alone_is_not_ignored(tmp_path: Path) -> None:
+    """``every_n=K`` without a mode used to be dropped: the state was copied every step."""
+    model, opt, rec = _setup(tmp_path, every_n=4)
+    assert rec.mode == "every_n" and rec.every_n == 4
+    _train(model, opt, rec, 8, bad=(6,))
+    meta = read_meta(tmp_path / "capture" / "step_6")
+    assert meta["mode"] == "every_n" and meta["every_n"] == 4 and meta["state_step"] == 4
+    assert meta["history_steps"] == [4, 5]
+
+
+def test_every_n_with_every_step_mode_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match='every_n=3 needs mode="every_n"'):
+        _setup(tmp_path, mode="every_step", every_n=3)
+    assert not (tmp_path / "env.json").exists()  # refused before it wrote anything
+    _, _, rec = _setup(tmp_path, mode="every_step", every_n=1)
+    assert rec.mode == "every_step" and rec.every_n == 1
+    _, _, rec = _setup(tmp_path)
+    assert rec.mode == "every_step"
+
+
 def test_rng_round_trip() -> None:
     state = rng_state()
     expected = (random.random(), float(np.random.rand()), float(torch.rand(1)))

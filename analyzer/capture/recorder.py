@@ -58,7 +58,9 @@ class FlightRecorder:
     capture is the failing step alone. ``mode="every_n"`` copies it only every
     ``every_n`` steps and keeps the batches, RNG states and learning rates of the steps
     since; replay then re-runs those steps before the failing one. Both modes cost
-    nothing once a capture is written.
+    nothing once a capture is written. Without ``mode``, ``every_n=K`` with K > 1 means
+    ``mode="every_n"``; ``mode="every_step"`` with K > 1 is a contradiction and raises
+    ``ValueError``, as an invalid mode does.
 
     ``check_grads`` and ``check_params`` add a check of every gradient (after the step,
     skipped when a GradScaler is used: skipped overflow steps are its normal business)
@@ -79,17 +81,23 @@ class FlightRecorder:
         autocast_dtype: torch.dtype | None = None,
         grad_clip: float | None = None,
         seed: int | None = None,
-        mode: Mode = "every_step",
+        mode: Mode | None = None,
         every_n: int = 1,
         check_grads: bool = False,
         check_params: bool = False,
         loss_tag: str = "train/loss",
         write_env_file: bool = True,
     ) -> None:
-        if mode not in ("every_step", "every_n"):
-            raise ValueError(f"mode must be 'every_step' or 'every_n', not {mode!r}")
         if every_n < 1:
             raise ValueError(f"every_n must be at least 1, not {every_n}")
+        if mode is None:
+            mode = "every_n" if every_n > 1 else "every_step"
+        if mode not in ("every_step", "every_n"):
+            raise ValueError(f"mode must be 'every_step' or 'every_n', not {mode!r}")
+        if mode == "every_step" and every_n > 1:
+            # Silently copying every step would cost K times what was asked for.
+            raise ValueError(f'every_n={every_n} needs mode="every_n" (or no mode): '
+                             'mode="every_step" copies the state before every step')
         self.run_dir = os.fspath(run_dir)
         self.model = model
         self.optimizer = optimizer
@@ -100,7 +108,7 @@ class FlightRecorder:
         self.grad_clip = grad_clip
         self.seed = seed
         self.mode: Mode = mode
-        self.every_n = every_n if mode == "every_n" else 1
+        self.every_n = every_n
         self.check_grads = check_grads
         self.check_params = check_params
         self.loss_tag = loss_tag
