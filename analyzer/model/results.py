@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
+from analyzer.model.encode import json_meta
 from analyzer.model.findings import CodeRefusal, Finding, Incident, SkippedRule
 from analyzer.model.issues import IngestIssue
 from analyzer.model.replays import ReplayResult
 from analyzer.model.runs import Run
 
-SCHEMA_VERSION = 2
-"""Bumped whenever a field of the JSON report changes meaning or disappears. 2: a run's
+SCHEMA_VERSION = 3
+"""Bumped whenever a field of the JSON report changes meaning or disappears (the schema is
+:mod:`analyzer.model.schema`'s, written down in docs/report.schema.json). 2: a run's
 ``status`` may be ``unreadable``; every read issue, checkpoints' included, is
-``{"kind", "message", "location": {"file", "offset", "line"}}``."""
+``{"kind", "message", "location": {"file", "offset", "line"}}``. 3: a read issue is listed
+once, in its run's ``issues`` (no more ``issues`` under ``checkpoints`` and its ``scans``);
+a run's ``replay`` no longer repeats the standalone replay document's ``schema`` and
+``schema_version``."""
 
 
 RunStatus = Literal["failed", "finite", "unreadable"]
@@ -23,7 +28,8 @@ RunStatus = Literal["failed", "finite", "unreadable"]
 class RunResult:
     """One run and what the analysis found in it."""
 
-    run: Run
+    run: Run = field(metadata=json_meta(inline=True))
+    """Written inline: a run's JSON object holds the run's fields and the analysis's."""
     incident: Incident | None
     tag_incidents: tuple[Incident, ...] = ()
     layer_incident: Incident | None = None
@@ -37,6 +43,8 @@ class RunResult:
     """Why the capture could not be replayed, when it could not."""
     replay_refused: CodeRefusal | None = None
     """Why the capture was not replayed: it would import code that is not trusted."""
+
+    JSON_EXTRA = ("status",)
 
     @property
     def failed(self) -> bool:
@@ -54,12 +62,14 @@ class RunResult:
 class Report:
     """The result of analysing one or more run folders."""
 
-    results: tuple[RunResult, ...]
-    schema_version: int = SCHEMA_VERSION
-    tool_version: str = ""
+    schema_version: int = field(default=SCHEMA_VERSION, kw_only=True)
+    tool_version: str = field(default="", kw_only=True)
+    results: tuple[RunResult, ...] = field(metadata=json_meta(key="runs"))
     issues: tuple[IngestIssue, ...] = ()
     """What the search for runs passed over outside every run (a symlinked folder, a folder
     too deep or that cannot be listed)."""
+
+    JSON_EXTRA = ("failed",)
 
     @property
     def failed(self) -> bool:
