@@ -15,15 +15,15 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from analyzer.cli.inspect import inspect_command
 from analyzer.ingest import checkpoints
 from analyzer.ingest.checkpoints import (
-    format_history,
-    format_scan,
     is_checkpoint_file,
     scan_checkpoint,
     scan_run_checkpoints,
 )
 from analyzer.ingest.ckpt import stats as stats_module
+from analyzer.report.checkpoints import format_history, format_scan
 
 
 def _oracle(tensor: torch.Tensor) -> dict[str, float]:
@@ -313,8 +313,6 @@ def test_public_api_is_pinned() -> None:
         "scan_checkpoint",
         "scan_run_checkpoints",
         "is_checkpoint_file",
-        "format_scan",
-        "format_history",
         "CheckpointScan",
         "CheckpointHistory",
     } <= set(checkpoints.__all__)
@@ -382,14 +380,14 @@ def test_inspect_command_text_json_and_exit_status(tmp_path: Path) -> None:
     torch.save({"w.weight": torch.ones(2)}, good)
     torch.save({"w.weight": torch.tensor([1.0, float("nan")])}, bad)
     out = io.StringIO()
-    assert checkpoints.inspect_command([str(good)], stream=out) == 0
+    assert inspect_command([str(good)], stream=out) == 0
     assert "1 tensors, 1 scanned" in out.getvalue()
     out = io.StringIO()
-    assert checkpoints.inspect_command([str(tmp_path)], as_json=True, stream=out) == 1
+    assert inspect_command([str(tmp_path)], as_json=True, stream=out) == 1
     data = json.loads(out.getvalue())
     assert data["checkpoints"]["first_nonfinite"] == 1
     with pytest.raises(UsageError):
-        checkpoints.inspect_command([str(tmp_path / "missing.pt")])
+        inspect_command([str(tmp_path / "missing.pt")])
 
 
 def test_hf_side_files_optimizer_and_scaler(tmp_path: Path) -> None:

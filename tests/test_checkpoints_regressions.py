@@ -23,16 +23,15 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from analyzer.cli.inspect import inspect_command
 from analyzer.ingest import checkpoints
 from analyzer.ingest.checkpoints import (
     checkpoint_incident,
-    format_history,
-    format_scan,
-    inspect_command,
     scan_checkpoint,
     scan_run_checkpoints,
 )
 from analyzer.ingest.ckpt import safetensors_file
+from analyzer.report.checkpoints import format_history, format_scan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -18,10 +18,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from analyzer.cli.inspect import inspect_command
 from analyzer.ingest import discover
-from analyzer.ingest.checkpoints import format_scan, inspect_command, scan_checkpoint
+from analyzer.ingest.checkpoints import scan_checkpoint
 from analyzer.ingest.ckpt.staticpickle import read_pickle
 from analyzer.model.checkpoints import CheckpointScan
+from analyzer.report.checkpoints import format_scan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SECRET = "ghp_SECRETTOKEN123abcXYZ"

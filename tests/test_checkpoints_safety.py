@@ -15,7 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file
 
-from analyzer.ingest.checkpoints import format_scan, scan_checkpoint
+from analyzer.ingest.checkpoints import scan_checkpoint
+from analyzer.report.checkpoints import format_scan
 
 
 class _CreatesFile:

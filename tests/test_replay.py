@@ -12,7 +12,8 @@ from torch import nn
 
 from analyzer.errors import ForensicsError
 from analyzer.model.replays import ReplayResult
-from analyzer.replayer import ReplayError, format_replay, replay_step
+from analyzer.replayer import ReplayError, replay_step
+from analyzer.report.replay import format_replay
 
 THIS_FILE = __file__
 

@@ -15,16 +15,15 @@ import pytest
 import torch
 
 from analyzer.capture import FlightRecorder
+from analyzer.cli.replay import replay_command
 from analyzer.errors import ForensicsError, UsageError
 from analyzer.replayer import (
     CaptureError,
     ModelRebuildError,
-    brief_replay,
-    format_replay,
     load_capture,
     replay,
 )
-from analyzer.replayer.command import replay_command
+from analyzer.report.replay import brief_replay, format_replay
 from analyzer.scenarios import losses, models
 
 MLP = "analyzer.scenarios.models:mlp"

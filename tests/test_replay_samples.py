@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from analyzer.replayer import capture_folder, format_replay, replay
+from analyzer.replayer import capture_folder, replay
+from analyzer.report.replay import format_replay
 
 SAMPLES = Path(__file__).resolve().parent.parent / "sample_runs"
 

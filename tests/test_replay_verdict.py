@@ -77,6 +77,6 @@ def test_the_public_api_is_pinned() -> None:
     assert sorted(api.__all__) == sorted([
         "DTYPE_CHOICES", "BackwardReport", "CaptureError", "ForwardReport", "ModelRebuildError",
         "ModuleFrame", "OpFault", "ParamGrad", "ParamUpdate", "PassOutcome", "ReplayError",
-        "ReplayResult", "TensorStat", "UpdateReport", "Verdict", "brief_replay",
-        "capture_folder", "format_replay", "load_capture", "replay", "replay_step"])
+        "ReplayResult", "TensorStat", "UpdateReport", "Verdict", "capture_folder",
+        "load_capture", "replay", "replay_step"])
     assert all(hasattr(api, name) for name in api.__all__)

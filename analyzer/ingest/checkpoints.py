@@ -7,8 +7,6 @@ Nothing here runs code from a checkpoint unless the caller passes ``trust_pickle
     is_checkpoint_file(path)               a file name a checkpoint would have
     scan_checkpoint(path)                  one file (or a sharded index) -> CheckpointScan
     scan_run_checkpoints(paths)            a run's saves in step order -> CheckpointHistory
-    format_scan / format_history           terminal text
-    inspect_command(paths, ...)            the ``forensics inspect`` command body
     checkpoint_incident(history)           the first non-finite save as a model.Incident
     scan.to_dict() / history.to_dict()     JSON-ready values
 """
@@ -18,10 +16,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from analyzer.ingest.ckpt.command import inspect_command
 from analyzer.ingest.ckpt.history import build_history, checkpoint_incident
 from analyzer.ingest.ckpt.quoting import foreign
-from analyzer.ingest.ckpt.render import format_history, format_scan
 from analyzer.ingest.safeio import NotRegularFile, is_regular
 from analyzer.model import IngestIssue, IssueKind, Location
 from analyzer.model.checkpoints import (
@@ -55,9 +51,6 @@ __all__ = [
     "TensorRecord",
     "TensorStats",
     "checkpoint_incident",
-    "format_history",
-    "format_scan",
-    "inspect_command",
     "is_checkpoint_file",
     "scan_checkpoint",
     "scan_run_checkpoints",

@@ -7,7 +7,9 @@ instrumentation on first call, so the CLI starts fast.
     load_capture(path)     read a capture folder (or a run folder holding one)
     replay(path)           load and replay it: the library form of `forensics replay`
     replay_step(...)       replay a step from live model/optimizer/batch objects
-    format_replay(result)  the terminal report; brief_replay(result) one line of it
+
+It returns records (:class:`ReplayResult`) and prints nothing: the terminal text is
+:mod:`analyzer.report.replay`, the ``forensics replay`` command :mod:`analyzer.cli.replay`.
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ from analyzer.model.replays import (
     Verdict,
 )
 from analyzer.replayer.discover import capture_folder
+from analyzer.replayer.dtypes import DTYPE_CHOICES
 from analyzer.replayer.errors import CaptureError, ModelRebuildError, ReplayError
-from analyzer.replayer.format import brief_replay, format_replay
 
 if TYPE_CHECKING:
     import torch
@@ -38,9 +40,6 @@ if TYPE_CHECKING:
 
     from analyzer.replayer.loading import Capture
     from analyzer.replayer.state import Restorable
-
-DTYPE_CHOICES = ("as-run", "float64", "float32", "bfloat16", "float16")
-"""Values of ``--dtype``; kept here so the CLI can list them without importing torch."""
 
 
 def load_capture(path: str, *, import_paths: Sequence[str] = (),
@@ -98,9 +97,7 @@ __all__ = [
     "TensorStat",
     "UpdateReport",
     "Verdict",
-    "brief_replay",
     "capture_folder",
-    "format_replay",
     "load_capture",
     "replay",
     "replay_step",

@@ -11,7 +11,7 @@ import torch
 from analyzer.capture import restore_rng
 from analyzer.errors import UsageError
 from analyzer.model.replays import ReplayResult
-from analyzer.replayer import DTYPE_CHOICES
+from analyzer.replayer.dtypes import DTYPE_CHOICES
 from analyzer.replayer.loading import Capture, load_capture
 from analyzer.replayer.passes import backward, forward, update
 from analyzer.replayer.state import StepConfig, TrainState, clone_state, dtype_of

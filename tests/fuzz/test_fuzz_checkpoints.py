@@ -53,9 +53,10 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from analyzer.ingest.checkpoints import format_scan, scan_checkpoint
+from analyzer.ingest.checkpoints import scan_checkpoint
 from analyzer.ingest.ckpt.scan import scan_file
 from analyzer.model.checkpoints import CheckpointScan
+from analyzer.report.checkpoints import format_scan
 from tests.fuzz.budget import fuzz_settings
 from tests.fuzz.make_corpus import corpus_files, flipped_and_cut
 

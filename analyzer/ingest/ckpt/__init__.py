@@ -16,8 +16,7 @@
     scan             one file: which reader, under which safety policy
     sharded          index JSON + shards
     history          a run's saves in step order
-    render           terminal text
-    command          the ``forensics inspect`` command body
 
-The public API is :mod:`analyzer.ingest.checkpoints`.
+The public API is :mod:`analyzer.ingest.checkpoints`; its terminal text is
+:mod:`analyzer.report.checkpoints` and ``forensics inspect`` is :mod:`analyzer.cli.inspect`.
 """

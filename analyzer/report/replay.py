@@ -1,11 +1,13 @@
-"""A replay result as text for the terminal."""
+"""A replay result as terminal text: the ``forensics replay`` report, and the one line
+``forensics analyze`` gives a replay.
+"""
 
 from __future__ import annotations
 
 import math
 import os
 
-from analyzer.model.replays import ModuleFrame, OpFault, PassOutcome, ReplayResult
+from analyzer.model import ModuleFrame, OpFault, PassOutcome, ReplayResult
 
 
 def _num(value: float | None) -> str:

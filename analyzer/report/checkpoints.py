@@ -1,9 +1,11 @@
-"""Terminal text for a scan and for a run's history. Computing lives elsewhere."""
+"""A checkpoint scan and a run's checkpoint history as terminal text (``forensics inspect``).
+
+The numbers are the scan's; :mod:`analyzer.ingest.checkpoints` computes them.
+"""
 
 from __future__ import annotations
 
-from analyzer.model import step_words
-from analyzer.model.checkpoints import CheckpointHistory, CheckpointScan, LayerStats, TensorStats
+from analyzer.model import CheckpointHistory, CheckpointScan, LayerStats, TensorStats, step_words
 
 MAX_ROWS = 15
 

@@ -1,11 +1,11 @@
 """``forensics inspect``: one checkpoint, several, or the checkpoints below a folder.
 
-Exit status, one rule: 0 when every file was read as a checkpoint and every tensor read is
-finite; 1 when a non-finite tensor was found (whatever else happened); 2 when a file could
-not be read as a checkpoint at all (read mode ``none``: not a checkpoint, refused, empty,
-unreadable; or passed over by the folder walk: a FIFO, device, socket or broken link named
-like one, a folder that cannot be listed) and no tensor was non-finite, or on a usage
-error. 3 is the CLI's, for an internal error.
+Exit status (:mod:`analyzer.cli.exit`): 0 when every file was read as a checkpoint and every
+tensor read is finite; 1 when a non-finite tensor was found (whatever else happened); 2 when
+a file could not be read as a checkpoint at all (read mode ``none``: not a checkpoint,
+refused, empty, unreadable; or passed over by the folder walk: a FIFO, device, socket or
+broken link named like one, a folder that cannot be listed) and no tensor was non-finite,
+or on a usage error; 3 for an internal error.
 """
 
 from __future__ import annotations
@@ -15,11 +15,10 @@ import os
 import sys
 from typing import TextIO
 
+from analyzer.cli.exit import status
 from analyzer.errors import UsageError
-from analyzer.model import IngestIssue
-from analyzer.model.checkpoints import CheckpointScan
+from analyzer.model import CheckpointScan, IngestIssue
 
-EXIT_OK, EXIT_FOUND, EXIT_ERROR = 0, 1, 2
 UNREAD_FILE_KINDS = ("not_regular", "unreadable")
 """Kinds of a passed-over issue that mean a file could not be read (exit status 2)."""
 
@@ -66,16 +65,10 @@ def inspect_command(
     as_json: bool = False,
     stream: TextIO | None = None,
 ) -> int:
-    """Scan and print. Exit status: 0 when every file was read as a checkpoint and all is
-    finite, 1 when a non-finite tensor was found, 2 when a file could not be read as a
-    checkpoint at all (and none was non-finite). Raises UsageError for a path that does
-    not exist or a folder holding no checkpoint."""
-    from analyzer.ingest.checkpoints import (
-        format_history,
-        format_scan,
-        scan_checkpoint,
-        scan_run_checkpoints,
-    )
+    """Scan and print; return the exit status. Raises UsageError for a path that does not
+    exist or a folder holding no checkpoint."""
+    from analyzer.ingest.checkpoints import scan_checkpoint, scan_run_checkpoints
+    from analyzer.report.checkpoints import format_history, format_scan
 
     out = stream or sys.stdout
     passed: list[IngestIssue] = []
@@ -98,10 +91,6 @@ def inspect_command(
         out.write("\n")
     else:
         out.write(text + "\n")
-    if any(s.has_nonfinite for s in scans):
-        return EXIT_FOUND
-    if any(s.read_mode == "none" for s in scans) or any(
-        issue.kind in UNREAD_FILE_KINDS for issue in passed
-    ):
-        return EXIT_ERROR
-    return EXIT_OK
+    unread = any(s.read_mode == "none" for s in scans) or any(
+        issue.kind in UNREAD_FILE_KINDS for issue in passed)
+    return status(nonfinite=any(s.has_nonfinite for s in scans), unreadable=unread)

@@ -1,0 +1,124 @@
+"""The ``forensics`` command line: every command, its options and its help.
+
+Building the parser imports neither torch nor streamlit (``forensics --help`` starts fast):
+what a command needs is imported by its body, in :mod:`analyzer.cli.dispatch`.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from analyzer.replayer.dtypes import DTYPE_CHOICES
+
+_TRUST_CODE_HELP = ("import the capture's model and loss factories wherever they are found, "
+                    "for this call only; only for runs whose code you trust")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="forensics",
+        description="Find when, where and why a PyTorch training run went NaN or Inf.",
+        epilog="exit status: 0 every value read is finite, 1 something non-finite was found, "
+               "2 a usage error or nothing readable, 3 an internal error (--debug prints "
+               "the traceback)")
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    parser.add_argument("--debug", action="store_true",
+                        help="on an internal error, print the traceback")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    analyze = sub.add_parser(
+        "analyze", help="read the runs below each path and find their first non-finite values",
+        description="Find every run (a folder with TensorBoard event files) below each PATH "
+                    "and report the first step at which a logged value went NaN or Inf.")
+    analyze.add_argument("paths", nargs="+", metavar="PATH")
+    analyze.add_argument("--json", metavar="FILE",
+                         help="also write the versioned JSON report to FILE ('-' for stdout, "
+                              "which then replaces the text report)")
+    analyze.add_argument("--no-verify", action="store_true",
+                         help="skip the CRC checks of event-file records (faster, and damage "
+                              "inside a record goes unnoticed)")
+    analyze.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
+                         help="read event files in N processes (default 1)")
+    analyze.add_argument("-q", "--quiet", action="store_true",
+                         help="print only the summary table")
+    analyze.add_argument("--log", action="append", default=[], metavar="FILE",
+                         help="also read FILE as a text log (for logs whose names do not end "
+                              "in .log/.txt/.out/.err); may be repeated")
+    analyze.add_argument("--no-replay", action="store_true",
+                         help="do not replay the runs' captured failing steps")
+    analyze.add_argument("--device", default="cpu",
+                         help="where to replay captured steps: cpu (default), cuda, cuda:N")
+    analyze.add_argument("--import-path", action="append", default=[], metavar="DIR",
+                         help="a folder whose code you trust, to import a capture's model and "
+                              "loss factories from (see 'forensics trust')")
+    analyze.add_argument("--trust-code", action="store_true", help=_TRUST_CODE_HELP)
+    analyze.add_argument("--no-checkpoints", action="store_true",
+                         help="do not scan the runs' checkpoints")
+    analyze.add_argument("--trust-pickle", action="store_true",
+                         help="let checkpoints that need code outside torch's weights_only "
+                              "allow-list run it while loading; only for files you trust")
+
+    inspect = sub.add_parser(
+        "inspect", help="scan checkpoints for non-finite and runaway tensors",
+        description="Scan checkpoint files (or the checkpoints in folders) safely, tensor by "
+                    "tensor: NaN/Inf counts, abs-max and norms per tensor and layer, the "
+                    "optimizer's state and the loss scale.",
+        epilog="exit status: 0 every file read as a checkpoint and finite, 1 a non-finite "
+               "tensor found, 2 a file that could not be read as a checkpoint at all (and "
+               "none non-finite) or a usage error, 3 an internal error")
+    inspect.add_argument("paths", nargs="+", metavar="CHECKPOINT")
+    inspect.add_argument("--json", action="store_true", help="print JSON instead of text")
+    inspect.add_argument("--trust-pickle", action="store_true",
+                         help="allow unpickling code; only for files you trust")
+    _replay_parser(sub)
+    app = sub.add_parser(
+        "app", help="browse runs in the dashboard (Streamlit, on 127.0.0.1 only)",
+        description="Serve the Streamlit dashboard on 127.0.0.1, headless, with usage "
+                    "statistics off, on the runs below PATH.")
+    app.add_argument("path", nargs="?", default="sample_runs", metavar="PATH")
+    app.add_argument("--port", type=int, default=8501)
+    app.add_argument("--open", action="store_true", help="open the dashboard in a web browser")
+    app.add_argument("--import-path", action="append", default=[], metavar="DIR",
+                     help="a folder whose code you trust, to replay captures from")
+    _trust_parser(sub)
+    sub.add_parser("rules", help="list the catalogue of root causes",
+                   description="List every rule: its stable code, name and title.")
+    explain = sub.add_parser("explain", help="print one rule's documentation",
+                             description="Print what a rule detects, why it produces NaN/Inf, "
+                                         "the evidence it uses, the fix and its false "
+                                         "positives.")
+    explain.add_argument("code", metavar="CODE", help="a rule code (NF101) or name")
+    for command in sub.choices.values():  # also accepted after the command's name
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                             help="on an internal error, print the traceback")
+    return parser
+
+
+def _replay_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    rp = sub.add_parser(
+        "replay", help="re-run a captured failing step and name the layer, op and line",
+        description="Replay the failing step saved by the flight recorder under "
+                    "instrumentation: module hooks, an aten-op trace and anomaly mode name "
+                    "the producer of the first non-finite value; float64 and repeated "
+                    "replays tell a mathematical fault from overflow and non-determinism.")
+    rp.add_argument("path", metavar="RUN_OR_CAPTURE")
+    rp.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
+    rp.add_argument("--dtype", default="as-run", choices=DTYPE_CHOICES)
+    rp.add_argument("--json", metavar="FILE", help="also write JSON to FILE ('-' for stdout)")
+    rp.add_argument("--import-path", action="append", default=[], metavar="DIR",
+                    help="a folder whose code you trust, to import the capture's model and "
+                         "loss factories from (see 'forensics trust')")
+    rp.add_argument("--trust-code", action="store_true", help=_TRUST_CODE_HELP)
+
+
+def _trust_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    trust = sub.add_parser(
+        "trust", help="trust a folder's code, so that replays may import factories from it",
+        description="Replaying a capture imports and calls the model and loss factories its "
+                    "meta.json names. They are imported only from folders you trust: those "
+                    "given with --import-path, those recorded here (kept in your "
+                    "configuration folder, never in an analysed one), and the tool's own. "
+                    "With no argument, list the trusted folders.")
+    trust.add_argument("folders", nargs="*", metavar="DIR")
+    trust.add_argument("--remove", action="store_true",
+                       help="forget the given folders instead of trusting them")

@@ -1,0 +1,35 @@
+"""``forensics replay``: replay one capture, print what it found, write its JSON."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from typing import TextIO
+
+from analyzer.cli.exit import status
+from analyzer.cli.output import check_json_target, write_json_file
+
+
+def replay_command(path: str, *, device: str = "cpu", dtype: str = "as-run",
+                   json_file: str | None = None, import_paths: Sequence[str] = (),
+                   trust_code: bool = False, out: TextIO | None = None) -> int:
+    """Replay the capture behind ``path``; print the report; return the exit status:
+    1 when the replay found a non-finite value, 0 when the step stayed finite.
+    ``json_file`` '-' prints the JSON instead of the text report."""
+    from analyzer.replayer import replay
+    from analyzer.report.replay import format_replay
+
+    stream = out if out is not None else sys.stdout
+    if json_file and json_file != "-":
+        check_json_target(json_file)
+    result = replay(path, device=device, dtype=dtype, import_paths=import_paths,
+                    trust_code=trust_code)
+    data = json.dumps(result.to_dict(), indent=2, allow_nan=False)
+    if json_file == "-":
+        stream.write(data + "\n")
+    else:
+        stream.write(format_replay(result) + "\n")
+        if json_file:
+            write_json_file(json_file, data)
+    return status(nonfinite=result.phase is not None)
