@@ -4,14 +4,13 @@ Pure numpy over the records of :mod:`analyzer.model`; no file access.
 
 The run's first incident is the earliest step at which any tag was non-finite. Several tags
 often go non-finite at the same step (a NaN loss makes every gradient NaN); the tie is broken
-by what the tag measures, loss first, then gradient norms, then the rest, and the incident
-says which rule decided.
+by what the tag measures (``analyzer.tags.TIE_ORDER``: loss first, then gradient norms, then
+the rest), and the incident says which rule decided.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable
 from dataclasses import replace
 from typing import cast
@@ -29,33 +28,10 @@ from analyzer.model import (
     nonfinite_kind,
     step_words,
 )
+from analyzer.tags import is_loss_scale_tag, role, tie_rank
+from analyzer.tags import layer_from_tag as layer_from_tag  # public: the API takes it here
 
-_FAMILY = re.compile(r"grad|weight|param|activ|norm|hist|update|act$|acts$", re.IGNORECASE)
-_STAT = {
-    "max", "min", "mean", "std", "var", "norm", "l2", "l1", "rms", "sum", "median", "abs_max",
-    "absmax", "max_abs", "l2_norm", "grad_norm", "weight_norm", "value", "values", "hist",
-}
-_NOT_LAYER = {"total", "all", "global", "overall", "model", "sum"}
-_PARAM_SUFFIX = re.compile(
-    r"\.(weight\w*|bias\w*|gamma|beta|scale|running_mean|running_var|in_proj_\w+)$")
 _KINDS = ("nan", "+inf", "-inf", "nan-or-inf")
-
-
-def tag_priority(tag: str) -> int:
-    """0 for loss tags, 1 for a total gradient norm, 2 for per-layer gradients, 3 for the rest."""
-    low = tag.lower()
-    if "loss" in low and "scale" not in low:
-        return 0
-    if "grad" in low:
-        return 1 if layer_from_tag(tag) is None else 2
-    return 3
-
-
-_SCALE_TAG = re.compile(r"loss[_\-/ ]?scale|grad[_\-]?scale|scaler", re.IGNORECASE)
-
-
-def is_loss_scale_tag(tag: str) -> bool:
-    return bool(_SCALE_TAG.search(tag))
 
 
 def overflow_skip_steps(run: Run) -> frozenset[int]:
@@ -77,27 +53,6 @@ def overflow_skip_steps(run: Run) -> frozenset[int]:
     return frozenset(steps)
 
 
-def layer_from_tag(tag: str) -> str | None:
-    """The layer a per-layer tag names, e.g. ``grads/fc1.weight`` -> ``fc1``.
-
-    A tag names a layer when it has a leading family component (``grad_norm``, ``weights``,
-    ``grads``, ...) followed by a name; trailing statistics (``/max``) are dropped, and so is a
-    parameter suffix such as ``.weight``.
-    """
-    parts = [p for p in tag.split("/") if p]
-    while len(parts) > 1 and parts[-1].lower() in _STAT:
-        parts.pop()
-    families = 0
-    while families < len(parts) - 1 and _FAMILY.search(parts[families]):
-        families += 1
-    if families == 0:
-        return None
-    name = "/".join(parts[families:])
-    if name.lower() in _NOT_LAYER:
-        return None
-    return _PARAM_SUFFIX.sub("", name) or name
-
-
 def first_nonfinite(steps: np.ndarray, values: np.ndarray) -> tuple[int, int | None] | None:
     """Index of the first non-finite value and of the last finite one before it."""
     bad = np.flatnonzero(~np.isfinite(values))
@@ -111,7 +66,7 @@ def series_incident(series: Series, skips: frozenset[int] = frozenset()) -> Inci
     """The first non-finite point of a series; ``skips`` are steps whose gradients are
     expected to be non-finite (overflow skips), ignored for gradient tags."""
     values = series.values
-    if skips and tag_priority(series.tag) in (1, 2):
+    if skips and role(series.tag).is_gradient:
         values = values.copy()
         values[np.isin(series.steps, list(skips))] = 0.0
     found = first_nonfinite(series.steps, values)
@@ -132,7 +87,7 @@ def series_incident(series: Series, skips: frozenset[int] = frozenset()) -> Inci
 def histogram_incident(hist: Histogram,
                        skips: frozenset[int] = frozenset()) -> Incident | None:
     mask = hist.nonfinite_mask()
-    if skips and tag_priority(hist.tag) in (1, 2):
+    if skips and role(hist.tag).is_gradient:
         mask &= ~np.isin(hist.steps, list(skips))
     bad = np.flatnonzero(mask)
     if not bad.size:
@@ -239,7 +194,7 @@ def _rank(inc: Incident) -> tuple[float, bool, int, int, str, int, str]:
     before; then what the tag measures; then scalars before other sources; then the
     order the values were written in (the same step's tags in one file), then name."""
     file, position = _position(inc)
-    return (_step_key(inc), inc.after, tag_priority(inc.tag), _ORIGIN_ORDER.get(inc.origin, 9),
+    return (_step_key(inc), inc.after, tie_rank(inc.tag), _ORIGIN_ORDER.get(inc.origin, 9),
             file, position, inc.tag)
 
 
@@ -266,7 +221,7 @@ def run_incident(incidents: list[Incident]) -> Incident | None:
     elif tied[1].after and not first.after:
         rule = (f"{len(tied)} tags at step {first.step}: a value logged at that step before a "
                 f"line that names no step but follows step {first.step - 1}")
-    elif tag_priority(tied[1].tag) != tag_priority(first.tag):
+    elif tie_rank(tied[1].tag) != tie_rank(first.tag):
         rule = (f"{len(tied)} tags {where}: loss before total gradient norm "
                 "before per-layer gradients before other tags")
     elif tied[1].origin != first.origin:

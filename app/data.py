@@ -35,6 +35,7 @@ import streamlit as st
 
 from analyzer.errors import ForensicsError
 from analyzer.model import CodeRefusal, RunResult
+from app import views
 from app.views import Growth, RunRow, TagRoles, run_row
 
 ENV_ROOT = "FORENSICS_RUNS"
@@ -379,33 +380,8 @@ def log_lines(path: str, first: int, last: int, digest: str) -> list[tuple[int, 
 
 @st.cache_data(max_entries=48, show_spinner=False)
 def tag_roles(path: str, digest: str, tags: tuple[str, ...]) -> TagRoles:
-    """Which tags are the loss, the total gradient norm, the learning rate, the loss scale,
-    and which are per-layer gradient or weight norms (and of which layer)."""
-    import re
-
-    from analyzer.onset import is_loss_scale_tag, layer_from_tag, tag_priority
-
-    lr = re.compile(r"(^|[/_\-])(lr|learning[_ ]?rate)([/_\-]|$)", re.IGNORECASE)
-    weight = re.compile(r"^(weight_norm|weight_norms|param_norm|weights?)(/|$)", re.IGNORECASE)
-    roles: dict[str, str] = {}
-    layers: dict[str, str] = {}
-    for tag in tags:
-        layer = layer_from_tag(tag)
-        if is_loss_scale_tag(tag):
-            roles[tag] = "loss scale"
-        elif tag_priority(tag) == 0:
-            roles[tag] = "loss"
-        elif tag_priority(tag) == 1:
-            roles[tag] = "grad norm"
-        elif lr.search(tag.rsplit("/", 1)[-1]) or tag.lower() in ("lr", "learning_rate"):
-            roles[tag] = "learning rate"
-        elif layer is not None and tag_priority(tag) == 2:
-            roles[tag] = "layer grad"
-        elif layer is not None and weight.search(tag):
-            roles[tag] = "layer weight"
-        if layer is not None:
-            layers[tag] = layer
-    return TagRoles(roles, layers)
+    """What each tag of a run measures, and the layer a per-layer tag names."""
+    return views.tag_roles(tags)
 
 
 @st.cache_data(max_entries=48, show_spinner=False, hash_funcs=_BY_DIGEST)
@@ -469,6 +445,6 @@ def replay(capture: str, digest: str, device: str, dtype: str,
 
 
 def format_replay(result: Any) -> str:
-    from analyzer.report.replay import format_replay as fmt
+    from analyzer.replayer import format_replay as fmt
 
     return fmt(result)

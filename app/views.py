@@ -15,25 +15,34 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
+from analyzer.ingest.tb import is_event_file
 from analyzer.model import Event, Location, Run, RunResult, Series, step_words
 from analyzer.model.replays import LOSS_NAME
+from analyzer.tags import TagRole, layer_from_tag, role
 
 if TYPE_CHECKING:
     from analyzer.model.checkpoints import SaveRef
 
 FloatArray = npt.NDArray[np.float64]
-TIMELINE_ROLES = ("loss", "grad norm", "learning rate", "loss scale")
+TIMELINE_ROLES = (TagRole.LOSS, TagRole.GRAD_NORM, TagRole.LEARNING_RATE, TagRole.LOSS_SCALE)
 
 
 @dataclass(frozen=True)
 class TagRoles:
-    """What each tag measures (see ``data.tag_roles``) and the layer a per-layer tag names."""
+    """What each tag measures (:func:`analyzer.tags.role`) and the layer a per-layer tag
+    names."""
 
-    roles: Mapping[str, str]
+    roles: Mapping[str, TagRole]
     layers: Mapping[str, str]
 
-    def tags(self, role: str) -> list[str]:
-        return sorted(t for t, r in self.roles.items() if r == role)
+    def tags(self, role: TagRole) -> list[str]:
+        return sorted(t for t, r in self.roles.items() if r is role)
+
+
+def tag_roles(tags: Sequence[str]) -> TagRoles:
+    roles = {t: role(t) for t in tags}
+    layers = {t: layer for t in tags if (layer := layer_from_tag(t)) is not None}
+    return TagRoles({t: r for t, r in roles.items() if r is not TagRole.OTHER}, layers)
 
 
 @dataclass(frozen=True)
@@ -81,7 +90,7 @@ def _plural(n: int, noun: str) -> str:
 
 def sources_text(run: Run) -> str:
     """What a run offered the analysis, in a few words."""
-    events = sum(1 for f in run.files if "tfevents" in os.path.basename(f))
+    events = sum(1 for f in run.files if is_event_file(f))
     parts = [_plural(events, "event file")] if events else []
     for log in run.logs:
         kind = f" ({log.framework})" if log.framework else ""
@@ -185,7 +194,7 @@ class Curve:
 def source_name(path: str) -> str:
     """A short name for a source file: ``events`` for event files, else the file name."""
     name = os.path.basename(path)
-    return "events" if "tfevents" in name else name
+    return "events" if is_event_file(name) else name
 
 
 def where(loc: Location | None, run_path: str) -> str:

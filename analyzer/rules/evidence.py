@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -18,14 +17,10 @@ import numpy as np
 import numpy.typing as npt
 
 from analyzer.model import Event, Incident, Location, RunResult, Series
-from analyzer.onset import is_loss_scale_tag, layer_from_tag, tag_priority
+from analyzer.tags import TagRole, is_validation, role
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
-
-_LR = re.compile(r"(^|[/_\-])(lr|learning[_ ]?rate)([/_\-]|$)", re.IGNORECASE)
-_VALIDATION = re.compile(r"val|test|eval", re.IGNORECASE)
-_WEIGHT = re.compile(r"^(weight_norm|weight_norms|param_norm|weights?)(/|$)", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -98,32 +93,31 @@ class RunEvidence:
         tag = max(by_tag, key=lambda t: (sum(len(s) for s in by_tag[t]), t))
         return merge(by_tag[tag])
 
-    def _train(self, pred: Any) -> list[Series]:
+    def _train(self, want: TagRole) -> list[Series]:
+        """The series of one role from the training pass (validation tags left out)."""
         return [s for s in self.result.run.series
-                if pred(s.tag) and not _VALIDATION.search(s.tag) and len(s)]
+                if role(s.tag) is want and not is_validation(s.tag) and len(s)]
 
     @cached_property
     def loss(self) -> Curve | None:
-        return self._best(self._train(lambda t: tag_priority(t) == 0))
+        return self._best(self._train(TagRole.LOSS))
 
     @cached_property
     def grad_norm(self) -> Curve | None:
-        return self._best(self._train(lambda t: tag_priority(t) == 1))
+        return self._best(self._train(TagRole.GRAD_NORM))
 
     @cached_property
     def lr(self) -> Curve | None:
-        return self._best(self._train(lambda t: bool(_LR.search(t.rsplit("/", 1)[-1]))
-                                      or t.lower() in ("lr", "learning_rate")))
+        return self._best(self._train(TagRole.LEARNING_RATE))
 
     @cached_property
     def loss_scale(self) -> Curve | None:
-        return self._best(self._train(is_loss_scale_tag))
+        return self._best(self._train(TagRole.LOSS_SCALE))
 
-    def _per_layer(self, pred: Any) -> dict[str, Curve]:
+    def _per_layer(self, want: TagRole) -> dict[str, Curve]:
         groups: dict[str, list[Series]] = {}
         for s in self.result.run.series:
-            layer = layer_from_tag(s.tag)
-            if layer is not None and pred(s.tag):
+            if role(s.tag) is want:  # a per-layer role: the tag names a layer
                 groups.setdefault(s.tag, []).append(s)
         out: dict[str, Curve] = {}
         for tag, parts in groups.items():
@@ -134,11 +128,11 @@ class RunEvidence:
 
     @cached_property
     def layer_grad_norms(self) -> dict[str, Curve]:
-        return self._per_layer(lambda t: tag_priority(t) == 2)
+        return self._per_layer(TagRole.LAYER_GRAD)
 
     @cached_property
     def layer_weight_norms(self) -> dict[str, Curve]:
-        return self._per_layer(lambda t: bool(_WEIGHT.search(t)))
+        return self._per_layer(TagRole.LAYER_WEIGHT)
 
     def events(self, kind: str) -> list[Event]:
         return [e for e in self.result.run.events if e.kind == kind]

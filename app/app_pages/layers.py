@@ -8,6 +8,7 @@ import pandas as pd
 import streamlit as st
 
 from analyzer.model import step_words
+from analyzer.tags import TagRole
 from app import charts, data, ui, views
 
 sel, result = ui.run_page("Layers")
@@ -27,8 +28,8 @@ if producer:
 highlight = st.query_params.get("layer") or views.failing_layer(result)
 first_step = result.incident.step if result.incident else None
 
-families = [("layer grad", "Gradient norm per parameter"),
-            ("layer weight", "Weight norm per parameter")]
+families = [(TagRole.LAYER_GRAD, "Gradient norm per parameter"),
+            (TagRole.LAYER_WEIGHT, "Weight norm per parameter")]
 drawn = False
 for role, title in families:
     grid = views.layer_grid(run, roles.tags(role), roles.layers)

@@ -12,13 +12,14 @@ sel, result = ui.run_page("Timeline")
 
 run = result.run
 roles = data.tag_roles(sel.ref.path, sel.ref.digest, tuple(run.tags()))
-panels = {role: views.curves(run, roles.tags(role)) for role in views.TIMELINE_ROLES}
+panels: dict[str, list[views.Curve]] = {
+    role.value: views.curves(run, roles.tags(role)) for role in views.TIMELINE_ROLES}
 others = [t for t in run.tags() if roles.roles.get(t) not in views.TIMELINE_ROLES]
 extra = st.multiselect("More tags", others, key="timeline_more_tags",
                        help="Plot other logged tags in a panel of their own.")
 if extra:
     panels["other tags"] = views.curves(run, extra)
-missing = [role for role in views.TIMELINE_ROLES if not panels[role]]
+missing = [role.value for role in views.TIMELINE_ROLES if not panels[role.value]]
 if missing:
     st.caption(f"Not logged by this run: {', '.join(missing)}.")
 
