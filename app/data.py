@@ -445,6 +445,6 @@ def replay(capture: str, digest: str, device: str, dtype: str,
 
 
 def format_replay(result: Any) -> str:
-    from analyzer.replayer import format_replay as fmt
+    from analyzer.report.replay import format_replay as fmt
 
     return fmt(result)
