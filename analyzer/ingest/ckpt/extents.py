@@ -20,20 +20,30 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from analyzer.ingest.ckpt.archive import Archive, Entry
 from analyzer.ingest.ckpt.ranges import span
 from analyzer.ingest.ckpt.staticpickle import StaticResult, StorageRef, TensorRef
 
+if TYPE_CHECKING:
+    import torch
+
 MAX_ISSUES = 20
 """Problems listed one by one per file; the rest are counted in one more issue."""
+
+
+def torch_dtype(name: str) -> torch.dtype | None:
+    """The torch dtype a file names without the ``torch.`` prefix, or None."""
+    import torch
+
+    value = getattr(torch, name, None)
+    return value if isinstance(value, torch.dtype) else None
 
 
 @functools.cache
 def itemsize(dtype: str) -> int | None:
     """Bytes per element of a torch dtype named without its ``torch.`` prefix."""
-    from analyzer.ingest.ckpt.leaves import torch_dtype
-
     found = torch_dtype(dtype)
     return None if found is None else int(found.itemsize)
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from analyzer.ingest.ckpt.archive import Archive
-from analyzer.ingest.ckpt.extents import unfit
+from analyzer.ingest.ckpt.extents import torch_dtype, unfit
 from analyzer.ingest.ckpt.ranges import (
     FileRanges,
     contiguous_chunks,
@@ -35,13 +35,6 @@ class Leaf:
     """The strides of a view whose chunks are not cut from one flat run of its values
     (they may also follow the storage's order, not the view's); two leaves are read in
     lockstep, chunk against chunk, only when their layouts agree."""
-
-
-def torch_dtype(name: str) -> torch.dtype | None:
-    import torch
-
-    value = getattr(torch, name, None)
-    return value if isinstance(value, torch.dtype) else None
 
 
 def _numeric(dtype: torch.dtype | None) -> bool:

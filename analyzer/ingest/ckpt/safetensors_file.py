@@ -21,7 +21,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from analyzer.ingest.ckpt.leaves import Leaf, torch_dtype
+from analyzer.ingest.ckpt.extents import torch_dtype
+from analyzer.ingest.ckpt.leaves import Leaf
 from analyzer.ingest.ckpt.quoting import foreign, quote, value
 from analyzer.ingest.ckpt.ranges import FileRanges, contiguous_chunks
 from analyzer.model import IngestIssue, IssueKind, Location
