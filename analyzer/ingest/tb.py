@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -34,6 +34,7 @@ import numpy.typing as npt
 
 from analyzer.ingest.issuelog import IssueLog
 from analyzer.ingest.safeio import Deadline, NotRegularFile, open_regular
+from analyzer.ingest.tbpoints import Points
 from analyzer.ingest.tfrecord import HEADER, Framer, rows
 from analyzer.ingest.tfwindow import RecordReader, Window
 from analyzer.model import Event, Histogram, IngestIssue, Location, Series
@@ -75,42 +76,6 @@ class EventFile:
     file_version: str | None = None
 
 
-@dataclass
-class _Points:
-    """Scalar points gathered from both decoding paths, before grouping by tag.
-
-    Tags are kept as small integers into ``names`` so that grouping never compares strings.
-    """
-
-    names: dict[str, int] = field(default_factory=dict)
-    record: list[IntArray] = field(default_factory=list)
-    tag: list[IntArray] = field(default_factory=list)
-    step: list[IntArray] = field(default_factory=list)
-    value: list[FloatArray] = field(default_factory=list)
-    wall: list[FloatArray] = field(default_factory=list)
-    bad_walls: int = 0  # records with a non-finite wall time, and the first one
-    first_bad_wall: int = -1
-
-    def check_walls(self, record: IntArray, wall: FloatArray) -> None:
-        bad = ~np.isfinite(wall)
-        if bad.any():
-            self.bad_walls += int(bad.sum())
-            first = int(record[bad].min())
-            self.first_bad_wall = first if self.first_bad_wall < 0 else min(first,
-                                                                            self.first_bad_wall)
-
-    def tag_id(self, name: str) -> int:
-        return self.names.setdefault(name, len(self.names))
-
-    def add(self, record: IntArray, tag: IntArray, step: IntArray, value: FloatArray,
-            wall: FloatArray) -> None:
-        self.record.append(record)
-        self.tag.append(tag)
-        self.step.append(step)
-        self.value.append(value)
-        self.wall.append(wall)
-
-
 def read_event_file(path: str, *, verify: bool = True,
                     deadline: Deadline | None = None) -> EventFile:
     """Read one event file. Damage becomes issues; nothing is raised for bad content.
@@ -144,7 +109,7 @@ class _Decoder:
     def __init__(self, path: str, log: IssueLog) -> None:
         self.path = path
         self.log = log
-        self.points = _Points()
+        self.points = Points()
         self.offsets: list[IntArray] = []
         self.count = 0
         self.slow: Any = None  # a tb_proto.SlowDecoder, made when a record needs one
@@ -184,7 +149,7 @@ class _Decoder:
         )
 
 
-def _decode_fast(data: Bytes, offsets: IntArray, lengths: IntArray, points: _Points,
+def _decode_fast(data: Bytes, offsets: IntArray, lengths: IntArray, points: Points,
                  first: int) -> IntArray:
     """Decode every record with the common scalar layout; return the indices left over.
     Records are numbered from ``first`` on."""
@@ -209,7 +174,7 @@ def _decode_fast(data: Bytes, offsets: IntArray, lengths: IntArray, points: _Poi
 
 
 def _decode_layout(block: Bytes, n: int, s: int, record: IntArray,
-                   points: _Points) -> npt.NDArray[np.bool_]:
+                   points: Points) -> npt.NDArray[np.bool_]:
     """Decode block whose summary field starts at byte ``s``; return which ones matched."""
     taglen = n - s - 11
     if taglen < 0 or n - s - 2 >= 0x80:
@@ -239,7 +204,7 @@ def _decode_layout(block: Bytes, n: int, s: int, record: IntArray,
     return match
 
 
-def _tag_ids(tag_bytes: Bytes, points: _Points) -> IntArray:
+def _tag_ids(tag_bytes: Bytes, points: Points) -> IntArray:
     """Map each row of tag bytes to a tag id by hashing rows, not sorting byte strings."""
     n, width = tag_bytes.shape
     padded = np.zeros((n, -(-width // 8) * 8), dtype=np.uint8)
@@ -260,7 +225,7 @@ def _tag_ids(tag_bytes: Bytes, points: _Points) -> IntArray:
     return ids[inverse]
 
 
-def _group_series(path: str, offsets: IntArray, points: _Points) -> tuple[Series, ...]:
+def _group_series(path: str, offsets: IntArray, points: Points) -> tuple[Series, ...]:
     if not points.record:
         return ()
     record = _take(points.record)

@@ -30,7 +30,7 @@ from analyzer.ingest.tfrecord import HEADER
 from analyzer.model import Event, Histogram, Location
 
 if TYPE_CHECKING:
-    from analyzer.ingest.tb import _Points
+    from analyzer.ingest.tbpoints import Points
     from analyzer.ingest.tfwindow import Window
 
 _FLOAT_DTYPES: dict[int, np.dtype[Any]] = {
@@ -112,7 +112,7 @@ class SlowDecoder:
         self.file_version: str | None = None
 
     def decode(self, window: Window, which: npt.NDArray[np.int64], first: int,
-               points: _Points) -> None:
+               points: Points) -> None:
         """Decode records ``which`` of ``window`` (numbered from ``first``) into ``points``
         (scalars) and this decoder (histograms, restarts, the file version)."""
         raw = window.data.data
@@ -137,7 +137,7 @@ class SlowDecoder:
             points.add(record_ids, ids, steps, values, walls)
             self.scalars = ScalarSink()
 
-    def _event(self, event: Any, record: int, offset: int, points: _Points) -> None:
+    def _event(self, event: Any, record: int, offset: int, points: Points) -> None:
         wall = event.wall_time
         if not math.isfinite(wall):
             points.check_walls(np.array([record], dtype=np.int64), np.array([wall]))
