@@ -29,8 +29,10 @@ test: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 0; fi; exit $$rc
 
-# Rewrite the golden reports (tests/golden/) after a deliberate change; review the diff.
+# Rewrite the golden reports (tests/golden/) and the report's JSON Schema after a
+# deliberate change; review the diff.
 golden: setup
+	$(BIN)/python -m analyzer.model.schema > docs/report.schema.json
 	FORENSICS_GOLDEN=update $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_golden.py
 
 # The fuzz targets with a long budget (FORENSICS_FUZZ_EXAMPLES per target, default 20,000).

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import numpy.typing as npt
 
+from analyzer.model.encode import json_meta
 from analyzer.model.issues import IngestIssue, Location
 
 if TYPE_CHECKING:
@@ -128,17 +129,33 @@ class Run:
     path: str
     name: str
     files: tuple[str, ...]
-    series: tuple[Series, ...] = ()
-    histograms: tuple[Histogram, ...] = ()
+    series: tuple[Series, ...] = field(default=(), metadata=json_meta(omit=True))
+    """Summarised in the JSON report as ``tags``: points per tag."""
+    histograms: tuple[Histogram, ...] = field(default=(), metadata=json_meta(omit=True))
     events: tuple[Event, ...] = ()
     issues: tuple[IngestIssue, ...] = ()
+    """Every read issue of the run, its checkpoints' included: the JSON report lists them
+    here only, once each."""
     logs: tuple[LogSource, ...] = ()
-    checkpoints: CheckpointHistory | None = None
+    checkpoints: CheckpointHistory | None = field(
+        default=None, metadata=json_meta(drop=("issues",)))
     captures: tuple[str, ...] = ()
     """Capture folders of the flight recorder (``capture/step_N``), earliest step first."""
 
+    JSON_EXTRA = (("tags", "tag_points"),)
+
     def tags(self) -> list[str]:
         return sorted({s.tag for s in self.series})
+
+    @property
+    def tag_points(self) -> dict[str, int]:
+        """Points per tag over every series and histogram of it: a restarted writer,
+        several ranks or a tag in both a log and an event file each add their points."""
+        counts: dict[str, int] = {}
+        for tag, points in [(s.tag, len(s)) for s in self.series] + \
+                [(h.tag, len(h)) for h in self.histograms]:
+            counts[tag] = counts.get(tag, 0) + points
+        return counts
 
     @property
     def readable(self) -> bool:
