@@ -26,10 +26,10 @@ from analyzer.model import (
     RunResult,
     Series,
     nonfinite_kind,
-    step_words,
 )
 from analyzer.tags import is_loss_scale_tag, role, tie_rank
 from analyzer.tags import layer_from_tag as layer_from_tag  # public: the API takes it here
+from analyzer.wording import step_words
 
 _KINDS = ("nan", "+inf", "-inf", "nan-or-inf")
 
@@ -198,12 +198,6 @@ def _rank(inc: Incident) -> tuple[float, bool, int, int, str, int, str]:
             file, position, inc.tag)
 
 
-def _where(inc: Incident) -> str:
-    """``at step N``, or ``after step N`` for a line placed after a step."""
-    words = step_words(inc.step, inc.after)
-    return words if inc.after else f"at {words}"
-
-
 def run_incident(incidents: list[Incident]) -> Incident | None:
     """The earliest incident of the run, saying how a tie at that step was broken."""
     if not incidents:
@@ -213,7 +207,7 @@ def run_incident(incidents: list[Incident]) -> Incident | None:
     if first.step is None:
         return first  # its decided_by says why it has no step
     tied = [i for i in ordered if _step_key(i) == _step_key(first)]
-    where = _where(first)
+    where = step_words(first.step, first.after, "at")
     if len(tied) == 1:
         if first.after:
             return first  # its decided_by says where it was placed
@@ -241,7 +235,7 @@ def layer_incident(incidents: list[Incident]) -> Incident | None:
     tied = sorted((i for i in layered if _step_key(i) == key),
                   key=lambda i: (i.after, _position(i)))
     first = tied[0]
-    where = _where(first)
+    where = step_words(first.step, first.after, "at")
     layers = sorted({i.layer for i in tied if i.layer})
     rule = ("earliest step" if len(layers) == 1 else
             f"{len(layers)} layers {where} ({', '.join(layers[:6])}"

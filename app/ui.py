@@ -14,9 +14,8 @@ import pandas as pd
 import streamlit as st
 
 from analyzer.model import Run, RunResult
-from analyzer.model.replays import LOSS_NAME
+from analyzer.wording import failing_place, place_words, step_words
 from app import data, views
-from app.views import failing_layer
 
 PAGES: list[tuple[str, str, str]] = [
     ("app_pages/runs.py", "Runs", ":material/table_rows:"),
@@ -114,14 +113,12 @@ def headline(sel: Selected, result: RunResult) -> None:
         parts.append("every logged value is finite")
     else:
         last = "none" if inc.last_finite_step is None else inc.last_finite_step
-        where = views.step_phrase(inc.step, inc.after)
+        where = step_words(inc.step, inc.after, "at", mark="**")
         parts.append(f"first non-finite {where} (`{inc.tag}` = {inc.kind}, "
                      f"last finite step {last})")
-    layer = failing_layer(result)
-    if layer == LOSS_NAME:
-        parts.append("made in the **loss function**")
-    elif layer:
-        parts.append(f"layer **{layer}**")
+    place = failing_place(result)
+    if place is not None:
+        parts.append(place_words(place, mark="**"))
     if result.findings:
         top = result.findings[0]
         what = "cause" if top.is_failure else "warning"

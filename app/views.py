@@ -16,9 +16,9 @@ import numpy as np
 import numpy.typing as npt
 
 from analyzer.ingest.tb import is_event_file
-from analyzer.model import Event, Location, Run, RunResult, Series, step_words
-from analyzer.model.replays import LOSS_NAME
+from analyzer.model import Event, Location, Run, RunResult, Series
 from analyzer.tags import TagRole, layer_from_tag, role
+from analyzer.wording import failing_place, place_words, step_words
 
 if TYPE_CHECKING:
     from analyzer.model.checkpoints import SaveRef
@@ -102,19 +102,6 @@ def sources_text(run: Run) -> str:
     return ", ".join(parts) or "nothing readable"
 
 
-def failing_layer(result: RunResult) -> str | None:
-    """The layer to blame: the replay's producer when the replay found one (``(loss)`` when
-    the loss function made the value), else the first layer whose logged values went
-    non-finite."""
-    r = result.replay
-    if r is not None and r.phase is not None:
-        if r.layer:
-            return str(r.layer)
-        if r.op is not None and (r.op.module or "").startswith(LOSS_NAME):
-            return LOSS_NAME
-    return result.layer_incident.layer if result.layer_incident else None
-
-
 def save_labels(saves: Sequence[SaveRef]) -> list[str]:
     """One distinct column label per save: ``step 10``, with the file name where two saves
     share a step (Lightning's ``last.ckpt`` beside ``epoch=0-step=10.ckpt``), and a number
@@ -144,13 +131,6 @@ def replay_brief(result: RunResult) -> str | None:
     return f"{r.phase}{op}{where}: {r.verdict.kind}"
 
 
-def step_phrase(step: int | None, after: bool) -> str:
-    """Where a failure is, in Markdown, to follow "first non-finite"."""
-    if step is None:
-        return "with **no step**"
-    return f"after **step {step}**" if after else f"at **step {step}**"
-
-
 def run_row(name: str, result: RunResult | None, error: str | None) -> RunRow:
     if result is None:
         return RunRow(name, "unreadable", None, None, None, None, None, None, None, None,
@@ -165,7 +145,7 @@ def run_row(name: str, result: RunResult | None, error: str | None) -> RunRow:
         tag=inc.tag if inc else None,
         kind=inc.kind if inc else None,
         last_finite=inc.last_finite_step if inc else None,
-        layer=failing_layer(result),
+        layer=place_words(place, "cell") if (place := failing_place(result)) else None,
         cause=(top.name if top.is_failure else f"warning: {top.name}") if top else None,
         confidence=top.confidence if top else None,
         replay=replay_brief(result),

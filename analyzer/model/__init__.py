@@ -53,7 +53,6 @@ from analyzer.model.findings import (
     Finding,
     Incident,
     SkippedRule,
-    step_words,
 )
 from analyzer.model.issues import (
     IngestIssue,
@@ -159,5 +158,4 @@ __all__ = [
     "encode",
     "nonfinite_kind",
     "param_module",
-    "step_words",
 ]

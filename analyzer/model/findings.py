@@ -45,13 +45,6 @@ class Incident:
         return self.step + 1 if self.after else self.step
 
 
-def step_words(step: int | None, after: bool = False) -> str:
-    """A failure's step in words: ``step 12``, ``after step 12`` or ``no step``."""
-    if step is None:
-        return "no step"
-    return f"after step {step}" if after else f"step {step}"
-
-
 Confidence = Literal["low", "medium", "high"]
 CONFIDENCE_ORDER: dict[str, int] = {"low": 0, "medium": 1, "high": 2}
 

@@ -5,7 +5,8 @@ The numbers are the scan's; :mod:`analyzer.ingest.checkpoints` computes them.
 
 from __future__ import annotations
 
-from analyzer.model import CheckpointHistory, CheckpointScan, LayerStats, TensorStats, step_words
+from analyzer.model import CheckpointHistory, CheckpointScan, LayerStats, TensorStats
+from analyzer.wording import step_words
 
 MAX_ROWS = 15
 

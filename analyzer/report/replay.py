@@ -8,6 +8,7 @@ import math
 import os
 
 from analyzer.model import ModuleFrame, OpFault, PassOutcome, ReplayResult
+from analyzer.wording import place_words, replay_place
 
 
 def _num(value: float | None) -> str:
@@ -77,12 +78,11 @@ def format_replay(result: ReplayResult) -> str:
         lines.append(f"  why:  {v.hypothesis}")
     if v.next_check:
         lines.append(f"  next: {v.next_check}")
-    if r.phase is None:
+    place = replay_place(r)
+    if place is None:
         lines.append("every phase stayed finite in the instrumented pass")
     else:
-        layer = r.layer or ("none (in the loss function)" if r.op is not None and (
-            r.op.module or "").startswith("(loss)") else "?")
-        lines.append(f"first non-finite value: {r.phase}, layer {layer}")
+        lines.append(f"first non-finite value: {r.phase}, {place_words(place)}")
         if r.op is not None:
             lines += _op_lines(r.op)
     fwd = r.forward
@@ -125,13 +125,10 @@ def format_replay(result: ReplayResult) -> str:
 def brief_replay(result: ReplayResult) -> str:
     """One line for the ``analyze`` report: phase, layer, op and line, verdict."""
     r = result
-    if r.phase is None:
+    place = replay_place(r)
+    if place is None:
         return f"replay: every phase finite; verdict {r.verdict.kind}"
-    parts = [f"replay: {r.phase}"]
-    if r.layer:
-        parts.append(f"layer {r.layer}")
-    elif r.op is not None and (r.op.module or "").startswith("(loss)"):
-        parts.append("in the loss function")
+    parts = [f"replay: {r.phase}", place_words(place)]
     if r.op is not None:
         node = f" in {r.op.autograd_node}" if r.op.autograd_node else ""
         where = f" at {_where(r.op.source)}" if r.op.source else ""

@@ -12,14 +12,13 @@ import os
 from analyzer.ingest.tb import is_event_file
 from analyzer.model import (
     Finding,
-    Incident,
     Location,
     Report,
     Run,
     RunResult,
-    step_words,
 )
 from analyzer.report.replay import brief_replay
+from analyzer.wording import failing_place, place_words, step_words
 
 _MAX_LISTED = 8
 _PLACEMENTS = ("the line names no step", "the save names no step")
@@ -31,14 +30,6 @@ def format_text(report: Report) -> str:
     """The terminal report: one block per run, then a summary table."""
     blocks = [_run_block(r) for r in report.results]
     return "\n\n".join([*blocks, _summary(report)]) + "\n"
-
-
-def _step_text(inc: Incident) -> str:
-    """The incident's step as the tables show it: ``?`` when unknown, ``>10`` for a
-    line that follows step 10."""
-    if inc.step is None:
-        return "?"
-    return f">{inc.step}" if inc.after else str(inc.step)
 
 
 def _run_block(result: RunResult) -> str:
@@ -71,15 +62,15 @@ def _run_block(result: RunResult) -> str:
             lines.append(f"     tie: {inc.decided_by}")
     lay = result.layer_incident
     if lay is not None:
-        plain = lay.step is not None and not lay.after
-        where = f"{' at' if plain else ','} {step_words(lay.step, lay.after)}"
-        lines.append(f"   FIRST LAYER  {lay.layer}  ({lay.tag} = {lay.kind}{where})")
+        where = step_words(lay.step, lay.after, "at")
+        lines.append(f"   FIRST LAYER  {lay.layer}  ({lay.tag} = {lay.kind} {where})")
         if lay.decided_by and lay.decided_by != "earliest step" \
                 and not lay.decided_by.startswith(_PLACEMENTS):
             lines.append(f"     tie: {lay.decided_by}")
     others = [i for i in result.tag_incidents if inc is None or i.tag != inc.tag]
     if others:
-        shown = ", ".join(f"{i.tag}@{_step_text(i)}" for i in others[:_MAX_LISTED])
+        shown = ", ".join(f"{i.tag}@{step_words(i.step, i.after, 'cell')}"
+                          for i in others[:_MAX_LISTED])
         more = f" and {len(others) - _MAX_LISTED} more" if len(others) > _MAX_LISTED else ""
         lines.append(f"   also non-finite: {shown}{more}")
     if result.overflow_skips:
@@ -193,14 +184,12 @@ def _summary(report: Report) -> str:
             rows.append((r.run.name, r.status, "-", "-", "-", "-", "-", "-"))
         else:
             last = "-" if inc.last_finite_step is None else str(inc.last_finite_step)
-            layer = r.layer_incident.layer if r.layer_incident else None
-            if r.replay is not None and r.replay.phase is not None:
-                layer = r.replay.layer or "(loss fn)"
+            place = failing_place(r)
             cause = next((f"{f.name} ({f.confidence})" for f in r.findings if f.is_failure),
                          "-")
-            step = _step_text(inc)
-            rows.append((r.run.name, "FAILED", step, inc.tag, inc.kind, last,
-                         layer or "-", cause))
+            step = step_words(inc.step, inc.after, "cell")
+            layer = place_words(place, "cell") if place is not None else "-"
+            rows.append((r.run.name, "FAILED", step, inc.tag, inc.kind, last, layer, cause))
     widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
     table = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
              for row in rows]

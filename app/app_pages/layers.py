@@ -7,8 +7,8 @@ import os
 import pandas as pd
 import streamlit as st
 
-from analyzer.model import step_words
 from analyzer.tags import TagRole
+from analyzer.wording import failing_place, place_words, replay_place, step_words
 from app import charts, data, ui, views
 
 sel, result = ui.run_page("Layers")
@@ -16,16 +16,17 @@ sel, result = ui.run_page("Layers")
 run = result.run
 roles = data.tag_roles(sel.ref.path, sel.ref.digest, tuple(run.tags()))
 lay = result.layer_incident
-producer = result.replay.layer if result.replay is not None else None
+made = replay_place(result.replay) if result.replay is not None else None
 if lay is not None:
     st.markdown(f"First layer whose logged values went non-finite: **{lay.layer}** "
-                f"(`{lay.tag}` = {lay.kind} at step {lay.step}).")
+                f"(`{lay.tag}` = {lay.kind} {step_words(lay.step, lay.after, 'at')}).")
     if lay.decided_by and lay.decided_by != "earliest step":
         st.caption(lay.decided_by)
-if producer:
-    st.markdown(f"Replay names **{producer}** as the layer that produced the first "
-                "non-finite value.")
-highlight = st.query_params.get("layer") or views.failing_layer(result)
+if made is not None and made.named:
+    st.markdown(f"Where the replay saw the first non-finite value made: "
+                f"{place_words(made, mark='**')}.")
+place = failing_place(result)
+highlight = st.query_params.get("layer") or (place.layer if place is not None else None)
 first_step = result.incident.step if result.incident else None
 
 families = [(TagRole.LAYER_GRAD, "Gradient norm per parameter"),

@@ -8,7 +8,7 @@ import os
 import pandas as pd
 import streamlit as st
 
-from analyzer.model import step_words
+from analyzer.wording import step_words
 from app import data, ui, views
 
 sel, result = ui.run_page("Logs")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from app import data, ui, views
+from analyzer.wording import step_words
+from app import data, ui
 
 st.title("Runs")
 refs = ui.all_refs()
@@ -71,7 +72,7 @@ if rows:
     row = shown.iloc[rows[0]]
     if row["status"] == "failed":
         step = None if pd.isna(row["first_step"]) else int(row["first_step"])
-        where = views.step_phrase(step, bool(row["first_after"]))
+        where = step_words(step, bool(row["first_after"]), "at", mark="**")
         cause = "none ranked" if pd.isna(row["cause"]) else row["cause"]
         st.markdown(f"First non-finite {where} in `{row['tag']}`; top cause **{cause}**.")
     cols = st.columns(5)

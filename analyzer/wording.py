@@ -1,0 +1,89 @@
+"""A step and the failing place, in words: one wording for the text report, the replay text
+and the dashboard.
+
+    step_words(step, after, form)  a failure's step: ``step 12``, ``after step 12`` (a log
+                                   line that names no step, placed after the last one
+                                   logged), ``no step``; as a phrase that follows a verb
+                                   (``at step 12``) or in a table cell (``12``, ``>12``)
+    failing_place(result)          where the run's first non-finite value was made: what the
+                                   replay names (a layer, the loss function), else the first
+                                   layer whose logged values went non-finite
+    replay_place(replay)           what a replay alone names
+    place_words(place, form)       ``layer fc1``, ``in the loss function``, ``layer unknown``;
+                                   in a table cell ``fc1``, ``(loss function)``, ``?``
+
+``mark`` wraps the words that matter (``**`` for Markdown).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from analyzer.model import ReplayResult, RunResult
+from analyzer.model.replays import LOSS_NAME
+
+StepForm = Literal["noun", "at", "cell"]
+PlaceForm = Literal["prose", "cell"]
+
+
+def step_words(step: int | None, after: bool = False, form: StepForm = "noun",
+               mark: str = "") -> str:
+    """``noun``: ``step 12``, ``after step 12``, ``no step``; ``at``: ``at step 12``,
+    ``after step 12``, ``with no step``; ``cell``: ``12``, ``>12``, ``?``."""
+    if form == "cell":
+        if step is None:
+            return "?"
+        return f">{step}" if after else str(step)
+    if step is None:
+        words = f"{mark}no step{mark}"
+        return f"with {words}" if form == "at" else words
+    words = f"{mark}step {step}{mark}"
+    if after:
+        return f"after {words}"
+    return f"at {words}" if form == "at" else words
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a non-finite value was made: a layer of the model, the loss function, or a place
+    the replay could not name (``layer`` None, ``loss_fn`` False)."""
+
+    layer: str | None = None
+    loss_fn: bool = False
+
+    @property
+    def named(self) -> bool:
+        return self.layer is not None or self.loss_fn
+
+
+def replay_place(replay: ReplayResult) -> Place | None:
+    """What the replay names; None when every phase stayed finite."""
+    if replay.phase is None:
+        return None
+    if replay.layer:
+        return Place(layer=str(replay.layer))
+    op = replay.op
+    return Place(loss_fn=op is not None and (op.module or "").startswith(LOSS_NAME))
+
+
+def failing_place(result: RunResult) -> Place | None:
+    """The replay's place when it names one, else the first layer whose logged values went
+    non-finite (logged values at one step cannot tell layers apart: the replay is the
+    better witness), else None."""
+    place = replay_place(result.replay) if result.replay is not None else None
+    if place is not None and place.named:
+        return place
+    lay = result.layer_incident
+    if lay is not None and lay.layer is not None:
+        return Place(layer=lay.layer)
+    return place
+
+
+def place_words(place: Place, form: PlaceForm = "prose", mark: str = "") -> str:
+    """``prose``: ``layer fc1``, ``in the loss function``, ``layer unknown``; ``cell``:
+    ``fc1``, ``(loss function)``, ``?``."""
+    if place.loss_fn:
+        return "(loss function)" if form == "cell" else f"in the {mark}loss function{mark}"
+    name = place.layer or ("?" if form == "cell" else "unknown")
+    return name if form == "cell" else f"layer {mark}{name}{mark}"
