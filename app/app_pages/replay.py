@@ -8,6 +8,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
+from analyzer.wording import place_words, replay_place
 from app import data, ui
 
 sel, result = ui.run_page("Replay")
@@ -44,11 +45,11 @@ def show(r: Any) -> None:
         st.markdown(f"**Next:** {v.next_check}")
     for note in r.notes:
         st.caption(note)
-    if r.phase is None:
+    place = replay_place(r)
+    if place is None:
         st.markdown("Every phase stayed finite in the instrumented pass.")
     else:
-        st.markdown(f"First non-finite value in **{r.phase}**, layer "
-                    f"**{r.layer or 'none (the loss function or no module)'}**.")
+        st.markdown(f"First non-finite value in **{r.phase}**, {place_words(place, mark='**')}.")
         if r.op is not None:
             show_op(r.op)
     fwd = r.forward
