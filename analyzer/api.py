@@ -127,9 +127,8 @@ def with_findings(results: list[RunResult]) -> list[RunResult]:
     """Run the rule catalogue over every result; healthy runs beside a failed one (same
     parent folder) serve as its reference environment."""
     from analyzer.rules import evaluate
-    from analyzer.rules.evidence import RunEvidence
 
-    facts = [(r.run.path, r.run.name, r.failed, RunEvidence(r).env) for r in results]
+    facts = [(r.run.path, r.run.name, r.failed, r.run.env) for r in results]
     out = []
     for r in results:
         findings, skipped = evaluate(r, healthy_siblings(r.run.path, facts))

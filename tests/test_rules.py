@@ -151,16 +151,17 @@ def test_anomaly_message_without_capture() -> None:
 
 
 def test_environment_drift_against_a_healthy_sibling(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    import json
+    from dataclasses import replace
 
     from analyzer.api import with_findings
 
+    # Ingest reads env.json into the Run (tests/test_capture_folder.py reads it from disk);
+    # the rules and the sibling gathering read only the record.
     bad, good = tmp_path / "bad", tmp_path / "good"
-    for folder, torch_version in ((bad, "2.3.0"), (good, "2.1.0")):
-        folder.mkdir()
-        (folder / "env.json").write_text(json.dumps({"torch": torch_version, "blas": "mkl"}))
-    failed = locate(_run(_series("train/loss", [1.0, math.nan]), path=str(bad)))
-    healthy = locate(_run(_series("train/loss", [1.0, 0.5]), path=str(good)))
+    failed = locate(replace(_run(_series("train/loss", [1.0, math.nan]), path=str(bad)),
+                            env={"torch": "2.3.0", "blas": "mkl"}))
+    healthy = locate(replace(_run(_series("train/loss", [1.0, 0.5]), path=str(good)),
+                             env={"torch": "2.1.0", "blas": "mkl"}))
     results = with_findings([failed, healthy])
     drift = [f for f in results[0].findings if f.name == "environment-drift"]
     assert drift and "torch '2.3.0' vs '2.1.0'" in drift[0].evidence[0].text

@@ -17,20 +17,23 @@ kept in :attr:`FlightRecorder.errors`.
 
 ``torch`` is imported inside functions so that importing this module stays cheap.
 
-The package: :mod:`.recorder` (the recorder), :mod:`.format` (names, factories,
-meta.json), :mod:`.env` (env.json), :mod:`.rng` (random states).
+The package: :mod:`.folder` (the capture folder format's one owner: names, discovery,
+the reader of meta.json and env.json; no torch), :mod:`.recorder` (the recorder),
+:mod:`.format` (what meta.json is written from: factories, strict JSON), :mod:`.env`
+(env.json), :mod:`.rng` (random states).
 """
 
 from analyzer.capture.env import environment, write_env
-from analyzer.capture.format import (
+from analyzer.capture.folder import (
     CAPTURE_DIR,
     ENV_FILE,
     FORMAT_NAME,
     FORMAT_VERSION,
-    Factory,
-    Mode,
+    MetaError,
+    read_capture_meta,
     read_meta,
 )
+from analyzer.capture.format import Factory, Mode
 from analyzer.capture.recorder import FlightRecorder
 from analyzer.capture.rng import restore_rng, rng_state
 
@@ -41,8 +44,10 @@ __all__ = [
     "FORMAT_VERSION",
     "Factory",
     "FlightRecorder",
+    "MetaError",
     "Mode",
     "environment",
+    "read_capture_meta",
     "read_meta",
     "restore_rng",
     "rng_state",

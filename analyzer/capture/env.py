@@ -7,7 +7,8 @@ import platform
 import warnings
 from typing import Any
 
-from analyzer.capture.format import ENV_FILE, write_json
+from analyzer.capture.folder import ENV_FILE, ENV_FORMAT
+from analyzer.capture.format import write_json
 
 
 def environment(seed: int | None = None) -> dict[str, Any]:
@@ -68,7 +69,7 @@ def write_env(run_dir: str | os.PathLike[str], seed: int | None = None) -> str |
     try:
         os.makedirs(run_dir, exist_ok=True)
         path = os.path.join(run_dir, ENV_FILE)
-        write_json(path, {"format": "nan-forensics-env", "version": 1, **environment(seed)})
+        write_json(path, {"format": ENV_FORMAT, "version": 1, **environment(seed)})
         return path
     except Exception as exc:  # the run matters more than its environment record
         warnings.warn(f"flight recorder: could not write {ENV_FILE}: {exc}", stacklevel=2)

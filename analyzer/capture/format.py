@@ -1,26 +1,17 @@
-"""The capture format: its name and version, factories, meta.json helpers."""
+"""What the recorder writes into meta.json: factories, class paths, dtype names, strict JSON.
+
+The folder's names, its discovery and the reader of meta.json are
+:mod:`analyzer.capture.folder`'s.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import importlib
 import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
-
-FORMAT_NAME = "nan-forensics-capture"
-
-
-FORMAT_VERSION = 1
-
-
-ENV_FILE = "env.json"
-
-
-CAPTURE_DIR = "capture"
-
 
 Mode = Literal["every_step", "every_n"]
 
@@ -80,16 +71,3 @@ def write_json(path: str, data: Mapping[str, Any]) -> None:
         json.dump(data, fh, indent=2, sort_keys=False, allow_nan=False)
         fh.write("\n")
 
-
-def read_meta(capture_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """Load and check a capture's ``meta.json`` (raises ValueError on a foreign file)."""
-    path = os.path.join(capture_dir, "meta.json")
-    with open(path, encoding="utf-8") as fh:
-        meta = json.load(fh)
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
-        raise ValueError(f"{path}: not a {FORMAT_NAME} meta.json")
-    if meta.get("version") != FORMAT_VERSION:
-        raise ValueError(
-            f"{path}: capture version {meta.get('version')!r}, this reader knows {FORMAT_VERSION}"
-        )
-    return meta

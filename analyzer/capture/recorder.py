@@ -12,11 +12,20 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from analyzer.capture.env import environment, write_env
-from analyzer.capture.format import (
+from analyzer.capture.folder import (
+    BATCH_FILE,
     CAPTURE_DIR,
     ENV_FILE,
     FORMAT_NAME,
     FORMAT_VERSION,
+    HISTORY_FILE,
+    META_FILE,
+    RNG_FILE,
+    STATE_FILE,
+    step_dir_name,
+    temporary_prefix,
+)
+from analyzer.capture.format import (
     Factory,
     Mode,
     class_path,
@@ -221,11 +230,12 @@ class FlightRecorder:
     def _write(self, current: _StepInputs, trigger: dict[str, str]) -> str:
         import torch
 
-        final = os.path.join(self.run_dir, CAPTURE_DIR, f"step_{current.step}")
+        final = os.path.join(self.run_dir, CAPTURE_DIR, step_dir_name(current.step))
         parent = os.path.dirname(final)
         os.makedirs(parent, exist_ok=True)
-        # Written aside and renamed, so a crash mid-write never leaves a half capture.
-        tmp = tempfile.mkdtemp(prefix=f".step_{current.step}.", dir=parent)
+        # Written aside and renamed, so a crash mid-write never leaves a half capture: the
+        # readers take no folder of the temporary name (analyzer.capture.folder).
+        tmp = tempfile.mkdtemp(prefix=temporary_prefix(current.step), dir=parent)
         try:
             torch.save(
                 {
@@ -233,19 +243,20 @@ class FlightRecorder:
                     "optimizer": self._snapshot.optimizer,
                     "scaler": self._snapshot.scaler,
                 },
-                os.path.join(tmp, "state.pt"),
+                os.path.join(tmp, STATE_FILE),
             )
             torch.save(
                 {"inputs": current.inputs, "targets": current.targets},
-                os.path.join(tmp, "batch.pt"),
+                os.path.join(tmp, BATCH_FILE),
             )
-            torch.save(safe_rng(current.rng), os.path.join(tmp, "rng.pt"))
+            torch.save(safe_rng(current.rng), os.path.join(tmp, RNG_FILE))
             if self.mode == "every_n":
                 torch.save(
                     {"steps": [_history_entry(h) for h in self._history]},
-                    os.path.join(tmp, "history.pt"),
+                    os.path.join(tmp, HISTORY_FILE),
                 )
-            write_json(os.path.join(tmp, "meta.json"), self._meta(current, trigger))
+            # meta.json last: a folder that holds it is complete.
+            write_json(os.path.join(tmp, META_FILE), self._meta(current, trigger))
             if os.path.exists(final):
                 shutil.rmtree(final)
             os.replace(tmp, final)
@@ -290,8 +301,8 @@ class FlightRecorder:
             "mode": self.mode,
             "state_step": self._snapshot.step,
             "loss_value": _float_or_none(self._loss),
-            "files": ["meta.json", "state.pt", "batch.pt", "rng.pt"]
-            + (["history.pt"] if self.mode == "every_n" else []),
+            "files": [META_FILE, STATE_FILE, BATCH_FILE, RNG_FILE]
+            + ([HISTORY_FILE] if self.mode == "every_n" else []),
         }
         if self.mode == "every_n":
             meta["every_n"] = self.every_n

@@ -3,8 +3,9 @@
 A run is a folder that directly holds event files, text logs or checkpoints (as TensorBoard
 sees it, nested layouts such as ``lightning_logs/version_N/`` give one run per version).
 Folders that only hold a run's side products belong to the folder above them: ``capture/``
-(the flight recorder's saved steps), ``checkpoints/`` and numbered save folders such as
-``checkpoint-500/``. Nothing is opened here beyond listing folders and looking at file types.
+(the flight recorder's saved steps, listed by :mod:`analyzer.capture.folder`, which owns that
+format), ``checkpoints/`` and numbered save folders such as ``checkpoint-500/``. Nothing is
+opened here beyond listing folders and looking at file types.
 
 The walk is iterative and bounded, and says what it passed over, each an
 :class:`IngestIssue` on the run that holds it (or, outside every run, on the discovery):
@@ -23,6 +24,7 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
+from analyzer.capture.folder import is_capture_container, run_step_folders
 from analyzer.errors import UsageError
 from analyzer.ingest.checkpoints import is_checkpoint_file
 from analyzer.ingest.logs import TRAINER_STATE, is_log_file
@@ -31,7 +33,6 @@ from analyzer.ingest.tb import event_file_order, is_event_file
 from analyzer.model import IngestIssue, IssueKind, Location
 
 _SKIP_DIRS = {"__pycache__", "node_modules", ".git", ".venv", "venv", ".hg", ".svn"}
-CAPTURE_DIRS = {"capture", "captures"}
 _ATTACHED = re.compile(
     r"checkpoints?|ckpts?|(checkpoint|ckpt|step|global_step|epoch)[-_=]?\d+", re.IGNORECASE)
 MAX_DEPTH = 64
@@ -65,7 +66,7 @@ class Discovery:
 
 
 def is_attached_dir(name: str) -> bool:
-    return name.lower() in CAPTURE_DIRS or bool(_ATTACHED.fullmatch(name))
+    return is_capture_container(name) or bool(_ATTACHED.fullmatch(name))
 
 
 def is_run_file(name: str) -> bool:
@@ -145,7 +146,7 @@ class Listing:
     issues: list[IngestIssue] = field(default_factory=list)
 
 
-def _list(folder: str, *, for_run: bool = True) -> Listing:
+def _list(folder: str) -> Listing:
     """List ``folder``: real sub-folders, regular files, and issues for symlinked folders,
     special files with a run file's name, broken links and a folder that cannot be read."""
     out = Listing(folder)
@@ -172,7 +173,7 @@ def _list(folder: str, *, for_run: bool = True) -> Listing:
             out.dirs.append(entry.name)
         elif is_file:
             out.files.append(entry.name)
-        elif for_run and is_run_file(entry.name):
+        elif is_run_file(entry.name):
             kind = "broken symlink" if is_link and not os.path.exists(entry.path) else None
             if kind is not None:
                 out.issues.append(_issue(entry.path, "unreadable",
@@ -244,22 +245,18 @@ def _run_in(root: str, listing: Listing) -> RunFiles:
                     key=event_file_order)
     checkpoints = [os.path.join(folder, f) for f in files if is_checkpoint_file(f)]
     logs = [os.path.join(folder, f) for f in files if is_log_file(f)]
-    captures: list[str] = []
+    captures, more = run_step_folders(folder, listing.dirs)
+    issues += more
     states: list[str] = []
     for d in listing.dirs:
-        if not is_attached_dir(d):
+        if not is_attached_dir(d) or is_capture_container(d):
             continue
         sub = os.path.join(folder, d)
-        if d.lower() in CAPTURE_DIRS:
-            inner = _list(sub, for_run=False)
-            captures += [os.path.join(sub, c) for c in inner.dirs]
-            issues += inner.issues
-        else:
-            found, more = _checkpoints_below(sub)
-            checkpoints += found
-            issues += more
-            if os.path.isfile(os.path.join(sub, TRAINER_STATE)):
-                states.append(os.path.join(sub, TRAINER_STATE))
+        found, more = _checkpoints_below(sub)
+        checkpoints += found
+        issues += more
+        if os.path.isfile(os.path.join(sub, TRAINER_STATE)):
+            states.append(os.path.join(sub, TRAINER_STATE))
     if states and not any(os.path.basename(f) == TRAINER_STATE for f in logs):
         # Each Trainer save holds the whole log history so far: the latest one is enough.
         logs.append(max(states, key=_save_number))

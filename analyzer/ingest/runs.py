@@ -2,7 +2,9 @@
 
 Several event files in one folder are a restarted (or re-created) writer: they are merged
 in the order their names give, and each file after the first is recorded as a restart, not
-deduplicated away.
+deduplicated away. The run's flight-recorder captures and its ``env.json`` are read here too
+(by :mod:`analyzer.capture.folder`, their format's owner), so that later stages read them
+off the :class:`Run` and open no file.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import replace
 from multiprocessing.context import BaseContext
 
+from analyzer.capture.folder import read_run_captures
 from analyzer.ingest.discover import RunFiles
 from analyzer.ingest.tb import EventFile, read_event_file
 from analyzer.model import Event, Location, LogSource, Run
@@ -38,7 +41,8 @@ def read_runs(runs: list[RunFiles], *, verify: bool = True, jobs: int = 1,
         done += sizes[path]
         if progress is not None:
             progress(done, total)
-    merged = [_with_logs(merge_run(run, [results[f] for f in run.event_files]), run)
+    merged = [_with_captures(_with_logs(merge_run(run, [results[f] for f in run.event_files]),
+                                        run), run)
               for run in runs]
     if not checkpoints:
         return merged
@@ -59,6 +63,12 @@ def _with_logs(run: Run, files: RunFiles) -> Run:
         issues=run.issues + tuple(i for _, r in reads for i in r.issues),
         logs=tuple(LogSource(path, r.framework, r.confidence, r.notes) for path, r in reads),
     )
+
+
+def _with_captures(run: Run, files: RunFiles) -> Run:
+    found = read_run_captures(files.path, files.capture_dirs)
+    return replace(run, captures=found.captures, capture_metas=found.metas, env=found.env,
+                   issues=run.issues + found.issues)
 
 
 def _with_checkpoints(run: Run, files: RunFiles, trust_pickle: bool) -> Run:
@@ -117,16 +127,7 @@ def merge_run(run: RunFiles, files: list[EventFile]) -> Run:
         events.extend(f.events)
     issues = run.issues + tuple(i for f in files for i in f.issues)
     return Run(path=run.path, name=run.name, files=run.event_files, series=series,
-               histograms=histograms, events=tuple(events), issues=issues,
-               captures=_by_step(run.capture_dirs))
-
-
-def _by_step(folders: tuple[str, ...]) -> tuple[str, ...]:
-    def step(path: str) -> tuple[int, str]:
-        digits = "".join(c for c in os.path.basename(path) if c.isdigit())
-        return (int(digits) if digits else 1 << 62, path)
-
-    return tuple(sorted(folders, key=step))
+               histograms=histograms, events=tuple(events), issues=issues)
 
 
 def _first_step(f: EventFile) -> int | None:

@@ -3,7 +3,8 @@
 This package imports nothing else of the project, so every stage, the dashboard and the
 tests can depend on it. Its modules: ``issues`` (Location, IngestIssue and the typed issue
 kinds), ``runs`` (what ingest reads: Series, Histogram, Event, LogSource, Run),
-``checkpoints`` (the checkpoint scan's records), ``replays`` (the replay's records),
+``checkpoints`` (the checkpoint scan's records), ``captures`` (a capture's checked
+meta.json), ``replays`` (the replay's records),
 ``findings`` (Incident, Evidence, Finding, SkippedRule, CodeRefusal), ``results``
 (RunResult, Report and the report's schema version) and ``encode`` (records as JSON).
 
@@ -16,6 +17,7 @@ treated as read-only; a record never changes after it is built.
     Event           something that happened at a step: a restart, an overflow skip, ...
     IngestIssue     damage met while reading: the file, the offset or line, a typed kind
     Run             everything read from one run folder
+    CaptureMeta     a flight-recorder capture's meta.json, its keys' types checked
     Incident        the first non-finite value of a tag (or of the whole run)
     Evidence        a fact a finding rests on, with its location
     Finding         a ranked root cause (or symptom) with its evidence and fix
@@ -26,6 +28,17 @@ treated as read-only; a record never changes after it is built.
 
 from __future__ import annotations
 
+from analyzer.model.captures import (
+    CAPTURE_DTYPES,
+    CAPTURE_MODES,
+    AmpSettings,
+    CaptureDtype,
+    CaptureMeta,
+    CaptureMode,
+    CaptureTrigger,
+    FactorySpec,
+    OptimizerSpec,
+)
 from analyzer.model.checkpoints import (
     FP16_MAX,
     AdamFinding,
@@ -100,6 +113,8 @@ from analyzer.model.runs import (
 )
 
 __all__ = [
+    "CAPTURE_DTYPES",
+    "CAPTURE_MODES",
     "CONFIDENCE_ORDER",
     "FP16_MAX",
     "LOSS_NAME",
@@ -108,7 +123,12 @@ __all__ = [
     "ROOT_NAME",
     "SCHEMA_VERSION",
     "AdamFinding",
+    "AmpSettings",
     "BackwardReport",
+    "CaptureDtype",
+    "CaptureMeta",
+    "CaptureMode",
+    "CaptureTrigger",
     "CheckpointFormat",
     "CheckpointHistory",
     "CheckpointScan",
@@ -116,6 +136,7 @@ __all__ = [
     "Confidence",
     "Event",
     "Evidence",
+    "FactorySpec",
     "Finding",
     "FloatArray",
     "ForwardReport",
@@ -131,6 +152,7 @@ __all__ = [
     "ModuleFrame",
     "NonFiniteKind",
     "OpFault",
+    "OptimizerSpec",
     "ParamGrad",
     "ParamUpdate",
     "PassOutcome",

@@ -5,11 +5,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 
+from analyzer.model.captures import CaptureMeta
 from analyzer.model.encode import json_meta
 from analyzer.model.issues import IngestIssue, Location
 
@@ -141,6 +142,11 @@ class Run:
         default=None, metadata=json_meta(drop=("issues",)))
     captures: tuple[str, ...] = ()
     """Capture folders of the flight recorder (``capture/step_N``), earliest step first."""
+    capture_metas: tuple[CaptureMeta, ...] = field(default=(), metadata=json_meta(omit=True))
+    """The checked meta.json of each capture whose file could be taken, in that order."""
+    env: Mapping[str, Any] | None = field(default=None, metadata=json_meta(omit=True))
+    """The run's env.json, or else the environment its earliest capture recorded (what
+    the rules compare with healthy runs beside it)."""
 
     JSON_EXTRA = (("tags", "tag_points"),)
 

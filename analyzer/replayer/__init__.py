@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from analyzer.capture.folder import capture_of as capture_folder
 from analyzer.model.replays import (
     BackwardReport,
     ForwardReport,
@@ -30,7 +31,6 @@ from analyzer.model.replays import (
     UpdateReport,
     Verdict,
 )
-from analyzer.replayer.discover import capture_folder
 from analyzer.replayer.dtypes import DTYPE_CHOICES
 from analyzer.replayer.errors import CaptureError, ModelRebuildError, ReplayError
 

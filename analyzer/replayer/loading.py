@@ -4,13 +4,13 @@ Every ``.pt`` file is opened with ``torch.load(weights_only=True)``; a file that
 needs more than that is refused, never loaded unsafely. The model, the loss and
 the optimizer are rebuilt from the import paths the capture records, which is
 the one place replay runs code named by the capture: it imports the modules the
-run itself used, and only as :mod:`analyzer.trust` allows.
+run itself used, and only as :mod:`analyzer.trust` allows. Which folder is a capture, and
+what its meta.json must hold, is :mod:`analyzer.capture.folder`'s to say.
 """
 
 from __future__ import annotations
 
 import inspect
-import json
 import os
 import pickle
 from collections.abc import Callable, Mapping, Sequence
@@ -20,17 +20,20 @@ from typing import Any
 import torch
 from torch import nn
 
-from analyzer.capture import FORMAT_NAME, FORMAT_VERSION
-from analyzer.ingest.safeio import NotRegularFile, open_regular, read_regular
-from analyzer.replayer.discover import find_capture
+from analyzer.capture.folder import (
+    BATCH_FILE,
+    HISTORY_FILE,
+    RNG_FILE,
+    STATE_FILE,
+    MetaError,
+    capture_of,
+    read_capture_meta,
+    run_of_capture,
+)
+from analyzer.ingest.safeio import NotRegularFile, open_regular
+from analyzer.model import CaptureMeta, FactorySpec
 from analyzer.replayer.errors import CaptureError, ModelRebuildError
 from analyzer.trust import Plan, TrustPolicy, check, resolve_plan
-
-_DTYPES = ("float32", "float16", "bfloat16", "float64")
-_REQUIRED: dict[str, type | tuple[type, ...]] = {
-    "step": int, "trigger": dict, "model": dict, "loss": dict, "optimizer": dict,
-    "dtype": str, "amp": dict, "device": str, "mode": str,
-}
 
 
 @dataclass(frozen=True, eq=False)
@@ -43,6 +46,8 @@ class Capture:
 
     path: str
     meta: Mapping[str, Any]
+    """meta.json as it stands (checked: ``record`` holds its typed fields)."""
+    record: CaptureMeta
     step: int
     model: nn.Module
     loss_fn: Callable[[Any, Any], Any]
@@ -58,64 +63,34 @@ class Capture:
 
     @property
     def autocast_dtype(self) -> str | None:
-        value = self.meta.get("amp", {}).get("autocast_dtype")
-        return value if value in _DTYPES else None
+        return self.record.amp.autocast_dtype
 
     @property
     def grad_clip(self) -> float | None:
-        value = self.meta.get("grad_clip")
-        return float(value) if isinstance(value, int | float) else None
+        return self.record.grad_clip
 
     @property
     def lr(self) -> float | None:
-        value = self.meta.get("lr")
-        return float(value) if isinstance(value, int | float) else None
+        return self.record.lr
 
 
-META_BYTES = 16 << 20
-"""Largest meta.json read; the recorder writes a few kilobytes."""
+def find_capture(path: str) -> str:
+    """The capture behind ``path`` (see :func:`analyzer.capture.folder.capture_of`); a path
+    without one is a CaptureError."""
+    if not os.path.exists(path):
+        raise CaptureError(path, "no such file or folder")
+    found = capture_of(path)
+    if found is None:
+        raise CaptureError(path, "holds no capture (no capture/step_<N>/meta.json)")
+    return found
 
 
-def read_meta(folder: str) -> dict[str, Any]:
-    path = os.path.join(folder, "meta.json")
+def read_meta(folder: str) -> CaptureMeta:
+    """The capture's checked meta.json; CaptureError naming the file and what is wrong."""
     try:
-        raw = read_regular(path, META_BYTES + 1)
-    except FileNotFoundError:
-        raise CaptureError(path, "missing") from None
-    except NotRegularFile as exc:
-        raise CaptureError(path, str(exc)) from None
-    except OSError as exc:
-        raise CaptureError(path, f"unreadable: {exc.strerror or exc}") from None
-    if len(raw) > META_BYTES:
-        raise CaptureError(path, f"larger than {META_BYTES} bytes: not a capture's meta.json")
-    try:
-        meta = json.loads(raw.decode("utf-8"))
-    except json.JSONDecodeError as exc:
-        raise CaptureError(path, f"line {exc.lineno} column {exc.colno}: {exc.msg}") from None
-    except UnicodeDecodeError as exc:
-        raise CaptureError(path, f"not UTF-8 at byte {exc.start}") from None
-    except RecursionError:
-        raise CaptureError(path, "nested too deeply to be a capture's meta.json") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
-        raise CaptureError(path, f"not a {FORMAT_NAME} meta.json (format key)")
-    if meta.get("version") != FORMAT_VERSION:
-        raise CaptureError(path, f"capture version {meta.get('version')!r}; this replay "
-                                 f"reads version {FORMAT_VERSION}")
-    for key, kind in _REQUIRED.items():
-        if not isinstance(meta.get(key), kind):
-            raise CaptureError(path, f"key {key!r} is missing or not a {_kind_name(kind)}")
-    if meta["dtype"] not in _DTYPES:
-        raise CaptureError(path, f"dtype {meta['dtype']!r} is not one of {', '.join(_DTYPES)}")
-    for key, where in (("env", meta), ("hyperparameters", meta["optimizer"])):
-        if where.get(key) is not None and not isinstance(where[key], dict):
-            raise CaptureError(path, f"key {key!r} is not a JSON object")
-    return meta
-
-
-def _kind_name(kind: type | tuple[type, ...]) -> str:
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    return " or ".join({"dict": "JSON object", "str": "string", "int": "integer"}.get(
-        k.__name__, k.__name__) for k in kinds)
+        return read_capture_meta(folder)
+    except MetaError as exc:
+        raise CaptureError(exc.path, exc.reason) from None
 
 
 def load_pt(folder: str, name: str, *, required: bool = True) -> Any:
@@ -150,15 +125,6 @@ def build(plan: Plan, kwargs: Mapping[str, Any], policy: TrustPolicy,
                                         f"{type(exc).__name__}: {exc}") from None
 
 
-def factory_of(spec: Any, what: str, meta_path: str) -> tuple[str, dict[str, Any]]:
-    if not isinstance(spec, dict) or not isinstance(spec.get("factory"), str):
-        raise CaptureError(meta_path, f"key {what!r} needs a 'factory' string")
-    kwargs = spec.get("kwargs") or {}
-    if not isinstance(kwargs, dict):
-        raise CaptureError(meta_path, f"{what}.kwargs is not a JSON object")
-    return spec["factory"], kwargs
-
-
 def restore_model(model: nn.Module, state: Mapping[str, Any], factory: str) -> None:
     """Load ``state`` keeping its dtypes: a run that cast layers keeps them cast."""
     tensors = dict(model.named_parameters()) | dict(model.named_buffers())
@@ -175,10 +141,9 @@ def restore_model(model: nn.Module, state: Mapping[str, Any], factory: str) -> N
                                          f"built: {str(exc).strip().splitlines()[-1]}") from None
 
 
-def build_optimizer(meta: Mapping[str, Any], model: nn.Module, state: Mapping[str, Any],
+def build_optimizer(meta: CaptureMeta, model: nn.Module, state: Mapping[str, Any],
                     plan: Plan, policy: TrustPolicy,
                     run_folder: str | None) -> torch.optim.Optimizer:
-    spec = meta["optimizer"]
     target = plan.target
     cls = resolve_plan(plan, policy, run_folder=run_folder).obj
     if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)):
@@ -191,7 +156,7 @@ def build_optimizer(meta: Mapping[str, Any], model: nn.Module, state: Mapping[st
         raise ModelRebuildError(target, "the saved optimizer state names parameters the "
                                         f"model does not have ({len(params)} parameters)") from None
     accepted = inspect.signature(cls).parameters
-    hyper = {k: v for k, v in (spec.get("hyperparameters") or {}).items()
+    hyper = {k: v for k, v in meta.optimizer.hyperparameters.items()
              if k in accepted and k != "params" and not isinstance(v, str)}
     try:
         optimizer = cls(groups, **hyper)
@@ -200,14 +165,6 @@ def build_optimizer(meta: Mapping[str, Any], model: nn.Module, state: Mapping[st
         raise ModelRebuildError(target, f"cannot restore its state: {type(exc).__name__}: "
                                         f"{exc}") from None
     return optimizer
-
-
-def run_folder_of(capture: str) -> str:
-    """The run a ``capture/step_N`` folder belongs to (the folder above ``capture/``)."""
-    parent = os.path.dirname(os.path.abspath(capture))
-    if os.path.basename(parent).lower() in ("capture", "captures"):
-        return os.path.dirname(parent)
-    return parent
 
 
 def _check_size(plan: tuple[Plan, dict[str, Any]], saved: Mapping[str, Any],
@@ -224,19 +181,17 @@ def _check_size(plan: tuple[Plan, dict[str, Any]], saved: Mapping[str, Any],
                                                 f"more than the {have:,} state.pt holds")
 
 
-def _plans(meta: Mapping[str, Any], meta_path: str, policy: TrustPolicy,
+def _plans(meta: CaptureMeta, policy: TrustPolicy,
            run_folder: str) -> dict[str, tuple[Plan, dict[str, Any]]]:
     """Judge every piece of code the capture names, importing none of it: the model and
     loss factories (with their arguments) and the optimizer class. Raises UntrustedCode or
     RefusedCode for code the policy does not allow."""
     plans = {}
-    for what in ("model", "loss"):
-        target, kwargs = factory_of(meta[what], what, meta_path)
-        plans[what] = (check(target, policy, run_folder=run_folder), kwargs)
-    optimizer = meta["optimizer"].get("class")
-    if not isinstance(optimizer, str):
-        raise CaptureError(meta_path, "optimizer.class is missing")
-    plans["optimizer"] = (check(optimizer, policy, run_folder=run_folder, separator="."), {})
+    specs: dict[str, FactorySpec] = {"model": meta.model, "loss": meta.loss}
+    for what, spec in specs.items():
+        plans[what] = (check(spec.factory, policy, run_folder=run_folder), dict(spec.kwargs))
+    plans["optimizer"] = (check(meta.optimizer.cls, policy, run_folder=run_folder,
+                                separator="."), {})
     return plans
 
 
@@ -254,42 +209,41 @@ def load_capture(path: str, *, import_paths: Sequence[str] = (),
     policy = policy if policy is not None else TrustPolicy.of(import_paths)
     folder = find_capture(path)
     meta = read_meta(folder)
-    meta_path = os.path.join(folder, "meta.json")
-    run_folder = run_folder_of(folder)
-    plans = _plans(meta, meta_path, policy, run_folder)  # before any file is loaded
-    state = load_pt(folder, "state.pt")
-    batch = load_pt(folder, "batch.pt")
+    run_folder = run_of_capture(folder)
+    plans = _plans(meta, policy, run_folder)  # before any file is loaded
+    state = load_pt(folder, STATE_FILE)
+    batch = load_pt(folder, BATCH_FILE)
     if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
-        raise CaptureError(os.path.join(folder, "state.pt"), "holds no 'model' state dict")
+        raise CaptureError(os.path.join(folder, STATE_FILE), "holds no 'model' state dict")
     if not isinstance(batch, dict) or "inputs" not in batch:
-        raise CaptureError(os.path.join(folder, "batch.pt"), "holds no 'inputs'")
-    rng = load_pt(folder, "rng.pt", required=False)
+        raise CaptureError(os.path.join(folder, BATCH_FILE), "holds no 'inputs'")
+    rng = load_pt(folder, RNG_FILE, required=False)
     history: tuple[Mapping[str, Any], ...] = ()
-    if meta["mode"] == "every_n":
-        entries = load_pt(folder, "history.pt", required=False)
+    if meta.mode == "every_n":
+        entries = load_pt(folder, HISTORY_FILE, required=False)
         if isinstance(entries, dict) and isinstance(entries.get("steps"), list):
             if not all(isinstance(e, dict) for e in entries["steps"]):
-                raise CaptureError(os.path.join(folder, "history.pt"),
+                raise CaptureError(os.path.join(folder, HISTORY_FILE),
                                    "'steps' holds entries that are not dicts")
             history = tuple(entries["steps"])
     if plans["model"][0].source == "tool":
         _check_size(plans["model"], state["model"], policy, run_folder)
     model, model_folder = build(*plans["model"], policy, run_folder)
     if not isinstance(model, nn.Module):
-        raise ModelRebuildError(meta["model"]["factory"],
+        raise ModelRebuildError(meta.model.factory,
                                 f"returned {type(model).__name__}, not an nn.Module")
-    restore_model(model, state["model"], meta["model"]["factory"])
+    restore_model(model, state["model"], meta.model.factory)
     loss_fn, loss_folder = build(*plans["loss"], policy, run_folder)
     if not callable(loss_fn):
-        raise ModelRebuildError(meta["loss"]["factory"], "did not return a callable")
+        raise ModelRebuildError(meta.loss.factory, "did not return a callable")
     optimizer = build_optimizer(meta, model, state.get("optimizer") or {},
                                 plans["optimizer"][0], policy, run_folder)
     scaler = None
-    if meta["amp"].get("grad_scaler") and isinstance(state.get("scaler"), dict):
+    if meta.amp.grad_scaler and isinstance(state.get("scaler"), dict):
         scaler = torch.amp.GradScaler("cpu")
         scaler.load_state_dict(state["scaler"])
-    return Capture(path=folder, meta=meta, step=meta["step"], model=model, loss_fn=loss_fn,
-                   optimizer=optimizer, scaler=scaler, inputs=batch["inputs"],
+    return Capture(path=folder, meta=meta.raw, record=meta, step=meta.step, model=model,
+                   loss_fn=loss_fn, optimizer=optimizer, scaler=scaler, inputs=batch["inputs"],
                    targets=batch.get("targets"), rng=rng if isinstance(rng, dict) else None,
                    history=history,
                    code_folders=tuple(dict.fromkeys(f for f in (model_folder, loss_folder) if f)))

@@ -6,8 +6,6 @@ written: a resumed run overwrites the steps it repeats), in step order.
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -16,7 +14,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from analyzer.model import Event, Incident, Location, RunResult, Series
+from analyzer.model import CaptureMeta, Event, Incident, Location, RunResult, Series
 from analyzer.tags import TagRole, is_validation, role
 
 FloatArray = npt.NDArray[np.float64]
@@ -137,21 +135,16 @@ class RunEvidence:
     def events(self, kind: str) -> list[Event]:
         return [e for e in self.result.run.events if e.kind == kind]
 
-    @cached_property
-    def capture_meta(self) -> dict[str, Any] | None:
-        for folder in self.result.run.captures:
-            meta = _read_json(os.path.join(folder, "meta.json"))
-            if meta is not None:
-                return meta
-        return None
+    @property
+    def capture_meta(self) -> CaptureMeta | None:
+        """The checked meta.json of the run's earliest capture that has one (read by ingest)."""
+        metas = self.result.run.capture_metas
+        return metas[0] if metas else None
 
-    @cached_property
-    def env(self) -> dict[str, Any] | None:
-        env = _read_json(os.path.join(self.result.run.path, "env.json"))
-        if env is None and self.capture_meta is not None:
-            captured = self.capture_meta.get("env")
-            env = captured if isinstance(captured, dict) else None
-        return env
+    @property
+    def env(self) -> Mapping[str, Any] | None:
+        """The run's env.json, or the environment its capture recorded (read by ingest)."""
+        return self.result.run.env
 
     @property
     def replay(self) -> Any:
@@ -196,18 +189,3 @@ class RunEvidence:
         }
         return "; ".join(reasons[n] for n in needs)
 
-
-_JSON_BYTES = 16 << 20
-"""Largest env.json or meta.json the rules read; the recorder writes a few kilobytes."""
-
-
-def _read_json(path: str) -> dict[str, Any] | None:
-    """A small JSON object from a run folder, or None: never blocks on a FIFO, never reads
-    past a bound, and a file nested too deeply is no object."""
-    from analyzer.ingest.safeio import read_regular
-
-    try:
-        data = json.loads(read_regular(path, _JSON_BYTES).decode("utf-8"))
-    except (OSError, ValueError, RecursionError):
-        return None
-    return data if isinstance(data, dict) else None

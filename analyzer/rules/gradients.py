@@ -229,10 +229,9 @@ def frequent_clipping(r: Rule, ev: RunEvidence) -> list[Finding]:
     The first few hundred steps of large models often clip; the rule looks at the share
     over the whole run.
     """
-    meta = ev.capture_meta or {}
-    clip = meta.get("grad_clip")
+    clip = ev.capture_meta.grad_clip if ev.capture_meta is not None else None
     curve = ev.grad_norm
-    if not isinstance(clip, int | float) or curve is None or len(curve) < 10:
+    if clip is None or curve is None or len(curve) < 10:
         return []
     values = curve.before(ev.failure_step).values
     values = values[np.isfinite(values)]

@@ -50,12 +50,11 @@ def adam_eps_too_small(r: Rule, ev: RunEvidence) -> list[Finding]:
         return []
     update = replay.update
     params = tuple(update.params)
-    meta = ev.capture_meta or {}
-    opt = meta.get("optimizer") or {}
-    hyper = opt.get("hyperparameters", {}) if isinstance(opt, dict) else {}
-    eps = hyper.get("eps") if isinstance(hyper, dict) else None
-    dtype = str(meta.get("dtype", ""))
-    adam = isinstance(opt, dict) and "adam" in str(opt.get("class", "")).lower()
+    meta = ev.capture_meta
+    opt_class = meta.optimizer.cls if meta is not None else "optimizer"
+    eps = meta.optimizer.hyperparameters.get("eps") if meta is not None else None
+    dtype: str = meta.dtype if meta is not None else ""
+    adam = meta is not None and "adam" in opt_class.lower()
     eps_reasons = [p for p in params if "eps" in p.reason or "exp_avg_sq" in p.reason]
     if replay.phase != "update" or not (eps_reasons or adam):
         return []
@@ -67,7 +66,7 @@ def adam_eps_too_small(r: Rule, ev: RunEvidence) -> list[Finding]:
     tiny = _HALF_TINY.get(dtype)
     rounds = isinstance(eps, int | float) and tiny is not None and eps < tiny
     if isinstance(eps, int | float):
-        evidence.append(Evidence(f"{opt.get('class', 'optimizer')} eps={eps:g} with {dtype} "
+        evidence.append(Evidence(f"{opt_class} eps={eps:g} with {dtype} "
                                  "parameters" + (" (rounds to 0)" if rounds else ""),
                                  subject="optimizer"))
     confidence = "high" if eps_reasons and (rounds or dtype in _HALF_TINY) else "medium"

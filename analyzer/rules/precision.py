@@ -55,12 +55,11 @@ def fp16_overflow(r: Rule, ev: RunEvidence) -> list[Finding]:
     """
     replay = ev.replay
     op = replay.op if replay is not None else None
-    meta = ev.capture_meta or {}
+    meta = ev.capture_meta
     if op is None or not ev.failed:
         return []
-    amp = meta.get("amp") or {}
-    half_params = meta.get("dtype") == "float16"
-    autocast_half = isinstance(amp, dict) and amp.get("autocast_dtype") == "float16"
+    half_params = meta is not None and meta.dtype == "float16"
+    autocast_half = meta is not None and meta.amp.autocast_dtype == "float16"
     op_half = any(s.dtype.endswith("float16") and "b" not in s.dtype.split(".")[-1][:1]
                   for s in (*op.inputs, *op.outputs))
     if not (half_params or autocast_half or op_half):

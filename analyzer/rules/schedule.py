@@ -164,10 +164,9 @@ def _jump(ev: RunEvidence) -> tuple[int, float, float] | None:
 
 
 def _lr_value(ev: RunEvidence) -> float | None:
-    meta = ev.capture_meta or {}
-    lr = meta.get("lr")
-    if isinstance(lr, int | float):
-        return float(lr)
+    meta = ev.capture_meta
+    if meta is not None and meta.lr is not None:
+        return meta.lr
     if ev.lr is not None and len(ev.lr):
         return float(ev.lr.values[-1])
     return None

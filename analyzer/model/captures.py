@@ -1,0 +1,82 @@
+"""What a flight-recorder capture says about its failing step: its ``meta.json``, checked.
+
+The record is built by :func:`analyzer.capture.folder.read_capture_meta`, the one reader
+of the file; every consumer (ingest, the replay, the rules) reads these fields instead of
+the JSON. ``raw`` keeps the whole object, for keys a newer writer adds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+CaptureMode = Literal["every_step", "every_n"]
+CaptureDtype = Literal["float32", "float16", "bfloat16", "float64"]
+CAPTURE_DTYPES: tuple[CaptureDtype, ...] = ("float32", "float16", "bfloat16", "float64")
+CAPTURE_MODES: tuple[CaptureMode, ...] = ("every_step", "every_n")
+
+
+@dataclass(frozen=True)
+class CaptureTrigger:
+    """What the recorder saw go non-finite: ``what`` is ``loss``, ``grad`` or ``param``."""
+
+    what: str | None = None
+    name: str | None = None
+    kind: str | None = None
+
+
+@dataclass(frozen=True)
+class FactorySpec:
+    """An importable ``module:function`` and the JSON keyword arguments it is called with."""
+
+    factory: str
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """The optimizer class (``torch.optim.Adam``) and param group 0's hyperparameters."""
+
+    cls: str
+    hyperparameters: Mapping[str, Any] = field(default_factory=dict)
+    param_groups: int | None = None
+
+
+@dataclass(frozen=True)
+class AmpSettings:
+    """Mixed precision as the run used it."""
+
+    autocast_dtype: CaptureDtype | None = None
+    device_type: str = "cpu"
+    grad_scaler: bool = False
+
+
+@dataclass(frozen=True)
+class CaptureMeta:
+    """One capture's ``meta.json``, its fields' types checked.
+
+    ``folder`` is the ``step_N`` folder. Optional numbers are None when the file has none.
+    """
+
+    folder: str
+    step: int
+    trigger: CaptureTrigger
+    model: FactorySpec
+    loss: FactorySpec
+    optimizer: OptimizerSpec
+    dtype: CaptureDtype
+    amp: AmpSettings
+    device: str
+    mode: CaptureMode
+    lr: float | None = None
+    grad_clip: float | None = None
+    seed: int | None = None
+    env: Mapping[str, Any] | None = None
+    """The environment at the failing step, same keys as the run's ``env.json``."""
+    state_step: int | None = None
+    every_n: int | None = None
+    history_steps: tuple[int, ...] = ()
+    loss_value: float | str | None = None
+    files: tuple[str, ...] = ()
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
