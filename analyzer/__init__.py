@@ -45,9 +45,10 @@ _EXPORTS = {
     "RunFiles": "analyzer.ingest.discover",
     "find_runs": "analyzer.ingest.discover",
     "read_event_file": "analyzer.ingest.tb",
-    "layer_from_tag": "analyzer.onset",
+    "layer_from_tag": "analyzer.tags",
     "locate": "analyzer.onset",
     "SCHEMA_VERSION": "analyzer.model",
+    "CaptureMeta": "analyzer.model",
     "CheckpointHistory": "analyzer.model",
     "CheckpointScan": "analyzer.model",
     "CodeRefusal": "analyzer.model",
@@ -74,6 +75,7 @@ _EXPORTS = {
 __all__ = [
     "SCHEMA_VERSION",
     "CaptureError",
+    "CaptureMeta",
     "CheckpointHistory",
     "CheckpointScan",
     "CodeRefusal",
@@ -125,6 +127,7 @@ if TYPE_CHECKING:
     from analyzer.ingest.tb import EventFile, read_event_file
     from analyzer.model import (
         SCHEMA_VERSION,
+        CaptureMeta,
         CheckpointHistory,
         CheckpointScan,
         CodeRefusal,
@@ -143,10 +146,11 @@ if TYPE_CHECKING:
         Series,
         SkippedRule,
     )
-    from analyzer.onset import layer_from_tag, locate
+    from analyzer.onset import locate
     from analyzer.replayer import load_capture, replay, replay_step
     from analyzer.replayer.errors import CaptureError, ModelRebuildError, ReplayError
     from analyzer.rules import explain
+    from analyzer.tags import layer_from_tag
 
 
 def __getattr__(name: str) -> Any:

@@ -18,6 +18,7 @@ import analyzer
 PUBLIC = [
     "SCHEMA_VERSION",
     "CaptureError",
+    "CaptureMeta",
     "CheckpointHistory",
     "CheckpointScan",
     "CodeRefusal",
@@ -146,6 +147,7 @@ def test_each_name_is_its_object_after_every_public_call(failed_run: Path) -> No
     (run,) = analyzer.read(folder)
     assert isinstance(run, analyzer.Run) and isinstance(run.series[0], analyzer.Series)
     assert isinstance(run.checkpoints, analyzer.CheckpointHistory)
+    assert isinstance(run.capture_metas[0], analyzer.CaptureMeta)
     located = analyzer.locate(run)
     assert isinstance(located, analyzer.RunResult)
     assert isinstance(located.incident, analyzer.Incident) and located.incident.step == 3
