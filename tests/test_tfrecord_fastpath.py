@@ -258,8 +258,8 @@ def _points(events: EventData, count: int, seed: int) -> Iterator[tuple[int, int
 
 
 def test_cuts_everywhere_in_a_record(events: EventData, predictions: Predictions) -> None:
-    """Cut at each byte class of a record: its start, inside the length, at the length
-    CRC, inside the payload, before and after the payload CRC; the last byte too."""
+    """Cut at each part of a record: at its start, inside the length, inside the length
+    CRC, at the payload's start and middle, before its last byte; and the file's last byte."""
     for off, n in _points(events, 10, seed=1):
         for at in (0, 1, 11, 12, 12 + n // 2, 15 + n):
             check(events, [], off + at)
@@ -268,8 +268,8 @@ def test_cuts_everywhere_in_a_record(events: EventData, predictions: Predictions
 
 
 def test_flips_everywhere_in_a_record(events: EventData, predictions: Predictions) -> None:
-    """One byte flipped in the length, the length CRC, the payload or the payload CRC, then
-    the same with the file cut a little later."""
+    """One byte flipped in the length, the length CRC, the payload or the payload CRC; and
+    one in the length with the file cut 40 bytes after the record."""
     for off, n in _points(events, 10, seed=2):
         for at in (0, 8, 12, 12 + n // 2, 12 + n, 15 + n):
             check(events, [off + at], len(events.data))
@@ -292,11 +292,11 @@ def test_damage_at_every_record_of_a_predicted_stretch(events: EventData,
     """The prediction checks blocks of records that grow (16 cycles, then 64, ...) from
     where a walk starts: a wrong length must be caught wherever it falls in a block, its
     last record included (a wrong length the block does not check is caught by the header
-    CRC when CRCs are verified, so the walk without them is compared too). A wrong length in
-    record 2 makes the walk start again at record 3
-    (a bad payload would not: the walk from 0 goes on past it and is reused), so the
-    blocks begin 32 records later, at record 35; then the length of each record after it
-    is damaged in turn (and the file cut right after the start of every fifth)."""
+    CRC when CRCs are verified, so the walk without them is compared too). A wrong length
+    in record 2 makes the walk start again at record 3 (a bad payload would not: the walk
+    from 0 goes on past it and is reused), so the blocks begin 32 records later, at record
+    35; then the length of each record after it is damaged in turn (and the file cut right
+    after the start of every fifth)."""
     records = events.records
     end = records[300][0]
     first = records[2][0]
