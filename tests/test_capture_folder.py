@@ -210,6 +210,19 @@ def test_bad_meta_is_an_issue_on_the_run_and_the_replay_names_it(
     assert result.run.env is not None and result.run.env["torch"] == torch.__version__
 
 
+# Python's json refuses an integer of more than 4300 digits with a plain ValueError, which
+# the reader let through: analyze stopped with a traceback (found by the meta.json fuzz
+# target, tests/fuzz/test_fuzz_capture_meta.py).
+@pytest.mark.parametrize("name", ["capture/step_2/meta.json", "env.json"])
+def test_regression_an_integer_too_long_to_convert_is_bad_json(
+        recorded: Path, tmp_path: Path, name: str) -> None:
+    run = _copy(recorded, tmp_path)
+    (run / name).write_text('{"format": ' + "9" * 5000 + "}")
+    (result,) = analyze(str(run), replay=False).results
+    (issue,) = [i for i in result.run.issues if i.location.file == str(run / name)]
+    assert issue.kind == "bad_json" and "digits" in issue.message
+
+
 def test_env_json_first_then_the_capture_s_environment(recorded: Path, tmp_path: Path) -> None:
     run = _copy(recorded, tmp_path)
     (run / "env.json").write_text(json.dumps({"torch": "1.0", "blas": "mkl"}))

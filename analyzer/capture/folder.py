@@ -40,6 +40,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -213,6 +214,9 @@ def read_json_object(path: str, what: str) -> dict[str, Any]:
                         line=exc.lineno) from None
     except RecursionError:
         raise MetaError(path, "bad_json", f"nested too deeply to be a {what}") from None
+    except ValueError:  # json's only other refusal: an integer of too many digits
+        raise MetaError(path, "bad_json", "holds an integer of more than "
+                                          f"{sys.get_int_max_str_digits()} digits") from None
     if not isinstance(data, dict):
         raise MetaError(path, "bad_json", f"not a JSON object: not a {what}")
     return data
