@@ -6,9 +6,11 @@ checkpoint and capture file), so a run whose files change is analysed again on t
 rerun while the others stay cached. The folder listing itself is trusted for a few seconds
 only, which is how new and changed files are noticed.
 
-The analysis is the one ``forensics analyze`` makes: read, locate, replay the capture,
-then the rules, which compare a failed run with the healthy runs beside it. Findings are
-therefore keyed by the run and by a digest of its healthy siblings' environments.
+The analysis is the one ``forensics analyze`` makes, by the same stages of
+:mod:`analyzer.pipeline`, each cached here on its own: discover, read and locate a run,
+replay its capture, then rank, which compares a failed run with the healthy runs beside
+it. Findings are therefore keyed by the run and by a digest of its healthy siblings'
+environments. Nothing here computes what a stage gives: pages read it off the records.
 
 Nothing here writes into an analysed folder: the analyzer only reads, and a replay runs
 in memory. A replay imports the factories its capture names only from trusted folders
@@ -27,7 +29,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
@@ -177,10 +179,10 @@ def _text_lines(path: str) -> Iterator[tuple[int, str]]:
 def _discovery(root: str) -> Any:
     """The runs below ``root`` and what the walk passed over (an ``analyzer.ingest.discover.
     Discovery``), or the message of why the folder cannot be walked."""
-    from analyzer.ingest.discover import discover
+    from analyzer import pipeline
 
     try:
-        return discover([root])
+        return pipeline.discover(root)
     except ForensicsError as exc:
         return str(exc)
     except OSError as exc:
@@ -215,28 +217,28 @@ def list_runs(root: str) -> list[RunRef] | str:
 
 @st.cache_data(max_entries=64, show_spinner=False)
 def _located(path: str, digest: str) -> Loaded:
-    """Read and locate one run, with the replay of its capture: everything but the rules.
+    """Read and locate one run, with the replay of its capture: the pipeline's stages but
+    the rules.
 
     Reading is cheap next to a replay, so the replays are cached apart, without a bound
     (they hold no tensors), and a run evicted from here is read again but not replayed.
     """
-    from analyzer.api import analyze
+    from analyzer import pipeline
 
     try:
-        report = analyze(path, replay=False, rules=False)
+        found = next((f for f in pipeline.discover(path).runs if f.path == path), None)
+        if found is None:
+            return Loaded(None, f"{path}: the analysis found no run in this folder")
+        result = pipeline.locate(pipeline.read_run(found))
     except ForensicsError as exc:
         return Loaded(None, str(exc))
     except Exception as exc:  # one damaged run must not take the whole dashboard down
         return Loaded(None, f"the analysis of {path} failed: {type(exc).__name__}: {exc}")
-    result = next((r for r in report.results if r.run.path == path), None)
-    if result is None:
-        return Loaded(None, f"{path}: the analysis found no run in this folder")
     capture = capture_of(result)
     if capture is None:
         return Loaded(result)
     done = _analysis_replay(capture, digest)
-    return Loaded(replace(result, replay=done.result, replay_error=done.error,
-                          replay_refused=done.refused))
+    return Loaded(pipeline.with_replay(result, (done.result, done.error, done.refused)))
 
 
 @st.cache_data(max_entries=100_000, show_spinner=False)
@@ -247,12 +249,10 @@ def _analysis_replay(capture: str, digest: str) -> ReplayOutcome:
 
 @st.cache_data(max_entries=100_000, show_spinner=False)
 def _facts(path: str, digest: str) -> _Facts | None:
-    from analyzer.rules.evidence import RunEvidence
-
     result = _located(path, digest).result
     if result is None:
         return None
-    return _Facts(result.failed, RunEvidence(result).env)
+    return _Facts(result.failed, result.run.env)
 
 
 def siblings_of(ref: RunRef, refs: list[RunRef]) -> Siblings:
@@ -261,7 +261,7 @@ def siblings_of(ref: RunRef, refs: list[RunRef]) -> Siblings:
 
 
 def _siblings_by_run(wanted: list[RunRef], refs: list[RunRef]) -> dict[str, Siblings]:
-    from analyzer.api import healthy_siblings
+    from analyzer.pipeline import healthy_siblings
 
     by_name = {r.name: r for r in refs}
     facts: dict[str, list[tuple[str, str, bool, Mapping[str, Any] | None]]] = {}
@@ -285,16 +285,15 @@ def _siblings_by_run(wanted: list[RunRef], refs: list[RunRef]) -> dict[str, Sibl
 @st.cache_data(max_entries=48, show_spinner=False, hash_funcs=_BY_DIGEST)
 def _full(path: str, digest: str, siblings: Siblings) -> Loaded:
     """The located run with the rules' ranked findings and skipped rules."""
-    from analyzer.rules import evaluate
+    from analyzer import pipeline
 
     loaded = _located(path, digest)
     if loaded.result is None:
         return loaded
     try:
-        findings, skipped = evaluate(loaded.result, siblings.envs)
+        return Loaded(pipeline.rank(loaded.result, siblings.envs))
     except Exception as exc:  # the rest of the analysis is still worth showing
         return Loaded(loaded.result, f"the rules failed: {type(exc).__name__}: {exc}")
-    return Loaded(replace(loaded.result, findings=findings, skipped_rules=skipped))
 
 
 def load(ref: RunRef, refs: list[RunRef]) -> Loaded:
@@ -436,7 +435,7 @@ def replay(capture: str, digest: str, device: str, dtype: str,
     """Replay a captured step in memory, kept under the run's fingerprint (which holds the
     trust in force). ``trust_code`` imports the capture's code wherever it is, for this
     replay only: the Replay page passes it once the user has said so."""
-    from analyzer.api import attempt_replay
+    from analyzer.pipeline import attempt_replay
 
     start = time.monotonic()
     result, error, refused = attempt_replay(capture, device=device, dtype=dtype,

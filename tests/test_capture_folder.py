@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from analyzer.api import analyze, with_findings
+from analyzer.api import analyze
 from analyzer.capture import FlightRecorder, folder
 from analyzer.cli import main
 from analyzer.ingest.discover import discover
+from analyzer.pipeline import rank_all
 from analyzer.replayer import capture_folder, load_capture
 from analyzer.scenarios import models
 from tests.conftest import ROOT, SAMPLE_RUNS
@@ -259,7 +260,7 @@ def test_rules_read_nothing_from_the_run_folder(tmp_path: Path) -> None:
     whole = analyze(str(run)).results
     read = analyze(str(run), rules=False).results
     shutil.rmtree(run)
-    again = with_findings(list(read))
+    again = rank_all(list(read))
     assert again[0].findings == whole[0].findings
     assert again[0].findings[0].name == whole[0].findings[0].name == "adam-eps-too-small"
 

@@ -153,7 +153,7 @@ def test_anomaly_message_without_capture() -> None:
 def test_environment_drift_against_a_healthy_sibling(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from dataclasses import replace
 
-    from analyzer.api import with_findings
+    from analyzer.pipeline import rank_all
 
     # Ingest reads env.json into the Run (tests/test_capture_folder.py reads it from disk);
     # the rules and the sibling gathering read only the record.
@@ -162,7 +162,7 @@ def test_environment_drift_against_a_healthy_sibling(tmp_path) -> None:  # type:
                             env={"torch": "2.3.0", "blas": "mkl"}))
     healthy = locate(replace(_run(_series("train/loss", [1.0, 0.5]), path=str(good)),
                              env={"torch": "2.1.0", "blas": "mkl"}))
-    results = with_findings([failed, healthy])
+    results = rank_all([failed, healthy])
     drift = [f for f in results[0].findings if f.name == "environment-drift"]
     assert drift and "torch '2.3.0' vs '2.1.0'" in drift[0].evidence[0].text
     assert not results[1].findings
