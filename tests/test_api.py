@@ -61,12 +61,6 @@ PUBLIC = [
     "tool_version",
 ]
 CONSTANTS = {"SCHEMA_VERSION"}
-# Clashes that exist and have an owner removing them; any other fails the test below.
-KNOWN_CLASHES = {
-    # the function encode() beside the module analyzer/model/encode.py: `import
-    # analyzer.model.encode as m` gives the function. The records' owner renames one.
-    ("analyzer.model", "encode"),
-}
 PACKAGE = Path(analyzer.__file__).parent
 
 MLP = "analyzer.scenarios.models:mlp"
@@ -252,7 +246,6 @@ def test_no_submodule_is_named_like_what_its_package_exports() -> None:
     for folder in packages:
         dotted = ".".join(folder.relative_to(PACKAGE.parent).parts)
         clash = _values_bound(folder / "__init__.py", dotted) & _submodules(folder)
-        clash -= {name for package, name in KNOWN_CLASHES if package == dotted}
         assert not clash, f"{dotted} binds {sorted(clash)}, the names of its submodules"
 
 

@@ -6,7 +6,8 @@ kinds), ``runs`` (what ingest reads: Series, Histogram, Event, LogSource, Run),
 ``checkpoints`` (the checkpoint scan's records), ``captures`` (a capture's checked
 meta.json), ``replays`` (the replay's records),
 ``findings`` (Incident, Evidence, Finding, SkippedRule, CodeRefusal), ``results``
-(RunResult, Report and the report's schema version) and ``encode`` (records as JSON).
+(RunResult, Report and the report's schema version) and ``jsonform`` (``encode``: records
+as JSON).
 
 All records are frozen dataclasses. Arrays inside them are numpy arrays that are
 treated as read-only; a record never changes after it is built.
@@ -55,9 +56,6 @@ from analyzer.model.checkpoints import (
     TensorRecord,
     TensorStats,
 )
-from analyzer.model.encode import (
-    encode,
-)
 from analyzer.model.findings import (
     CONFIDENCE_ORDER,
     CodeRefusal,
@@ -71,6 +69,9 @@ from analyzer.model.issues import (
     IngestIssue,
     IssueKind,
     Location,
+)
+from analyzer.model.jsonform import (
+    encode,
 )
 from analyzer.model.replays import (
     LOSS_NAME,

@@ -10,8 +10,8 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from analyzer.model.encode import encode
 from analyzer.model.issues import IngestIssue
+from analyzer.model.jsonform import encode
 
 CheckpointFormat = Literal[
     "state_dict",

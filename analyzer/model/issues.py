@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from analyzer.model.encode import encode
+from analyzer.model.jsonform import encode
 
 
 @dataclass(frozen=True)

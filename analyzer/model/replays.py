@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from analyzer.model.encode import encode
+from analyzer.model.jsonform import encode
 
 Phase = Literal["forward", "backward", "update"]
 Role = Literal["finite", "producer", "pass-through", "absorbs", "bad-parameters"]

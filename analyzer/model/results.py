@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from analyzer.model.encode import json_meta
 from analyzer.model.findings import CodeRefusal, Finding, Incident, SkippedRule
 from analyzer.model.issues import IngestIssue
+from analyzer.model.jsonform import json_meta
 from analyzer.model.replays import ReplayResult
 from analyzer.model.runs import Run
 

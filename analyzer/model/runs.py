@@ -11,8 +11,8 @@ import numpy as np
 import numpy.typing as npt
 
 from analyzer.model.captures import CaptureMeta
-from analyzer.model.encode import json_meta
 from analyzer.model.issues import IngestIssue, Location
+from analyzer.model.jsonform import json_meta
 
 if TYPE_CHECKING:
     from analyzer.model.checkpoints import CheckpointHistory

@@ -1,6 +1,6 @@
 """The JSON Schema of the report, written from the records themselves.
 
-The schema is derived from the same things the encoder (:mod:`analyzer.model.encode`)
+The schema is derived from the same things the encoder (:mod:`analyzer.model.jsonform`)
 follows: each record's fields and their types, their JSON metadata and ``JSON_EXTRA``.
 So a field added to a record is in the schema at once; ``docs/report.schema.json`` holds
 the result (``python -m analyzer.model.schema > docs/report.schema.json``, or ``make
@@ -20,7 +20,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
-from analyzer.model.encode import dropped, members
+from analyzer.model.jsonform import dropped, members
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
 FLOAT: dict[str, Any] = {

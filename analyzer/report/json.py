@@ -1,6 +1,6 @@
 """A :class:`Report` as versioned JSON: the machine contract.
 
-The document is the records' own JSON form (:func:`analyzer.model.encode`): each record
+The document is the records' own JSON form (:func:`analyzer.model.jsonform.encode`): each record
 says in its fields which of them the document holds and how, and
 :mod:`analyzer.model.schema` writes the JSON Schema from the same fields
 (docs/report.schema.json, described in docs/report.md). ``schema_version`` changes
