@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from analyzer.model.encode import encode
 from analyzer.model.issues import Location
+from analyzer.model.jsonform import encode
 from analyzer.model.runs import NonFiniteKind
 
 
