@@ -51,13 +51,33 @@ CONFIDENCE_ORDER: dict[str, int] = {"low": 0, "medium": 1, "high": 2}
 
 @dataclass(frozen=True)
 class Evidence:
-    """One fact a finding rests on, and where it was seen."""
+    """One fact a finding rests on, where it was seen, and the values its sentence states, so
+    that a reader takes them from the record instead of computing them again.
+
+    A value is None where the fact has none, never a guess. ``text`` names every value the
+    record carries, except the step of a fact the replay found: that is the replay's step.
+
+        location  file, byte offset or line it was seen at: ``events.out.tfevents.X@154349``
+        step      the step it was seen at (a logged value's, a replayed one's), a trend's first
+        subject   what it is about, as the report links it: a tag, module, layer or
+                  parameter: ``train/grad_norm``, ``fc3``, ``lr``
+        onset     the step a trend began: a growth's first step, a learning-rate jump's: ``17``
+        value     its own number: a norm, a learning rate, a loss scale, an eps, a growth's
+                  doubling time in steps: ``0.127``
+        ratio     a factor or a share: a trend's end over its start (a growth's ``10**9.3``,
+                  a loss scale's fall), the share of steps above a clip (``0.93``)
+        tensor    the tensor or parameter its sentence is about: a checkpoint tensor, an
+                  Adam state's parameter, a replay's bad parameter: ``backbone.fc1.weight``
+    """
 
     text: str
     location: Location | None = None
     step: int | None = None
     subject: str | None = None
-    """The tensor, parameter, module or tag the fact is about."""
+    onset: int | None = None
+    value: float | None = None
+    ratio: float | None = None
+    tensor: str | None = None
 
 
 @dataclass(frozen=True)

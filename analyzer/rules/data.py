@@ -99,7 +99,7 @@ def unnormalized_inputs(r: Rule, ev: RunEvidence) -> list[Finding]:
         return []
     pixel_like = widest.min is not None and widest.min >= 0 and 100 <= peak <= 256
     evidence = [Evidence(f"captured batch of step {replay.step}: inputs {widest.brief()}",
-                         step=replay.step, subject="inputs")]
+                         step=replay.step, subject="inputs", value=peak)]
     if pixel_like:
         evidence.append(Evidence("values span 0 to ~255: raw pixel intensities",
                                  subject="inputs"))

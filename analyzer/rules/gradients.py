@@ -12,6 +12,7 @@ from analyzer.model import Evidence, Finding
 from analyzer.rules.base import Rule, rule
 from analyzer.rules.evidence import Curve, RunEvidence
 from analyzer.rules.signals import Growth, growth
+from analyzer.wording import step_words
 
 BAD_INIT_NORM = 1e5
 """A gradient norm above this in the first steps points at initialisation."""
@@ -39,7 +40,8 @@ def growth_evidence(curve: Curve, g: Growth) -> list[Evidence]:
                  f"{g.onset_step} to {g.end_step}, doubling every {g.doubling_steps:.3g} steps "
                  f"(log-linear fit over {g.points} points, R² {g.r2:.2f})",
                  location=curve.location_at(g.onset_step), step=g.onset_step,
-                 subject=curve.tag),
+                 subject=curve.tag, onset=g.onset_step, value=g.doubling_steps,
+                 ratio=g.factor),
     ]
 
 
@@ -130,7 +132,8 @@ def bad_initialisation(r: Rule, ev: RunEvidence) -> list[Finding]:
     evidence = [Evidence(f"{curve.tag} = {value:.3g} at step {step}, the "
                          f"{_ordinal(k + 1)} logged step (threshold {BAD_INIT_NORM:.0e}), and "
                          f"it never fell below {RECOVERED_NORM:.0e} before the failure",
-                         location=curve.location_at(step), step=step, subject=curve.tag)]
+                         location=curve.location_at(step), step=step, subject=curve.tag,
+                         value=value)]
     score = min(1.0, 0.6 + 0.1 * math.log10(value / BAD_INIT_NORM))
     return [r.finding("high" if k == 0 else "medium", evidence, score)]
 
@@ -179,10 +182,12 @@ def exploding_rnn(r: Rule, ev: RunEvidence) -> list[Finding]:
         evidence.append(Evidence(f"{curve.tag} grows fastest of all layers: "
                                  f"{g.decades:.1f} orders of magnitude from step "
                                  f"{g.onset_step}", location=curve.location_at(g.onset_step),
-                                 step=g.onset_step, subject=name))
+                                 step=g.onset_step, subject=name, onset=g.onset_step,
+                                 ratio=g.factor))
     inc = ev.result.layer_incident
     if inc is not None and inc.layer and _RECURRENT.search(inc.layer):
-        evidence.append(Evidence(f"first non-finite layer tag: {inc.tag} at step {inc.step}",
+        evidence.append(Evidence(f"first non-finite layer tag: {inc.tag} "
+                                 f"{step_words(inc.step, inc.after, 'at')}",
                                  location=inc.location, step=inc.step, subject=inc.layer))
     if not evidence:
         return []
@@ -241,7 +246,8 @@ def frequent_clipping(r: Rule, ev: RunEvidence) -> list[Finding]:
     if share < 0.5:
         return []
     evidence = [Evidence(f"{curve.tag} was above max_norm={clip:g} on {share:.0%} of "
-                         f"{values.shape[0]} logged steps", subject=curve.tag)]
+                         f"{values.shape[0]} logged steps", subject=curve.tag, value=clip,
+                         ratio=share)]
     return [r.finding("medium" if share > 0.8 else "low", evidence, share)]
 
 

@@ -62,7 +62,7 @@ def loss_spike(r: Rule, ev: RunEvidence) -> list[Finding]:
     evidence = [Evidence(f"{spikes.size} loss spike(s) before the failure; the largest at "
                          f"step {step}: {before.values[top]:.4g}, {z[top]:.1f} MADs above "
                          "the recent median", location=before.location_at(step), step=step,
-                         subject=curve.tag)]
+                         subject=curve.tag, value=float(before.values[top]))]
     confidence = "medium" if spikes.size >= 3 else "low"
     return [r.finding(confidence, evidence, min(1.0, float(z[top]) / 50))]
 

@@ -7,6 +7,7 @@ from typing import Any
 from analyzer.model import Evidence, Finding, Location
 from analyzer.rules.base import Rule, rule
 from analyzer.rules.evidence import RunEvidence
+from analyzer.wording import step_words
 
 _LOG_OPS = {"log", "log2", "log10", "log1p", "log_", "xlogy", "special_xlogy"}
 _DIV_OPS = {"div", "div_", "true_divide", "reciprocal", "reciprocal_", "floor_divide",
@@ -36,7 +37,8 @@ def _op_evidence(ev: RunEvidence, op: Any) -> list[Evidence]:
     inputs = "; ".join(f"input {k}: {s.brief()}" for k, s in enumerate(op.inputs))
     out = [Evidence(f"replay of step {replay.step}: {op.phase} op {op.op}{where} turned finite "
                     f"inputs into {op.outputs[0].kind if op.outputs else 'non-finite'} output",
-                    location=_source(op), step=replay.step, subject=op.module or op.op)]
+                    location=_source(op), step=replay.step, subject=op.module or op.op,
+                    tensor=op.parameter)]
     if inputs:
         out.append(Evidence(inputs, step=replay.step, subject=op.op))
     if op.source_line:
@@ -52,8 +54,10 @@ def _anomaly(ev: RunEvidence, functions: tuple[str, ...]) -> list[Evidence]:
         if fn and fn.startswith(functions):
             frames = e.detail.get("user_frames") or []
             where = f"; created at {frames[-1]}" if isinstance(frames, list) and frames else ""
-            out.append(Evidence(f"autograd anomaly: {fn} returned non-finite values{where}",
-                                location=e.location, step=e.step, subject=fn))
+            when = f" {step_words(e.step, form='at')}" if e.step is not None else ""
+            out.append(Evidence(f"autograd anomaly{when}: {fn} returned non-finite "
+                                f"values{where}", location=e.location, step=e.step,
+                                subject=fn))
     return out
 
 

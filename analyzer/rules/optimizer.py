@@ -62,13 +62,14 @@ def adam_eps_too_small(r: Rule, ev: RunEvidence) -> list[Finding]:
                          f"optimizer step made {len(params)} parameter(s) non-finite",
                          step=replay.step, subject=params[0].name if params else None)]
     for p in (eps_reasons or list(params))[:3]:
-        evidence.append(Evidence(f"{p.name}: {p.reason}", step=replay.step, subject=p.name))
+        evidence.append(Evidence(f"{p.name}: {p.reason}", step=replay.step, subject=p.name,
+                                 tensor=p.name))
     tiny = _HALF_TINY.get(dtype)
     rounds = isinstance(eps, int | float) and tiny is not None and eps < tiny
     if isinstance(eps, int | float):
         evidence.append(Evidence(f"{opt_class} eps={eps:g} with {dtype} "
                                  "parameters" + (" (rounds to 0)" if rounds else ""),
-                                 subject="optimizer"))
+                                 subject="optimizer", value=float(eps)))
     confidence = "high" if eps_reasons and (rounds or dtype in _HALF_TINY) else "medium"
     return [r.finding(confidence, evidence, 0.6 + 0.2 * bool(eps_reasons) + 0.2 * rounds)]
 

@@ -9,6 +9,7 @@ import numpy as np
 from analyzer.model import Evidence, Finding
 from analyzer.rules.base import Rule, rule
 from analyzer.rules.evidence import RunEvidence
+from analyzer.wording import step_words
 
 FP16_MAX = 65504.0
 SCALE_FLOOR = 1.0
@@ -70,9 +71,10 @@ def fp16_overflow(r: Rule, ev: RunEvidence) -> list[Finding]:
     peak = max((s.absmax or 0.0 for s in (*op.inputs, *op.outputs)), default=0.0)
     evidence = [Evidence(f"replay of step {replay.step}: {op.phase} op {op.op} in "
                          f"{op.module or 'the model'} overflowed in float16 and is finite in "
-                         "float64", step=replay.step, subject=op.module or op.op),
+                         "float64", step=replay.step, subject=op.module or op.op,
+                         tensor=op.parameter),
                 Evidence(f"largest finite magnitude around the op: {peak:.4g} "
-                         f"(float16 max {FP16_MAX:g})", subject=op.op)]
+                         f"(float16 max {FP16_MAX:g})", subject=op.op, value=peak)]
     if half_params and not autocast_half:
         evidence.append(Evidence("the model's parameters are float16 and no autocast was "
                                  "used (a bare .half() model)", subject="dtype"))
@@ -125,16 +127,19 @@ def loss_scale_collapse(r: Rule, ev: RunEvidence) -> list[Finding]:
     if curve is not None and len(curve):
         values = curve.values[np.isfinite(curve.values)]
         if values.size:
-            floor = float(values.min())
+            floor, peak = float(values.min()), float(values.max())
             k = int(np.argmin(curve.values))
             evidence.append(Evidence(
-                f"{curve.tag} fell from {float(values.max()):g} to {floor:g} "
+                f"{curve.tag} fell from {peak:g} to {floor:g} "
                 f"(step {int(curve.steps[k])})", location=curve.location_at(int(curve.steps[k])),
-                step=int(curve.steps[k]), subject=curve.tag))
+                step=int(curve.steps[k]), subject=curve.tag, value=floor,
+                ratio=floor / peak if peak > 0 else None))
     log_floor = ev.events("min_loss_scale")
     if log_floor:
-        evidence.append(Evidence("the log says the minimum loss scale was reached",
-                                 location=log_floor[0].location, step=log_floor[0].step))
+        at = log_floor[0].step
+        when = f" {step_words(at, form='at')}" if at is not None else ""
+        evidence.append(Evidence(f"the log says the minimum loss scale was reached{when}",
+                                 location=log_floor[0].location, step=at))
     skip_events = ev.events("overflow_skip")
     count = max(len(skips), len(skip_events))
     if count:

@@ -68,7 +68,7 @@ def learning_rate_too_high(r: Rule, ev: RunEvidence) -> list[Finding]:
     lr = _lr_value(ev)
     if lr is not None:
         evidence.append(Evidence(f"learning rate {lr:g}, steady until the failure",
-                                 subject="lr"))
+                                 subject="lr", value=lr))
     grow = _weights_growing(ev)
     if grow:
         evidence.append(Evidence(f"weight norms of {grow} layers grew before the failure",
@@ -119,7 +119,7 @@ def learning_rate_jump(r: Rule, ev: RunEvidence) -> list[Finding]:
     evidence = [Evidence(f"{curve.tag} rose from {before:.3g} to {after:.3g} at step {step} "
                          f"(x{after / before:.3g}), {ev.failure_step - step} steps before "
                          f"the failure", location=curve.location_at(step), step=step,
-                         subject=curve.tag)]
+                         subject=curve.tag, onset=step, value=after, ratio=after / before)]
     return [r.finding("medium", evidence, min(1.0, 0.5 + 0.05 * after / before))]
 
 
@@ -140,7 +140,7 @@ def _missing_warmup(r: Rule, ev: RunEvidence) -> list[Finding]:
     curve_g, g = found
     evidence = [Evidence(f"{curve.tag} was {lr[0]:.3g} from the first logged step (step "
                          f"{start}): no warmup", location=curve.location_at(start), step=start,
-                         subject=curve.tag),
+                         subject=curve.tag, value=float(lr[0])),
                 *growth_evidence(curve_g, g)]
     return [r.finding("low", evidence, 0.3,
                       title="missing learning-rate warmup: divergence from the first steps")]

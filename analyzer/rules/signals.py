@@ -29,6 +29,15 @@ class Growth:
     def doubling_steps(self) -> float:
         return math.log10(2) / self.slope if self.slope > 0 else math.inf
 
+    @property
+    def factor(self) -> float:
+        """How many times over the quantity rose from onset to end (10**decades); inf past
+        float64's range, which float64 logs from text can span."""
+        try:
+            return float(10.0 ** self.decades)
+        except OverflowError:
+            return math.inf
+
 
 def growth(steps: npt.NDArray[np.int64], values: npt.NDArray[np.float64]) -> Growth | None:
     """Exponential growth at the end of a curve: where it began and how fast it rose.

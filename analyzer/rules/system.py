@@ -10,6 +10,7 @@ import numpy as np
 from analyzer.model import Evidence, Finding
 from analyzer.rules.base import Rule, rule
 from analyzer.rules.evidence import RunEvidence
+from analyzer.wording import step_words
 
 ENV_KEYS = ("torch", "cuda", "cudnn", "numpy", "python", "blas", "lapack",
             "deterministic_algorithms", "cudnn_deterministic", "cudnn_benchmark", "device_name",
@@ -56,15 +57,15 @@ def nondeterminism(r: Rule, ev: RunEvidence) -> list[Finding]:
                                  step=replay.step))
         evidence.append(Evidence(f"hypothesis: {replay.verdict.hypothesis}; next: "
                                  f"{replay.verdict.next_check}"))
-    ranks = _lone_rank(ev)
-    if ranks is not None:
-        evidence.append(Evidence(ranks, subject="ranks"))
+    lone = _lone_rank(ev)
+    if lone is not None:
+        evidence.append(lone)
     if not evidence or not ev.failed:
         return []
     return [r.finding("medium" if len(evidence) > 1 else "low", evidence, 0.4)]
 
 
-def _lone_rank(ev: RunEvidence) -> str | None:
+def _lone_rank(ev: RunEvidence) -> Evidence | None:
     first: dict[int, int] = {}
     for series in ev.result.run.series:
         if series.rank is None:
@@ -79,8 +80,9 @@ def _lone_rank(ev: RunEvidence) -> str | None:
     earliest = min(first.values())
     lone = [k for k, v in first.items() if v == earliest]
     if len(lone) == 1 and len(first) < len(ranks):
-        return (f"rank {lone[0]} went non-finite at step {earliest}; "
-                f"{len(ranks) - len(first)} other rank(s) stayed finite")
+        return Evidence(f"rank {lone[0]} went non-finite {step_words(earliest, form='at')}; "
+                        f"{len(ranks) - len(first)} other rank(s) stayed finite",
+                        step=earliest, subject="ranks")
     return None
 
 
