@@ -203,6 +203,17 @@ def test_loss_scale_collapse_carries_floor_and_fall() -> None:
     assert e.value == 2.0 ** -3 and e.ratio == 2.0 ** -19 and e.step == 19
 
 
+def test_regression_loss_scale_floor_step_is_not_a_nan_step() -> None:
+    # argmin stopped at the NaN logged after the floor: the text named step 18, where the
+    # scale was NaN, instead of step 16, where it first reached 1.
+    scale = [2.0 ** (16 - i) for i in range(17)] + [1.0, math.nan, 1.0]
+    e = _finding(_run(_series("amp/loss_scale", scale),
+                      _series("train/loss", [1.0] * 19 + [math.nan])),
+                 "loss-scale-collapse").evidence[0]
+    assert e.step == 16 and e.text.endswith("(step 16)") and e.value == 1.0
+    assert e.location == Location("events", offset=16 * 40)
+
+
 def _rnn_run(**fields: object) -> Run:
     layer = [10 ** (0.4 * i) for i in range(25)]
     flat = [1.0 + 0.01 * i for i in range(25)]

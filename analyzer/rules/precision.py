@@ -128,7 +128,7 @@ def loss_scale_collapse(r: Rule, ev: RunEvidence) -> list[Finding]:
         values = curve.values[np.isfinite(curve.values)]
         if values.size:
             floor, peak = float(values.min()), float(values.max())
-            k = int(np.argmin(curve.values))
+            k = int(np.flatnonzero(curve.values == floor)[0])  # argmin would stop at a NaN
             evidence.append(Evidence(
                 f"{curve.tag} fell from {peak:g} to {floor:g} "
                 f"(step {int(curve.steps[k])})", location=curve.location_at(int(curve.steps[k])),
