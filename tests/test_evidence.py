@@ -222,6 +222,21 @@ def _rnn_run(**fields: object) -> Run:
                 _series("train/loss", [1.0] * 25), **fields)
 
 
+def test_regression_recurrent_layer_tag_under_a_family_is_recognised() -> None:
+    # The recurrent-name pattern wanted a '.' or '_' before 'rnn', so the fastest-growing
+    # layer's tag grad_norm/rnn.weight_hh_l0 was never taken for a recurrent layer.
+    run = _rnn_run()
+    event = Event("nonfinite", 25, Location("train.log", line=9), "loss is nan",
+                  {"tag": "loss", "kind": "nan"})
+    f = _finding(replace(run, events=(event,)), "exploding-rnn")
+    curve = run.series[0]
+    g = growth(curve.steps, curve.values)
+    assert g is not None
+    e = f.evidence[0]
+    assert e.subject == curve.tag and e.onset == e.step == g.onset_step
+    assert e.ratio == g.factor and e.value is None  # the sentence states no doubling time
+
+
 def test_regression_layer_incident_after_a_step_is_worded_after() -> None:
     # A log line that names no step is placed after the last step logged: the evidence said
     # "at step 24" for a value that went non-finite at some later step.

@@ -19,7 +19,8 @@ BAD_INIT_NORM = 1e5
 EARLY_STEPS = 3
 RECOVERED_NORM = 1e3
 """An early burst after which the norm falls below this did not doom the run."""
-_RECURRENT = re.compile(r"(^|[._])(rnn|lstm|gru|recurrent|cell)([._\d]|$)", re.IGNORECASE)
+_RECURRENT = re.compile(r"(^|[._/])(rnn|lstm|gru|recurrent|cell)([._/\d]|$)", re.IGNORECASE)
+"""A recurrent module's name, alone or inside a per-layer tag (``grad_norm/rnn.weight_hh_l0``)."""
 
 
 def gradient_growth(ev: RunEvidence) -> tuple[Curve, Growth] | None:
