@@ -35,6 +35,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
+from analyzer.capture.folder import ENV_FILE
 from analyzer.errors import ForensicsError
 from analyzer.model import CodeRefusal, RunResult
 from app import views
@@ -209,7 +210,7 @@ def list_runs(root: str) -> list[RunRef] | str:
     trust = trust_state()
     for rf in found:
         files = sorted([*rf.event_files, *rf.log_files, *rf.checkpoint_files,
-                        *_capture_files(rf.capture_dirs), os.path.join(rf.path, "env.json")])
+                        *_capture_files(rf.capture_dirs), os.path.join(rf.path, ENV_FILE)])
         lines = [_stat_line(f) for f in files] + ([trust] if rf.capture_dirs else [])
         refs.append(RunRef(rf.name, rf.path, _digest(lines)))
     return refs
@@ -386,18 +387,9 @@ def tag_roles(path: str, digest: str, tags: tuple[str, ...]) -> TagRoles:
 @st.cache_data(max_entries=48, show_spinner=False, hash_funcs=_BY_DIGEST)
 def growth_onset(path: str, digest: str, siblings: Siblings) -> Growth | None:
     """Where the gradient norm (else the loss) began its exponential run-up to the failure,
-    as the exploding-gradients rule dates it."""
-    from analyzer.rules.evidence import RunEvidence
-    from analyzer.rules.gradients import gradient_growth
-
+    read off the exploding-gradients finding."""
     result = _full(path, digest, siblings).result
-    if result is None or result.incident is None:
-        return None
-    found = gradient_growth(RunEvidence(result))
-    if found is None:
-        return None
-    curve, g = found
-    return Growth(curve.tag, g.onset_step, g.end_step, g.decades, g.doubling_steps)
+    return None if result is None else views.growth_of(result)
 
 
 @st.cache_data(show_spinner=False)

@@ -51,9 +51,25 @@ class Growth:
 
     tag: str
     onset_step: int
-    end_step: int
     decades: float
     doubling_steps: float
+
+
+GROWTH_RULE = "exploding-gradients"
+"""The rule whose evidence dates the run-up of the gradient norm (else the loss)."""
+
+
+def growth_of(result: RunResult) -> Growth | None:
+    """The exponential run-up to the failure, as the exploding-gradients finding's evidence
+    carries it: its tag, onset, growth factor and doubling time."""
+    for finding in result.findings:
+        if finding.name != GROWTH_RULE:
+            continue
+        for e in finding.evidence:
+            if (e.subject is not None and e.onset is not None and e.value is not None
+                    and e.ratio is not None and e.ratio > 0):
+                return Growth(e.subject, e.onset, math.log10(e.ratio), e.value)
+    return None
 
 
 @dataclass(frozen=True)

@@ -212,3 +212,47 @@ def test_help_imports_neither_torch_nor_streamlit() -> None:
                 f"try:\n    main({argv!r})\nexcept SystemExit as exc:\n"
                 "    assert exc.code == 0, exc.code")
         assert _heavy_after(code) == ["[]"], argv
+
+
+APP_MAY_IMPORT = {
+    "analyzer.pipeline": "the stages, which the dashboard caches one by one",
+    "analyzer.model": "the records it shows",
+    "analyzer.errors": "the errors a stage raises",
+    "analyzer.tags": "which tag is the loss, the gradient norm, a layer's",
+    "analyzer.wording": "a step and a failing place in words, as the report says them",
+    "analyzer.report": "the replay's text, as forensics replay prints it",
+    "analyzer.trust": "the folders trusted to replay, and recording one",
+    "analyzer.rules": "explain(code): a rule's documentation",
+    "analyzer.replayer": "DTYPE_CHOICES: the dtypes a replay can be asked for",
+    "analyzer.ingest.safeio": "opening a log without following it into a FIFO or device",
+    "analyzer.ingest.discover": "walk_tree, to fingerprint a capture's files",
+    "analyzer.ingest.tb": "is_event_file, to count a run's event files",
+    "analyzer.capture.folder": "the name of env.json, a file of a run's fingerprint",
+}
+"""What the dashboard may import of the analyzer, and why: the stages and their records, the
+shared vocabulary and wording, and the safe readers it needs to show a file."""
+
+
+def _app_imports() -> set[tuple[str, str]]:
+    out = set()
+    for path in sorted((ROOT / "app").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        for base, names in _imported("app", tree, False):
+            for name in names or [""]:
+                dotted = f"{base}.{name}" if name else base
+                if dotted == "analyzer" or dotted.startswith("analyzer."):
+                    out.add((str(path.relative_to(ROOT)), dotted))
+    return out
+
+
+def test_the_dashboard_calls_only_the_public_stages() -> None:
+    # A stage re-implemented in app/ (analyze(rules=False) then the rules' internals, once)
+    # imports something below the stages.
+    found = _app_imports()
+    assert any(target.startswith("analyzer.pipeline") for _, target in found)
+    wrong = sorted((path, target) for path, target in found
+                   if not any(_within(target, allowed) for allowed in APP_MAY_IMPORT)
+                   or (_within(target, "analyzer.rules") and target != "analyzer.rules.explain")
+                   or (_within(target, "analyzer.replayer")
+                       and target != "analyzer.replayer.DTYPE_CHOICES"))
+    assert not wrong, f"app/ reaches below the stages: {wrong}"
