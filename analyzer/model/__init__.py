@@ -62,6 +62,7 @@ from analyzer.model.findings import (
     Confidence,
     Evidence,
     Finding,
+    FindingRole,
     Incident,
     SkippedRule,
 )
@@ -102,6 +103,7 @@ from analyzer.model.results import (
 )
 from analyzer.model.runs import (
     Event,
+    EventKind,
     FloatArray,
     Histogram,
     IntArray,
@@ -136,9 +138,11 @@ __all__ = [
     "CodeRefusal",
     "Confidence",
     "Event",
+    "EventKind",
     "Evidence",
     "FactorySpec",
     "Finding",
+    "FindingRole",
     "FloatArray",
     "ForwardReport",
     "Histogram",

@@ -46,6 +46,8 @@ class Incident:
 
 
 Confidence = Literal["low", "medium", "high"]
+FindingRole = Literal["cause", "symptom", "warning"]
+"""A root cause; a mechanism a cause explains; a risk in a run that did not fail."""
 CONFIDENCE_ORDER: dict[str, int] = {"low": 0, "medium": 1, "high": 2}
 
 
@@ -93,7 +95,7 @@ class Finding:
     name: str
     title: str
     confidence: Confidence
-    role: str
+    role: FindingRole
     evidence: tuple[Evidence, ...]
     fix: str
     score: float = 0.0

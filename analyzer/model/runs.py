@@ -93,6 +93,10 @@ class Histogram:
         return Location(self.source, offset=int(self.positions[index]))
 
 
+EventKind = Literal["restart", "nonfinite", "overflow_skip", "loss_scale", "min_loss_scale",
+                    "error"]
+
+
 @dataclass(frozen=True)
 class Event:
     """Something that happened at a step, as opposed to a number logged at it.
@@ -106,7 +110,7 @@ class Event:
     ``detail["after_step"]``, the last step the log numbered before it.
     """
 
-    kind: str
+    kind: EventKind
     step: int | None
     location: Location
     message: str

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
-from analyzer.model import CONFIDENCE_ORDER, Confidence, Evidence, Finding
+from analyzer.model import CONFIDENCE_ORDER, Confidence, Evidence, Finding, FindingRole
 from analyzer.rules.evidence import RunEvidence
 
 SECTIONS = ("What it detects", "Why it produces NaN/Inf", "Evidence", "Fix",
@@ -32,7 +32,7 @@ class Rule:
     code: str
     name: str
     title: str
-    role: str
+    role: FindingRole
     needs: tuple[str, ...]
     """Evidence kinds of which at least one must be present (see RunEvidence.has)."""
     check: Check
@@ -61,7 +61,7 @@ class Rule:
                        score=round(min(max(score, 0.0), 1.0), 3))
 
 
-def rule(code: str, name: str, title: str, *, role: str = "cause",
+def rule(code: str, name: str, title: str, *, role: FindingRole = "cause",
          needs: tuple[str, ...] = ()) -> Callable[[Check], Rule]:
     def wrap(check: Check) -> Rule:
         return Rule(code=code, name=name, title=title, role=role, needs=needs, check=check)

@@ -7,7 +7,7 @@ from collections import Counter
 from typing import Any
 
 from analyzer.ingest.logformats.store import PointStore
-from analyzer.model import Event, IngestIssue, IssueKind, Location
+from analyzer.model import Event, EventKind, IngestIssue, IssueKind, Location
 
 MESSAGE_CHARS = 240
 """Event messages keep this many characters of the line."""
@@ -60,7 +60,7 @@ class Context:
         self.last_step = step
 
     def event(
-        self, kind: str, step: int | None, text: str, detail: dict[str, Any] | None = None
+        self, kind: EventKind, step: int | None, text: str, detail: dict[str, Any] | None = None
     ) -> None:
         info: dict[str, Any] = dict(detail or {})
         if step is not None and not STEP_MIN <= step <= STEP_MAX:
