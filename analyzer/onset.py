@@ -27,8 +27,7 @@ from analyzer.model import (
     Series,
     nonfinite_kind,
 )
-from analyzer.tags import is_loss_scale_tag, role, tie_rank
-from analyzer.tags import layer_from_tag as layer_from_tag  # public: the API takes it here
+from analyzer.tags import is_loss_scale_tag, layer_from_tag, role, tie_rank
 from analyzer.wording import step_words
 
 _KINDS = ("nan", "+inf", "-inf", "nan-or-inf")

@@ -15,6 +15,7 @@ import torch
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
 from analyzer.capture import Factory, read_meta
+from analyzer.ingest.tb import is_event_file
 from analyzer.scenarios.catalog import SCENARIOS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,7 +30,7 @@ def _scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
     """Every scalar of every event file, unsampled, in file order."""
     series: dict[str, list[tuple[int, float]]] = {}
     for name in sorted(os.listdir(run)):
-        if "tfevents" not in name:
+        if not is_event_file(name):
             continue
         for event in EventFileLoader(str(run / name)).Load():
             for value in event.summary.value:
@@ -83,7 +84,7 @@ def test_committed_run_is_complete(name: str) -> None:
     assert info["scenario"] == name
     for required in ("README.md", "env.json", "train.log"):
         assert (run / required).is_file(), required
-    assert any("tfevents" in f for f in os.listdir(run))
+    assert any(is_event_file(f) for f in os.listdir(run))
     checkpoints = sorted((run / "checkpoints").iterdir())
     assert checkpoints
     for path in checkpoints:

@@ -16,10 +16,7 @@ NUM = (
     r"|(?:\d++(?:\.\d*+)?+|\.\d++)(?:[eE][-+]?+\d++)?+"
     r"|(?i:nan(?:\((?:ind|snan)\))?+|inf(?:inity)?+))"
 )
-"""A number token; follow it with END where a word must not continue it."""
-
-END = r"(?![\w.])"
-"""Refuses a token glued to more word characters, e.g. ``5s`` or ``1234M``."""
+"""A number token."""
 
 STEP = r"\d{1,3}+(?:,\d{3}){1,4}+(?![\d,])|\d{1,15}+(?!\d)"
 """A step counter, thousands separators allowed (``12,000``). Longer digit runs are
