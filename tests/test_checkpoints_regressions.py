@@ -24,13 +24,13 @@ import torch
 from safetensors.torch import save_file
 
 from analyzer.cli.inspect import inspect_command
-from analyzer.ingest import checkpoints
 from analyzer.ingest.checkpoints import (
     checkpoint_incident,
     scan_checkpoint,
     scan_run_checkpoints,
 )
 from analyzer.ingest.ckpt import safetensors_file
+from analyzer.model import CheckpointScan
 from analyzer.report.checkpoints import format_history, format_scan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -401,7 +401,7 @@ def test_regression_fifo_and_device_named_like_checkpoints_are_refused_by_type(
     os.mkfifo(fifo)
     device = tmp_path / "zeros.safetensors"
     device.symlink_to("/dev/zero")
-    results: dict[str, checkpoints.CheckpointScan] = {}
+    results: dict[str, CheckpointScan] = {}
 
     def scan_both() -> None:
         for path in (fifo, device):

@@ -8,7 +8,7 @@ Nothing here runs code from a checkpoint unless the caller passes ``trust_pickle
     scan_checkpoint(path)                  one file (or a sharded index) -> CheckpointScan
     scan_run_checkpoints(paths)            a run's saves in step order -> CheckpointHistory
     checkpoint_incident(history)           the first non-finite save as a model.Incident
-    scan.to_dict() / history.to_dict()     JSON-ready values
+    scan.to_dict() / history.to_dict()     JSON-ready values (the records are analyzer.model's)
 """
 
 from __future__ import annotations
@@ -19,37 +19,11 @@ from collections.abc import Callable
 from analyzer.ingest.ckpt.history import build_history, checkpoint_incident
 from analyzer.ingest.ckpt.quoting import foreign
 from analyzer.ingest.safeio import NotRegularFile, is_regular
-from analyzer.model import IngestIssue, IssueKind, Location
-from analyzer.model.checkpoints import (
-    AdamFinding,
-    CheckpointFormat,
-    CheckpointHistory,
-    CheckpointScan,
-    LayerGrowth,
-    LayerStats,
-    ReadMode,
-    SaveRef,
-    ScalerState,
-    StaticListing,
-    TensorRecord,
-    TensorStats,
-)
+from analyzer.model import CheckpointHistory, CheckpointScan, IngestIssue, IssueKind, Location
 
 __all__ = [
     "CHECKPOINT_SUFFIXES",
     "SIDE_FILES",
-    "AdamFinding",
-    "CheckpointFormat",
-    "CheckpointHistory",
-    "CheckpointScan",
-    "LayerGrowth",
-    "LayerStats",
-    "ReadMode",
-    "SaveRef",
-    "ScalerState",
-    "StaticListing",
-    "TensorRecord",
-    "TensorStats",
     "checkpoint_incident",
     "is_checkpoint_file",
     "scan_checkpoint",

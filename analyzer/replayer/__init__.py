@@ -18,19 +18,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from analyzer.capture.folder import capture_of as capture_folder
-from analyzer.model.replays import (
-    BackwardReport,
-    ForwardReport,
-    ModuleFrame,
-    OpFault,
-    ParamGrad,
-    ParamUpdate,
-    PassOutcome,
-    ReplayResult,
-    TensorStat,
-    UpdateReport,
-    Verdict,
-)
+from analyzer.model.replays import ReplayResult
 from analyzer.replayer.dtypes import DTYPE_CHOICES
 from analyzer.replayer.errors import CaptureError, ModelRebuildError, ReplayError
 
@@ -83,20 +71,9 @@ def replay_step(model: nn.Module, inputs: Any, targets: Any, loss_fn: Any,
 
 __all__ = [
     "DTYPE_CHOICES",
-    "BackwardReport",
     "CaptureError",
-    "ForwardReport",
     "ModelRebuildError",
-    "ModuleFrame",
-    "OpFault",
-    "ParamGrad",
-    "ParamUpdate",
-    "PassOutcome",
     "ReplayError",
-    "ReplayResult",
-    "TensorStat",
-    "UpdateReport",
-    "Verdict",
     "capture_folder",
     "load_capture",
     "replay",
