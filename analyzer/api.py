@@ -1,7 +1,7 @@
 """The analysis as library calls: paths in, a :class:`Report` (or DataFrames) out.
 
-:func:`analyze` runs every stage of :mod:`analyzer.pipeline`; :func:`read` only the first
-two. The DataFrame views are built from the same records.
+:func:`analyze` runs every stage of :mod:`analyzer.pipeline`; :func:`read` the first three
+(discover, read, align). The DataFrame views are built from the same records.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from analyzer.align import align
 from analyzer.ingest.runs import Progress, read_runs
 from analyzer.model import Report, Run
 from analyzer.pipeline import analyze, discover, runs_of, tool_version
@@ -22,12 +23,14 @@ __all__ = ["analyze", "incidents", "read", "scalars", "tool_version"]
 def read(paths: str | Sequence[str], *, verify: bool = True, jobs: int = 1,
          progress: Progress | None = None, checkpoints: bool = True,
          trust_pickle: bool = False, logs: Sequence[str] = ()) -> list[Run]:
-    """Every run found below ``paths``, fully read. Raises UsageError when there is none.
+    """Every run found below ``paths``, fully read, every source's steps on the run's
+    global step (:func:`analyzer.align.align`). Raises UsageError when there is none.
 
     ``logs`` are extra text logs whose file names do not say they are logs.
     """
-    return read_runs(runs_of(discover(paths, logs), paths), verify=verify, jobs=jobs,
+    runs = read_runs(runs_of(discover(paths, logs), paths), verify=verify, jobs=jobs,
                      progress=progress, checkpoints=checkpoints, trust_pickle=trust_pickle)
+    return [align(run) for run in runs]
 
 
 def scalars(paths: str | Sequence[str], *, verify: bool = True, jobs: int = 1) -> pd.DataFrame:

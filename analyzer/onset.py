@@ -170,8 +170,11 @@ def tag_incidents(run: Run, skips: frozenset[int] = frozenset()) -> list[Inciden
     for inc in candidates:
         if inc is None:
             continue
+        if not run.is_aligned(inc.location.file):
+            inc = replace(inc, aligned=False)
         held = best.get(inc.tag)
-        if held is None or _step_key(inc) < _step_key(held):
+        if held is None or (not inc.aligned, _step_key(inc)) < (not held.aligned,
+                                                                 _step_key(held)):
             best[inc.tag] = inc
     return sorted(best.values(), key=_rank)
 
@@ -188,13 +191,18 @@ def _step_key(inc: Incident) -> float:
     return math.inf if earliest is None else earliest
 
 
-def _rank(inc: Incident) -> tuple[float, bool, int, int, str, int, str]:
-    """Earliest step; then a value seen at the step before one placed after the step
+def _rank(inc: Incident) -> tuple[bool, float, bool, int, int, str, int, str]:
+    """Incidents on the global step before those of sources not placed on it; then the
+    earliest step; then a value seen at the step before one placed after the step
     before; then what the tag measures; then scalars before other sources; then the
     order the values were written in (the same step's tags in one file), then name."""
     file, position = _position(inc)
-    return (_step_key(inc), inc.after, tie_rank(inc.tag), _ORIGIN_ORDER.get(inc.origin, 9),
-            file, position, inc.tag)
+    return (not inc.aligned, _step_key(inc), inc.after, tie_rank(inc.tag),
+            _ORIGIN_ORDER.get(inc.origin, 9), file, position, inc.tag)
+
+
+UNALIGNED_ONLY = ("no source placed on the run's global step holds a non-finite value; this "
+                  "one is in its source's own numbering")
 
 
 def run_incident(incidents: list[Incident]) -> Incident | None:
@@ -205,7 +213,9 @@ def run_incident(incidents: list[Incident]) -> Incident | None:
     first = ordered[0]
     if first.step is None:
         return first  # its decided_by says why it has no step
-    tied = [i for i in ordered if _step_key(i) == _step_key(first)]
+    if not first.aligned:
+        return replace(first, decided_by=UNALIGNED_ONLY)
+    tied = [i for i in ordered if i.aligned and _step_key(i) == _step_key(first)]
     where = step_words(first.step, first.after, "at")
     if len(tied) == 1:
         if first.after:
@@ -228,6 +238,8 @@ def run_incident(incidents: list[Incident]) -> Incident | None:
 def layer_incident(incidents: list[Incident]) -> Incident | None:
     """The first incident on a per-layer tag; on a tie, the layer logged first at that step."""
     layered = [i for i in incidents if i.layer is not None]
+    if any(i.aligned for i in layered):
+        layered = [i for i in layered if i.aligned]
     if not layered:
         return None
     key = min(map(_step_key, layered))

@@ -6,6 +6,7 @@ its own:
                                                error when there is none)
     read_run(found)          -> Run            every file of one run (read_runs: many, with
                                                event files in parallel processes)
+    align(run)               -> Run            every source's steps on the global step
     locate(run)              -> RunResult      the first non-finite step, tag and layer
     replay_run(result)       -> RunResult      its capture replayed, or why not
                                                (attempt_replay + with_replay, for a caller
@@ -30,6 +31,7 @@ from dataclasses import replace
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
+from analyzer.align import align
 from analyzer.errors import ForensicsError, UsageError
 from analyzer.ingest.discover import Discovery, RunFiles
 from analyzer.ingest.discover import discover as _discover
@@ -39,6 +41,7 @@ from analyzer.model.replays import ReplayResult
 from analyzer.onset import locate
 
 __all__ = [
+    "align",
     "analyze",
     "attempt_replay",
     "discover",
@@ -180,7 +183,7 @@ def analyze(paths: str | Sequence[str], *, verify: bool = True, jobs: int = 1,
     found = discover(paths, logs)
     runs = read_runs(runs_of(found, paths), verify=verify, jobs=jobs, progress=progress,
                      checkpoints=checkpoints, trust_pickle=trust_pickle)
-    results = [locate(r) for r in runs]
+    results = [locate(align(r)) for r in runs]
     if replay:
         for k, r in enumerate(results):
             if status is not None and r.run.captures:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from analyzer.model import ReplayResult, RunResult
+from analyzer.model import Alignment, Incident, ReplayResult, Run, RunResult
 from analyzer.model.replays import LOSS_NAME
 
 StepForm = Literal["noun", "at", "cell"]
@@ -28,17 +28,20 @@ PlaceForm = Literal["prose", "cell"]
 
 
 def step_words(step: int | None, after: bool = False, form: StepForm = "noun",
-               mark: str = "") -> str:
+               mark: str = "", unit: str = "step") -> str:
     """``noun``: ``step 12``, ``after step 12``, ``no step``; ``at``: ``at step 12``,
-    ``after step 12``, ``with no step``; ``cell``: ``12``, ``>12``, ``?``."""
+    ``after step 12``, ``with no step``; ``cell``: ``12``, ``>12``, ``?``. ``unit`` names a
+    number that is not a global step (``record 12`` of a log not placed on the run's steps,
+    ``#12`` in a cell)."""
     if form == "cell":
         if step is None:
             return "?"
-        return f">{step}" if after else str(step)
+        number = str(step) if unit == "step" else f"#{step}"
+        return f">{number}" if after else number
     if step is None:
         words = f"{mark}no step{mark}"
         return f"with {words}" if form == "at" else words
-    words = f"{mark}step {step}{mark}"
+    words = f"{mark}{unit} {step}{mark}"
     if after:
         return f"after {words}"
     return f"at {words}" if form == "at" else words
@@ -87,3 +90,37 @@ def place_words(place: Place, form: PlaceForm = "prose", mark: str = "") -> str:
         return "(loss function)" if form == "cell" else f"in the {mark}loss function{mark}"
     name = place.layer or ("?" if form == "cell" else "unknown")
     return name if form == "cell" else f"layer {mark}{name}{mark}"
+
+
+def incident_unit(incident: Incident, run: Run) -> str:
+    """What an incident's number counts: ``step`` on the global step, else its source's own
+    word (``record``, ``iteration``)."""
+    if incident.aligned:
+        return "step"
+    found = run.alignment_of(incident.location.file)
+    return "step" if found is None else found.axis.label
+
+
+def incident_step(incident: Incident, run: Run, form: StepForm = "noun", mark: str = "") -> str:
+    """An incident's step in words, in its source's own numbering when it is not placed on
+    the run's global step."""
+    return step_words(incident.step, incident.after, form, mark, incident_unit(incident, run))
+
+
+def alignment_words(alignment: Alignment) -> str:
+    """How a source was placed on the global step, e.g. ``inferred: step = record - 1, by
+    matching loss with the event files' train/loss (40 of 40 agree)``."""
+    label = alignment.axis.label
+    if not alignment.aligned:
+        return f"unaligned: its {label}s are its own ({alignment.method})"
+    scaled = label if alignment.stride == 1 else f"{alignment.stride} x {label}"
+    if not alignment.offset:
+        mapping = "" if scaled == "step" else f"step = {scaled}, "
+    else:
+        sign = "+" if alignment.offset > 0 else "-"
+        mapping = f"step = {scaled} {sign} {abs(alignment.offset)}, "
+    how = f"by {alignment.method}"
+    if alignment.agreement is not None and alignment.points:
+        agree = round(alignment.agreement * alignment.points)
+        how += f" ({agree} of {alignment.points} agree)"
+    return f"{alignment.confidence}: {mapping}{how}"

@@ -230,7 +230,7 @@ def _located(path: str, digest: str) -> Loaded:
         found = next((f for f in pipeline.discover(path).runs if f.path == path), None)
         if found is None:
             return Loaded(None, f"{path}: the analysis found no run in this folder")
-        result = pipeline.locate(pipeline.read_run(found))
+        result = pipeline.locate(pipeline.align(pipeline.read_run(found)))
     except ForensicsError as exc:
         return Loaded(None, str(exc))
     except Exception as exc:  # one damaged run must not take the whole dashboard down

@@ -183,7 +183,8 @@ def test_hugging_face_lines_without_a_bar_are_numbered_in_order(tmp_path: Path) 
     log.write_text("{'loss': 1.5, 'epoch': 0.1}\n{'loss': nan, 'epoch': 0.2}\n")
     read = read_log(str(log))
     assert first_nonfinite(read) == First(2, 2, "loss")
-    assert any("stands in for the step" in n for n in read.notes)
+    assert any("record's position (1, 2, ...) is their number" in n for n in read.notes)
+    assert all(s.axis.kind == "record" for s in read.series)
 
 
 def test_trainer_state_cut_mid_write_keeps_complete_records(tmp_path: Path) -> None:

@@ -189,6 +189,7 @@ def _result(ctx: Context) -> LogRead:
                 positions=lines,
                 position_unit="line",
                 rank=rank,
+                axis=ctx.axis,
             )
         )
     framework, confidence = _verdict(ctx)

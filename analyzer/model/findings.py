@@ -35,6 +35,10 @@ class Incident:
     after: bool = False
     """True when the source names no step and ``step`` is the last step logged before it:
     the value went non-finite at some later step, not at ``step``."""
+    aligned: bool = True
+    """False when the source's steps could not be placed on the run's global step
+    (``Run.alignments``): ``step`` is then the source's own number (its record, its
+    counter), and the incident is never ordered before one on the global step."""
 
     @property
     def earliest_step(self) -> int | None:

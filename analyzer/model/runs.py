@@ -34,6 +34,68 @@ def nonfinite_kind(value: float) -> NonFiniteKind | None:
     return None
 
 
+AxisKind = Literal["global", "counter", "record", "epoch"]
+
+
+@dataclass(frozen=True)
+class StepAxis:
+    """Which numbering a source's steps are on.
+
+    ``global``: the run's optimizer step, as its event files (or ``trainer_state.json``'s
+    ``step``, or a log line that names the step) count it. ``counter``: a framework's own
+    iteration counter, from ``base`` (nanoGPT's ``iter`` from 0, Megatron's ``iteration``
+    from 1); ``counts_skipped`` says whether steps a loss scaler skipped are counted.
+    ``record``: the record's position in its file (1, 2, ...), for logs that print no step
+    (the Hugging Face Trainer's dict lines without a progress bar). ``epoch``: a batch index
+    within its epoch, not yet placed on a global count. ``label`` is the source's own word
+    for the number (``iter``, ``iteration``, ``record``).
+    """
+
+    kind: AxisKind = "global"
+    base: int = 0
+    counts_skipped: bool = True
+    label: str = "step"
+
+
+GLOBAL = StepAxis()
+"""The run's global step: what event files count."""
+
+AlignConfidence = Literal["exact", "inferred", "unaligned"]
+
+
+@dataclass(frozen=True)
+class Alignment:
+    """How one source's steps were placed on the run's global step: ``global = offset +
+    stride * own``.
+
+    ``exact``: by the source's own numbers (a global step, or a counter whose relation to
+    the global step is known); ``inferred``: by matching values it shares with the run's
+    global series (``agreement`` of ``points`` compared); ``unaligned``: no method placed
+    it, and its steps are never ordered against global steps.
+    """
+
+    source: str
+    axis: StepAxis
+    confidence: AlignConfidence
+    method: str
+    offset: int = 0
+    stride: int = 1
+    agreement: float | None = None
+    points: int = 0
+
+    @property
+    def aligned(self) -> bool:
+        return self.confidence != "unaligned"
+
+    def to_global(self, step: int) -> int:
+        return self.offset + self.stride * step
+
+    def to_own(self, step: int) -> int | None:
+        """The source's own number for a global ``step``, or None where none maps to it."""
+        own, rest = divmod(step - self.offset, self.stride)
+        return None if rest else own
+
+
 @dataclass(frozen=True, eq=False)
 class Series:
     """One scalar tag of one source file, in the order the file holds it.
@@ -52,6 +114,9 @@ class Series:
     positions: IntArray
     position_unit: PositionUnit = "offset"
     rank: int | None = None
+    axis: StepAxis = GLOBAL
+    """The numbering ``steps`` are on; after alignment, the global step for every aligned
+    source (its own numbers are the alignment's ``to_own``)."""
 
     def __len__(self) -> int:
         return int(self.steps.shape[0])
@@ -147,12 +212,23 @@ class Run:
     captures: tuple[str, ...] = ()
     """Capture folders of the flight recorder (``capture/step_N``), earliest step first."""
     capture_metas: tuple[CaptureMeta, ...] = field(default=(), metadata=json_meta(omit=True))
+    alignments: tuple[Alignment, ...] = ()
+    """How each source that is not an event file was placed on the global step (the
+    ``align`` stage); a source without one is on the global step by its own numbers."""
     """The checked meta.json of each capture whose file could be taken, in that order."""
     env: Mapping[str, Any] | None = field(default=None, metadata=json_meta(omit=True))
     """The run's env.json, or else the environment its earliest capture recorded (what
     the rules compare with healthy runs beside it)."""
 
     JSON_EXTRA = (("tags", "tag_points"),)
+
+    def alignment_of(self, source: str) -> Alignment | None:
+        return next((a for a in self.alignments if a.source == source), None)
+
+    def is_aligned(self, source: str) -> bool:
+        """Whether ``source``'s steps are on the global step (event files always are)."""
+        found = self.alignment_of(source)
+        return found is None or found.aligned
 
     def tags(self) -> list[str]:
         return sorted({s.tag for s in self.series})

@@ -18,7 +18,13 @@ from analyzer.model import (
     RunResult,
 )
 from analyzer.report.replay import brief_replay
-from analyzer.wording import failing_place, place_words, step_words
+from analyzer.wording import (
+    alignment_words,
+    failing_place,
+    incident_step,
+    place_words,
+    step_words,
+)
 
 _MAX_LISTED = 8
 _PLACEMENTS = ("the line names no step", "the save names no step")
@@ -52,7 +58,7 @@ def _run_block(result: RunResult) -> str:
     else:
         last = "none" if inc.last_finite_step is None else str(inc.last_finite_step)
         rank = f" on rank {inc.rank}" if inc.rank is not None else ""
-        step = step_words(inc.step, inc.after)
+        step = incident_step(inc, run)
         lines.append(f"   FIRST NON-FINITE  {step}  {inc.tag} = {inc.kind}{rank}  "
                      f"(last finite step {last})")
         lines.append(f"     at {_shown(inc.location)}")
@@ -69,7 +75,7 @@ def _run_block(result: RunResult) -> str:
             lines.append(f"     tie: {lay.decided_by}")
     others = [i for i in result.tag_incidents if inc is None or i.tag != inc.tag]
     if others:
-        shown = ", ".join(f"{i.tag}@{step_words(i.step, i.after, 'cell')}"
+        shown = ", ".join(f"{i.tag}@{incident_step(i, run, 'cell')}"
                           for i in others[:_MAX_LISTED])
         more = f" and {len(others) - _MAX_LISTED} more" if len(others) > _MAX_LISTED else ""
         lines.append(f"   also non-finite: {shown}{more}")
@@ -95,6 +101,9 @@ def _log_lines(run: Run) -> list[str]:
     for g in run.logs:
         framework = f"{g.framework} ({g.confidence:.0%})" if g.framework else "unknown format"
         out.append(f"   log: {g.path}: {framework}")
+        placed = run.alignment_of(g.path)
+        if placed is not None:
+            out.append(f"     steps: {alignment_words(placed)}")
         out += [f"     note: {n}" for n in g.notes]
     return out
 

@@ -7,7 +7,7 @@ from collections import Counter
 from typing import Any
 
 from analyzer.ingest.logformats.store import PointStore
-from analyzer.model import Event, EventKind, IngestIssue, IssueKind, Location
+from analyzer.model import GLOBAL, Event, EventKind, IngestIssue, IssueKind, Location, StepAxis
 
 MESSAGE_CHARS = 240
 """Event messages keep this many characters of the line."""
@@ -32,6 +32,9 @@ class Context:
         self.line = 0
         self.rank: int | None = None
         self.last_step: int | None = None
+        self.axis: StepAxis = GLOBAL
+        """The numbering the file's steps are on; a parser whose steps are not global steps
+        (record positions, a framework's counter) says so here."""
         self.store = PointStore()
         self.events: list[Event] = []
         self.notes: list[str] = []

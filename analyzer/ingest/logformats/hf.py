@@ -18,9 +18,12 @@ from analyzer.ingest.logformats import fast
 from analyzer.ingest.logformats.context import Context, is_finite
 from analyzer.ingest.logformats.numbers import number_value, wrapped_value
 from analyzer.ingest.logformats.store import Block
+from analyzer.model import StepAxis
 
 RENAME = {"learning_rate": "lr"}
 SKIP = frozenset({"epoch", "step", "total_flos"})
+RECORD = StepAxis("record", base=1, label="record")
+"""The numbering of the Trainer's dict lines without a progress bar: their order."""
 
 
 class HuggingFaceParser:
@@ -110,10 +113,12 @@ class HuggingFaceParser:
             step = self.bar_step
         else:
             step = self.records
+            ctx.axis = RECORD
             ctx.note(
                 "hf-order",
                 "Hugging Face Trainer lines carry no step and no progress bar was found: "
-                "the record's position (1, 2, ...) stands in for the step.",
+                "the record's position (1, 2, ...) is their number, placed on the run's "
+                "steps by matching values with its event files where it can be.",
             )
         ctx.points_at(step, list(values.items()))
         if self.learn and len(body) == len(text) <= fast.LEARN_CHARS:

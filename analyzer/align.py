@@ -1,0 +1,233 @@
+"""The align stage: every source's steps placed on the run's global step.
+
+Event files count the run's global step; a text log may count something else: its records
+(the Hugging Face Trainer's dict lines print no step), a framework's counter from 0 or 1, or
+the same global step shifted. Each source that is not an event file gets an
+:class:`Alignment` that says how its numbers map to the global step (``global = offset +
+stride * own``), by which method and how sure it is:
+
+1. **its own numbers** (``exact``): a source whose numbers are global steps by what it says
+   (a log line naming the step, ``trainer_state.json``'s ``step``), checked against the
+   event files where both hold one metric: numbers that disagree with the values give way
+   to the values;
+2. **value matching** (``inferred``): where the source and the event files hold one metric
+   (the loss, the gradient norm, the learning rate, printed rounded), the offset and stride
+   that make their values agree, with the share that agrees and how many were compared; a
+   match that two placements fit as well (a constant learning rate) decides nothing;
+3. otherwise ``unaligned``: the source's steps stay its own, and the locator never orders
+   them against global steps.
+
+A run without event files has no global series to match against: its sources keep their
+own numbers, numbered records among them unaligned. Aligned sources have their series'
+and events' steps rewritten onto the global step; the alignment keeps the way back.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import replace
+
+import numpy as np
+import numpy.typing as npt
+
+from analyzer.ingest.tb import is_event_file
+from analyzer.model import GLOBAL, Alignment, Event, Run, Series, StepAxis
+from analyzer.tags import TagRole, is_validation, role
+
+MATCHED_ROLES = (TagRole.LOSS, TagRole.GRAD_NORM, TagRole.LEARNING_RATE)
+"""The metrics a log and an event file both print, most telling first."""
+AGREEMENT = 0.9
+"""Share of compared values that must agree for a placement to be taken."""
+MIN_POINTS = 3
+"""Values that must be compared for a placement to be taken."""
+RTOL = 2e-3
+"""A log prints its numbers rounded (``0.6931`` for 0.693147...): values this close agree."""
+_STRIDES = 8
+_OFFSETS = 32
+
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+
+
+def align(run: Run) -> Run:
+    """``run`` with every non-event-file source placed on the global step."""
+    sources = sorted({s.source for s in run.series if not is_event_file(s.source)}
+                     | {e.location.file for e in run.events
+                        if e.step is not None and not is_event_file(e.location.file)})
+    if not sources:
+        return run
+    reference = [s for s in run.series if is_event_file(s.source)]
+    found: list[Alignment] = []
+    for source in sources:
+        mine = [s for s in run.series if s.source == source]
+        axis = mine[0].axis if mine else GLOBAL
+        found.append(place(source, axis, mine, reference))
+    by_source = {a.source: a for a in found}
+    series = tuple(_moved(s, by_source.get(s.source)) for s in run.series)
+    events = tuple(_moved_event(e, by_source.get(e.location.file)) for e in run.events)
+    return replace(run, series=series, events=events, alignments=tuple(found))
+
+
+def place(source: str, axis: StepAxis, mine: Sequence[Series],
+          reference: Sequence[Series]) -> Alignment:
+    """The alignment of one source whose series are ``mine``, against the global series
+    ``reference`` (the run's event files)."""
+    numbered = axis.kind in ("global", "counter")
+    offset = -axis.base if axis.kind == "counter" and axis.base else 0
+    own = Alignment(source, axis, "exact", f"its own {axis.label} numbers", offset=offset)
+    if not reference:
+        if numbered:
+            return own
+        return Alignment(source, axis, "unaligned", f"no event file to place its {axis.label}s")
+    matched = _match(mine, reference)
+    if matched is None:
+        if numbered:
+            return own
+        return Alignment(source, axis, "unaligned",
+                         f"no metric it shares with the event files placed its {axis.label}s")
+    tag, ref_tag, off, stride, agree, points, identity = matched
+    if numbered and identity is not None and identity >= AGREEMENT:
+        return replace(own, agreement=identity, points=points,
+                       method=f"its own {axis.label} numbers, which {tag} agrees with "
+                              f"{ref_tag} on")
+    if (off, stride) == (own.offset, own.stride) and numbered:
+        return replace(own, agreement=agree, points=points)
+    return Alignment(source, axis, "inferred",
+                     f"matching {tag} with the event files' {ref_tag}", offset=off,
+                     stride=stride, agreement=agree, points=points)
+
+
+def _match(mine: Sequence[Series], reference: Sequence[Series]
+           ) -> tuple[str, str, int, int, float, int, float | None] | None:
+    """The first metric whose values place ``mine`` unambiguously: (its tag, the reference
+    tag, offset, stride, agreement, points compared, agreement of the identity)."""
+    for wanted in MATCHED_ROLES:
+        src = _curve(mine, wanted)
+        ref = _curve(reference, wanted)
+        if src is None or ref is None:
+            continue
+        placed = best_placement(src[1], src[2], ref[1], ref[2])
+        if placed is None:
+            continue
+        off, stride, agree, points = placed
+        identity = agreement_at(src[1], src[2], ref[1], ref[2], 0, 1)
+        return src[0], ref[0], off, stride, agree, points, identity[0] if identity else None
+    return None
+
+
+def _curve(series: Sequence[Series], wanted: TagRole
+           ) -> tuple[str, IntArray, FloatArray] | None:
+    """The training series of one role with the most points, as (tag, steps, values), the
+    last value kept where a step repeats."""
+    pick = [s for s in series if role(s.tag) == wanted and not is_validation(s.tag) and len(s)]
+    if not pick:
+        return None
+    by_tag: dict[str, list[Series]] = {}
+    for s in pick:
+        by_tag.setdefault(s.tag, []).append(s)
+    tag = max(by_tag, key=lambda t: (sum(len(s) for s in by_tag[t]), t))
+    steps = np.concatenate([s.steps for s in by_tag[tag]]).astype(np.int64)
+    values = np.concatenate([s.values for s in by_tag[tag]]).astype(np.float64)
+    order = np.argsort(steps, kind="stable")
+    steps, values = steps[order], values[order]
+    last = np.r_[steps[1:] != steps[:-1], True]
+    return tag, steps[last], values[last]
+
+
+def _close(a: FloatArray, b: FloatArray) -> npt.NDArray[np.bool_]:
+    same_nonfinite = (~np.isfinite(a)) & (~np.isfinite(b)) & (
+        np.isnan(a) & np.isnan(b) | (a == b))
+    with np.errstate(invalid="ignore"):
+        near = np.isclose(a, b, rtol=RTOL, atol=1e-12)
+    return np.asarray(near | same_nonfinite, dtype=bool)
+
+
+def agreement_at(steps: IntArray, values: FloatArray, ref_steps: IntArray,
+                 ref_values: FloatArray, offset: int, stride: int) -> tuple[float, int] | None:
+    """(share of agreeing values, values compared) when ``steps`` map to ``offset + stride *
+    step``; None when fewer than MIN_POINTS map onto a reference step."""
+    mapped = offset + stride * steps
+    at = np.searchsorted(ref_steps, mapped)
+    inside = at < ref_steps.size
+    hit = np.zeros(mapped.shape, dtype=bool)
+    hit[inside] = ref_steps[at[inside]] == mapped[inside]
+    compared = int(hit.sum())
+    if compared < min(MIN_POINTS, steps.size) or compared < 2:
+        return None
+    agree = _close(values[hit], ref_values[at[hit]])
+    return float(agree.mean()), compared
+
+
+def best_placement(steps: IntArray, values: FloatArray, ref_steps: IntArray,
+                   ref_values: FloatArray) -> tuple[int, int, float, int] | None:
+    """The (offset, stride, agreement, compared) that makes ``values`` agree best with the
+    reference, or None when no placement is good enough or two different ones are."""
+    scored: list[tuple[float, int, int, int]] = []
+    for stride in _strides(steps, values, ref_steps, ref_values):
+        for offset in _offsets(steps, values, ref_steps, ref_values, stride):
+            got = agreement_at(steps, values, ref_steps, ref_values, offset, stride)
+            if got is not None and got[0] >= AGREEMENT:
+                scored.append((got[0], got[1], offset, stride))
+    if not scored:
+        return None
+    scored.sort(key=lambda s: (-s[0], -s[1], s[3], abs(s[2])))
+    agree, compared, offset, stride = scored[0]
+    rivals = [s for s in scored[1:] if s[0] >= agree - 1e-9 and s[1] >= compared]
+    if rivals:  # constant values fit anywhere: the placement is not decided
+        return None
+    return offset, stride, agree, compared
+
+
+def _strides(steps: IntArray, values: FloatArray, ref_steps: IntArray,
+             ref_values: FloatArray) -> list[int]:
+    """1, the reference's usual spacings, and the spacings that carry two of the source's
+    first finite values onto reference steps holding the same values."""
+    out = {1}
+    gaps = np.diff(ref_steps[:256])
+    out.update(int(g) for g in np.unique(gaps[gaps > 0])[:_STRIDES])
+    finite = np.flatnonzero(np.isfinite(values))[:4]
+    for a, b in itertools.pairwise(finite):
+        apart = int(steps[b] - steps[a])
+        if apart <= 0:
+            continue
+        at_a = ref_steps[_close(np.full(ref_values.shape, values[a]), ref_values)][:_OFFSETS]
+        at_b = ref_steps[_close(np.full(ref_values.shape, values[b]), ref_values)][:_OFFSETS]
+        for sa in at_a:
+            for sb in at_b:
+                stride, rest = divmod(int(sb - sa), apart)
+                if stride >= 1 and not rest:
+                    out.add(stride)
+    return sorted(out)[: _STRIDES * 4]
+
+
+def _offsets(steps: IntArray, values: FloatArray, ref_steps: IntArray, ref_values: FloatArray,
+             stride: int) -> list[int]:
+    """Offsets that put one of the source's first finite values on a reference step holding
+    the same value."""
+    out: list[int] = []
+    finite = np.flatnonzero(np.isfinite(values))[:3]
+    for i in finite:
+        same = np.flatnonzero(_close(np.full(ref_values.shape, values[i]), ref_values))
+        out += [int(ref_steps[j] - stride * steps[i]) for j in same[:_OFFSETS]]
+    return sorted(set(out))[: _OFFSETS * 3]
+
+
+def _moved(series: Series, alignment: Alignment | None) -> Series:
+    if alignment is None or not alignment.aligned:
+        return series
+    if (alignment.offset, alignment.stride) == (0, 1):
+        return replace(series, axis=GLOBAL) if series.axis != GLOBAL else series
+    steps = alignment.offset + alignment.stride * series.steps
+    return replace(series, steps=steps.astype(np.int64), axis=GLOBAL)
+
+
+def _moved_event(event: Event, alignment: Alignment | None) -> Event:
+    if alignment is None or not alignment.aligned or (alignment.offset, alignment.stride) == (0, 1):
+        return event
+    detail = dict(event.detail)
+    after = detail.get("after_step")
+    if isinstance(after, int):
+        detail["after_step"] = alignment.to_global(after)
+    step = None if event.step is None else alignment.to_global(event.step)
+    return replace(event, step=step, detail=detail)
