@@ -80,28 +80,28 @@ def place(source: str, axis: StepAxis, mine: Sequence[Series],
         if numbered:
             return own
         return Alignment(source, axis, "unaligned", f"no event file to place its {axis.label}s")
-    matched = _match(mine, reference)
+    matched = _match(mine, reference, (own.offset, own.stride))
     if matched is None:
         if numbered:
             return own
         return Alignment(source, axis, "unaligned",
                          f"no metric it shares with the event files placed its {axis.label}s")
-    tag, ref_tag, off, stride, agree, points, identity = matched
-    if numbered and identity is not None and identity >= AGREEMENT:
-        return replace(own, agreement=identity, points=points,
+    tag, ref_tag, off, stride, agree, points, at_own = matched
+    if numbered and ((at_own is not None and at_own >= AGREEMENT)
+                     or (off, stride) == (own.offset, own.stride)):
+        return replace(own, agreement=agree if at_own is None else at_own, points=points,
                        method=f"its own {axis.label} numbers, which {tag} agrees with "
                               f"{ref_tag} on")
-    if (off, stride) == (own.offset, own.stride) and numbered:
-        return replace(own, agreement=agree, points=points)
     return Alignment(source, axis, "inferred",
                      f"matching {tag} with the event files' {ref_tag}", offset=off,
                      stride=stride, agreement=agree, points=points)
 
 
-def _match(mine: Sequence[Series], reference: Sequence[Series]
+def _match(mine: Sequence[Series], reference: Sequence[Series], own: tuple[int, int]
            ) -> tuple[str, str, int, int, float, int, float | None] | None:
     """The first metric whose values place ``mine`` unambiguously: (its tag, the reference
-    tag, offset, stride, agreement, points compared, agreement of the identity)."""
+    tag, offset, stride, agreement, points compared, agreement at the ``own`` offset and
+    stride)."""
     for wanted in MATCHED_ROLES:
         src = _curve(mine, wanted)
         ref = _curve(reference, wanted)
@@ -111,8 +111,8 @@ def _match(mine: Sequence[Series], reference: Sequence[Series]
         if placed is None:
             continue
         off, stride, agree, points = placed
-        identity = agreement_at(src[1], src[2], ref[1], ref[2], 0, 1)
-        return src[0], ref[0], off, stride, agree, points, identity[0] if identity else None
+        at_own = agreement_at(src[1], src[2], ref[1], ref[2], *own)
+        return src[0], ref[0], off, stride, agree, points, at_own[0] if at_own else None
     return None
 
 
