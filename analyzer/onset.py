@@ -27,7 +27,8 @@ from analyzer.model import (
     Series,
     nonfinite_kind,
 )
-from analyzer.tags import is_loss_scale_tag, layer_from_tag, role, tie_rank
+from analyzer.scaler import read_scale
+from analyzer.tags import layer_from_tag, role, tie_rank
 from analyzer.wording import step_words
 
 _KINDS = ("nan", "+inf", "-inf", "nan-or-inf")
@@ -38,18 +39,10 @@ def overflow_skip_steps(run: Run) -> frozenset[int]:
 
     A scaler halves its scale after a step whose gradients overflowed and skips that
     step's update, so the gradients logged at such a step are Inf or NaN by design. The
-    steps come from overflow events in logs and from the loss-scale series: a step is a
-    skip when the scale logged at the next step is lower.
+    steps come from overflow events in logs and from the loss-scale series, read before or
+    after ``scaler.update()`` as the run's gradients show (:mod:`analyzer.scaler`).
     """
-    steps = {e.step for e in run.events if e.kind == "overflow_skip" and e.step is not None}
-    for s in run.series:
-        if not is_loss_scale_tag(s.tag) or len(s) < 2:
-            continue
-        order = np.argsort(s.steps, kind="stable")
-        st, val = s.steps[order], s.values[order]
-        drops = np.flatnonzero(val[1:] < val[:-1])
-        steps.update(int(x) for x in st[drops])
-    return frozenset(steps)
+    return read_scale(run).skips
 
 
 def first_nonfinite(steps: np.ndarray, values: np.ndarray) -> tuple[int, int | None] | None:

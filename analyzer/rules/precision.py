@@ -1,4 +1,4 @@
-"""Reduced precision: float16 overflow, and a loss scaler that collapses."""
+"""Reduced precision: float16 overflow, a loss scaler that collapses, and one that recovers."""
 
 from __future__ import annotations
 
@@ -9,11 +9,17 @@ import numpy as np
 from analyzer.model import Evidence, Finding
 from analyzer.rules.base import Rule, rule
 from analyzer.rules.evidence import RunEvidence
+from analyzer.scaler import ScaleReading, read_scale
 from analyzer.wording import step_words
 
 FP16_MAX = 65504.0
 SCALE_FLOOR = 1.0
-"""A dynamic loss scale at or below this has collapsed: gradients are no longer scaled up."""
+"""torch's GradScaler's floor: at or below 1 gradients are no longer scaled up (it has no
+configured minimum and keeps halving)."""
+FAIRSEQ_FLOOR = 1e-4
+"""fairseq's default ``--min-loss-scale``."""
+TAIL = 8
+"""The last logged scale points looked at for a collapse that has not reached the floor."""
 MIN_FALL = 8.0
 """A scale that never fell by this factor was not collapsing (a constant 1.0 is fp32)."""
 
@@ -89,9 +95,12 @@ def loss_scale_collapse(r: Rule, ev: RunEvidence) -> list[Finding]:
     """
     ## What it detects
     A dynamic loss scaler (torch GradScaler, apex, DeepSpeed, fairseq) that keeps seeing
-    overflow and halves its scale again and again until it reaches its floor (1 or the
-    configured minimum), after which the run fails. A few skipped steps early in training
-    that the scaler recovers from are normal and are not reported.
+    overflow and halves its scale again and again until it reaches its floor, or halves it on
+    most of the last logged steps until the run ends with a non-finite loss. The floor is 1
+    for torch's GradScaler, else the configured minimum (DeepSpeed's `min_loss_scale` and its
+    "Current loss scale already at minimum", fairseq's `--min-loss-scale`, 1e-4 by default,
+    and its "Minimum loss scale reached"). A scale that drops in the first steps and then
+    holds or grows again is the scaler's warm-up, not a collapse: see NF303.
 
     ## Why it produces NaN/Inf
     The scale is halved on every step whose gradients overflow. When overflow persists at
@@ -100,8 +109,10 @@ def loss_scale_collapse(r: Rule, ev: RunEvidence) -> list[Finding]:
     itself turns non-finite.
 
     ## Evidence
-    The loss-scale series or the logs' overflow messages: the number of skipped steps, the
-    smallest scale reached, whether the skips continued up to the failure.
+    The loss-scale series or the logs' overflow messages: the smallest scale reached and the
+    floor, how many of the last logged steps were skipped, the loss at the end, and whether
+    the scale was logged before or after `scaler.update()` (decided from where non-finite
+    gradients and scale drops coincide).
 
     ## Fix
     Find the overflowing op (replay the captured step), keep it in float32, or switch to
@@ -115,53 +126,152 @@ def loss_scale_collapse(r: Rule, ev: RunEvidence) -> list[Finding]:
     ```
 
     ## Known false positives
-    Runs that deliberately start with a tiny scale; the rule asks for the floor to be
-    reached and for the run to fail.
+    Runs that deliberately start with a tiny scale; the rule asks for the floor or a falling
+    tail, and for the run to fail.
     """
     if not ev.failed:
         return []
-    skips = sorted(ev.result.overflow_skips)
-    evidence: list[Evidence] = []
-    floor = None
+    seen = _collapse(ev)
+    if not seen.collapsed:
+        return []
+    confidence = "high" if seen.at_floor and seen.falling else "medium"
+    score = 0.6 + 0.2 * seen.at_floor + 0.2 * seen.falling
+    low = seen.lowest
+    if low is not None and 0 < low < 65536:
+        score += 0.01 * min(10.0, -math.log2(low / 65536.0))
+    return [r.finding(confidence, list(seen.evidence), score)]
+
+
+@rule("NF303", "loss-scale-warm-up", "AMP steps skipped for overflow, and the scaler recovered",
+      role="warning")
+def loss_scale_warm_up(r: Rule, ev: RunEvidence) -> list[Finding]:
+    """
+    ## What it detects
+    A dynamic loss scaler that skipped steps for overflow and lowered its scale, after which
+    the scale held or grew again: the scaler finding a scale that fits float16, early in
+    training or now and then afterwards. Not a failure: it says which steps were skipped and
+    how the loss-scale series was read.
+
+    ## Why it produces NaN/Inf
+    It does not: a skipped step's gradients are Inf or NaN by design (the scaled gradients
+    overflowed float16), the optimizer leaves the weights alone, and the scale is halved.
+    Those non-finite gradients are never reported as the run's failure.
+
+    ## Evidence
+    The skipped steps, the scale's lowest value and its floor, and whether the scale
+    was logged before or after `scaler.update()`: a skipped step has non-finite unscaled
+    gradients and the scale halves across it; where drops and non-finite gradients coincide
+    decides which logged step a drop belongs to.
+
+    ## Fix
+    Nothing to fix. To skip fewer steps at the start, begin at a scale that fits:
+    ```python
+    scaler = torch.amp.GradScaler("cuda", init_scale=2.0**12)
+    ```
+
+    ## Known false positives
+    None known: the rule is a note, and a collapse (NF302) takes precedence.
+    """
+    seen = _collapse(ev)
+    if seen.collapsed or not seen.count:
+        return []
+    held = Evidence(f"{seen.count} steps skipped for overflow ({_steps(seen.skips)}), then "
+                    "the scale held or grew again", subject="loss scale", value=float(seen.count))
+    return [r.finding("medium", [held, *(e for e in seen.evidence if e is not seen.counted)],
+                      0.5)]
+
+
+class _Seen:
+    """What the loss scale shows, for both rules."""
+
+    def __init__(self) -> None:
+        self.evidence: list[Evidence] = []
+        self.skips: list[int] = []
+        self.count = 0
+        self.counted: Evidence | None = None
+        self.lowest: float | None = None
+        self.at_floor = False
+        self.falling = False
+
+    @property
+    def collapsed(self) -> bool:
+        return self.at_floor or self.falling
+
+
+def _floor(ev: RunEvidence) -> float:
+    """The scaler's floor: a configured minimum the logs printed, else the framework's."""
+    for e in ev.events("min_loss_scale"):
+        value = e.detail.get("min_scale")
+        if isinstance(value, float) and value > 0:
+            return value
+    if any(g.framework and "fairseq" in g.framework for g in ev.result.run.logs):
+        return FAIRSEQ_FLOOR
+    return SCALE_FLOOR
+
+
+def _collapse(ev: RunEvidence) -> _Seen:
+    seen = _Seen()
+    reading: ScaleReading = read_scale(ev.result.run)
+    seen.skips = sorted(ev.result.overflow_skips)
+    seen.count = max(len(seen.skips), len(ev.events("overflow_skip")))
+    floor = _floor(ev)
     curve = ev.loss_scale
     if curve is not None and len(curve):
-        values = curve.values[np.isfinite(curve.values)]
-        if values.size:
-            floor, peak = float(values.min()), float(values.max())
-            k = int(np.flatnonzero(curve.values == floor)[0])  # argmin would stop at a NaN
-            evidence.append(Evidence(
-                f"{curve.tag} fell from {peak:g} to {floor:g} "
-                f"(step {int(curve.steps[k])})", location=curve.location_at(int(curve.steps[k])),
-                step=int(curve.steps[k]), subject=curve.tag, value=floor,
-                ratio=floor / peak if peak > 0 else None))
+        finite = np.isfinite(curve.values)
+        if finite.any():
+            low, peak = float(curve.values[finite].min()), float(curve.values[finite].max())
+            k = int(np.flatnonzero(curve.values == low)[0])  # argmin would stop at a NaN
+            at = int(curve.steps[k])
+            seen.lowest = low
+            seen.evidence.append(Evidence(
+                f"{curve.tag} fell from {peak:g} to {low:g} against a floor of {floor:g} "
+                f"(step {at})", location=curve.location_at(at), step=at,
+                subject=curve.tag, value=low, ratio=low / peak if peak > 0 else None))
+            # A constant scale of 1 is no scaler at all: the floor counts after a real fall.
+            seen.at_floor = low <= floor and low > 0 and peak / low >= MIN_FALL
+            seen.falling = _falling_tail(ev, curve.steps, curve.values, set(seen.skips), seen)
     log_floor = ev.events("min_loss_scale")
     if log_floor:
-        at = log_floor[0].step
-        when = f" {step_words(at, form='at')}" if at is not None else ""
-        evidence.append(Evidence(f"the log says the minimum loss scale was reached{when}",
-                                 location=log_floor[0].location, step=at))
-    skip_events = ev.events("overflow_skip")
-    count = max(len(skips), len(skip_events))
-    if count:
-        evidence.append(Evidence(f"{count} steps skipped for overflow", subject="loss scale"))
-    fell = curve is not None and floor is not None and floor > 0 and \
-        float(np.nanmax(curve.values)) / floor >= MIN_FALL
-    collapsed = (fell and floor is not None and floor <= SCALE_FLOOR) or bool(log_floor)
-    persistent = count >= 5 and _late(skips, ev.failure_step)
-    if not (collapsed or persistent):
-        return []
-    confidence = "high" if collapsed and persistent else "medium"
-    score = 0.6 + 0.2 * collapsed + 0.2 * persistent
-    if floor is not None and floor > 0:
-        score += 0.01 * min(10.0, -math.log2(floor / 65536.0)) if floor < 65536 else 0.0
-    return [r.finding(confidence, evidence, score)]
+        seen.at_floor = True
+        at_step = log_floor[0].step
+        when = f" {step_words(at_step, form='at')}" if at_step is not None else ""
+        seen.evidence.append(Evidence(f"the log says the minimum loss scale was reached{when}",
+                                      location=log_floor[0].location, step=at_step))
+    if seen.count:
+        seen.counted = Evidence(f"{seen.count} steps skipped for overflow",
+                                subject="loss scale", value=float(seen.count))
+        seen.evidence.append(seen.counted)
+    if reading.statement is not None:
+        seen.evidence.append(Evidence(reading.statement, subject="loss scale"))
+    return seen
 
 
-def _late(skips: list[int], failure: int | None) -> bool:
-    """Skips that went on into the second half of the run before the failure."""
-    if not skips or failure is None or failure <= 0:
-        return bool(skips)
-    return max(skips) >= failure / 2
+def _falling_tail(ev: RunEvidence, steps: np.ndarray, values: np.ndarray, skips: set[int],
+                  seen: _Seen) -> bool:
+    """Most of the last logged scale points are skips, the scale was still halving at the
+    last one, and the loss is non-finite at the end: a collapse caught before the floor. A
+    scale that fell early and then held ends flat, however many skips the tail holds."""
+    if not ev.failed or len(steps) < 3:
+        return False
+    tail_steps, tail_values = steps[-TAIL:], values[-TAIL:]
+    skipped = sum(int(s) in skips for s in tail_steps)
+    if skipped * 2 <= len(tail_steps) or not tail_values[-1] < tail_values[-2]:
+        return False
+    loss = ev.loss
+    if loss is not None and len(loss) and math.isfinite(float(loss.values[-1])):
+        return False
+    first, last = int(tail_steps[0]), int(tail_steps[-1])
+    seen.evidence.append(Evidence(
+        f"{skipped} of the last {len(tail_steps)} logged steps were skipped (from step "
+        f"{first} on), the scale still halving at step {last} and the loss non-finite at the "
+        "end", step=last, subject="loss scale",
+        value=float(skipped)))
+    return True
 
 
-RULES = (fp16_overflow, loss_scale_collapse)
+def _steps(steps: list[int]) -> str:
+    shown = ", ".join(map(str, steps[:8]))
+    return f"steps {shown}" + (f" and {len(steps) - 8} more" if len(steps) > 8 else "")
+
+
+RULES = (fp16_overflow, loss_scale_collapse, loss_scale_warm_up)

@@ -1,0 +1,164 @@
+"""Which steps a dynamic loss scaler skipped, read from the run's own numbers.
+
+Pure numpy over the records of :mod:`analyzer.model`; no file access.
+
+A dynamic loss scaler (torch's GradScaler, apex, DeepSpeed, fairseq) that finds non-finite
+unscaled gradients skips that step's update and halves its scale, so the gradients logged
+at a skipped step are Inf or NaN by design. Where the halving shows depends on when the
+training loop logged the scale:
+
+- before ``scaler.update()``: the scale logged at step N is the one step N used, and the
+  halving shows at the next logged step; a drop from step N to N+1 marks N as skipped;
+- after ``scaler.update()``: the scale logged at step N is the one step N+1 will use, and
+  the drop shows at N itself; a drop from step N-1 to N marks N as skipped.
+
+One skip per series is out of sight either way: the last logged step's (before) or the
+first's (after), whose halving falls outside the logged points. A scaler skips every step
+whose gradients are non-finite, so where the gradients decided the reading such a step
+with non-finite gradients is a skip too.
+
+Which of the two a run did is decided where it logged gradient norms, by what each
+reading would contradict: a step with non-finite gradients and no halving across it, or a
+halving across a step whose gradients were finite. In a block of consecutive skips both
+readings agree in the middle; its edges tell them apart. The reading with fewer
+contradictions wins; with no gradient series, or as many contradictions each way, today's
+reading, "before", is kept and said to be assumed. Overflow events from logs that name
+their step are skips whatever the scale series says.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from analyzer.model import Run, Series
+from analyzer.tags import is_loss_scale_tag, role
+
+Convention = Literal["before_update", "after_update"]
+
+
+@dataclass(frozen=True)
+class ScaleReading:
+    """The skipped steps and how the loss-scale series was read to find them."""
+
+    skips: frozenset[int]
+    convention: Convention | None
+    """None when the run logged no loss-scale series of two points or more."""
+    inferred: bool = False
+    """True when non-finite gradients decided the convention; False when it was assumed."""
+    drops: int = 0
+    """Scale drops seen, over every loss-scale series."""
+    agree: int = 0
+    """Drops whose skipped step, as the chosen reading places it, has non-finite gradients."""
+    against_before: int = 0
+    """Steps whose gradients contradict the before-update reading."""
+    against_after: int = 0
+    """Steps whose gradients contradict the after-update reading."""
+
+    @property
+    def statement(self) -> str | None:
+        """How the series was read, in words a report can show; None without a series."""
+        if self.convention is None:
+            return None
+        if self.convention == "after_update":
+            rule = "loss scale logged after scaler.update(): a drop at step N marks step N " \
+                   "as skipped"
+        else:
+            rule = "loss scale logged before scaler.update(): a drop at step N+1 marks step " \
+                   "N as skipped"
+        mine, other = ((self.against_after, self.against_before)
+                       if self.convention == "after_update"
+                       else (self.against_before, self.against_after))
+        counts = (f"{self.agree} of {self.drops} drops mark a step with non-finite gradients; "
+                  f"the gradients contradict this reading at {mine} steps, the other at "
+                  f"{other}")
+        if self.inferred:
+            return f"{rule} ({counts})"
+        if not (self.against_before or self.against_after or self.agree):
+            return (f"{rule} (assumed: no gradient norm logged at consecutive steps to "
+                    "decide from)")
+        return f"{rule} (assumed: the gradients do not decide; {counts})"
+
+
+def _scale_points(s: Series) -> tuple[np.ndarray, np.ndarray]:
+    """Steps ascending and their finite scale values."""
+    order = np.argsort(s.steps, kind="stable")
+    st, val = s.steps[order], s.values[order]
+    keep = np.isfinite(val)
+    return st[keep], val[keep]
+
+
+def gradient_steps(run: Run) -> tuple[frozenset[int], frozenset[int]]:
+    """Steps at which a gradient tag (total or per layer) was logged, and those at which
+    one of them was non-finite."""
+    logged: set[int] = set()
+    bad: set[int] = set()
+    for s in run.series:
+        if len(s) and role(s.tag).is_gradient:
+            logged.update(int(x) for x in s.steps)
+            bad.update(int(x) for x in s.steps[~np.isfinite(s.values)])
+    return frozenset(logged), frozenset(bad)
+
+
+def _contradictions(curves: list[tuple[np.ndarray, np.ndarray]], logged: frozenset[int],
+                    bad: frozenset[int]) -> tuple[int, int]:
+    """Steps whose gradients contradict the before-update and the after-update reading.
+
+    A pair of points logged at consecutive steps (a, a+1) that drops says a was skipped
+    (before) or a+1 was (after); one that does not drop says the same step was not. Only
+    steps with a gradient logged can contradict; the last point's pair (before) and the
+    first point's (after) were never logged. A scale logged every k steps (fairseq's
+    ``--log-interval``) pins no skip to one step and decides nothing.
+    """
+    before = after = 0
+    for st, val in curves:
+        for i in range(st.size - 1):
+            a, b, drop = int(st[i]), int(st[i + 1]), bool(val[i + 1] < val[i])
+            if b != a + 1:
+                continue
+            before += a in logged and drop != (a in bad)
+            after += b in logged and drop != (b in bad)
+    return before, after
+
+
+def read_scale(run: Run) -> ScaleReading:
+    """The steps a loss scaler skipped, and which logging convention found them."""
+    logged_skips = {e.step for e in run.events
+                    if e.kind == "overflow_skip" and e.step is not None}
+    curves = [_scale_points(s) for s in run.series if is_loss_scale_tag(s.tag)]
+    curves = [(st, val) for st, val in curves if st.size >= 2]
+    if not curves:
+        return ScaleReading(skips=frozenset(logged_skips), convention=None)
+    logged, bad = gradient_steps(run)
+    pairs: list[tuple[int, int]] = []
+    for st, val in curves:
+        at = np.flatnonzero(val[1:] < val[:-1])
+        pairs += [(int(st[i]), int(st[i + 1])) for i in at]
+    against_before, against_after = _contradictions(curves, logged, bad)
+    after = against_after < against_before
+    convention: Convention = "after_update" if after else "before_update"
+    agree = sum((b if after else a) in bad for a, b in pairs)
+    # A scale that never fell with non-finite gradients (a constant 1.0: no scaler at all)
+    # decides nothing, however the two readings are contradicted.
+    inferred = against_after != against_before and agree > 0
+    skips = set(logged_skips)
+    skips.update(b if after else a for a, b in pairs)
+    if inferred:
+        skips.update(e for e in (_edge_skip(st, val, bad, after) for st, val in curves)
+                     if e is not None)
+    return ScaleReading(skips=frozenset(skips), convention=convention,
+                        inferred=inferred, drops=len(pairs),
+                        agree=agree, against_before=against_before,
+                        against_after=against_after)
+
+
+def _edge_skip(st: np.ndarray, val: np.ndarray, bad: frozenset[int],
+               after: bool) -> int | None:
+    """The skip whose halving falls outside the logged points: the first step's (after) or
+    the last's (before), when it has non-finite gradients, the scale was logged at every
+    step there, and the series ever fell (a scaler that answers overflow)."""
+    edge, neighbour = (int(st[0]), int(st[1])) if after else (int(st[-1]), int(st[-2]))
+    fell = bool((val[1:] < val[:-1]).any())
+    return edge if fell and edge in bad and abs(edge - neighbour) == 1 else None

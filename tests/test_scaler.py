@@ -1,0 +1,261 @@
+"""Loss-scaler skips read from the data: real torch.amp.GradScaler runs on CPU, the scale
+logged before and after ``scaler.update()``, and the trainers' own overflow messages."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from analyzer.api import analyze, read
+from analyzer.cli import main
+from analyzer.model import Run
+from analyzer.onset import locate, overflow_skip_steps
+from analyzer.scaler import read_scale
+
+FIXTURES = Path(__file__).parent / "fixtures" / "amp"
+
+
+@dataclass
+class AmpRun:
+    folder: str
+    skipped: list[int] = field(default_factory=list)
+    """The steps the GradScaler really skipped (its scale fell across them)."""
+    scales: list[float] = field(default_factory=list)
+
+
+def train(folder: str, *, after: bool, steps: int, loss_gain: float = 20.0,
+          growth_interval: int = 2000, blowup_at: int | None = None,
+          grad_norm: bool = True) -> AmpRun:
+    """A small MLP under float16 autocast with a real GradScaler on CPU.
+
+    ``loss_gain`` multiplies the loss so that 65536 times its gradients overflow float16 (a
+    few early skips); from ``blowup_at`` on the inputs are 1e5 times larger, so the forward
+    overflows whatever the scale (a collapse). The scale is logged before or after
+    ``scaler.update()``.
+    """
+    import torch
+    from torch.utils.tensorboard import SummaryWriter
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=65536.0, growth_interval=growth_interval)
+    x, y = torch.randn(64, 8), torch.randint(0, 4, (64,))
+    out = AmpRun(folder)
+    writer = SummaryWriter(folder)
+    for step in range(steps):
+        xb = x * 1e5 if blowup_at is not None and step >= blowup_at else x
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = torch.nn.functional.cross_entropy(model(xb), y) * loss_gain
+        before = scaler.get_scale()
+        scaler.scale(loss).backward()  # type: ignore[no-untyped-call]
+        scaler.unscale_(opt)
+        norm = float(torch.nn.utils.get_total_norm([p.grad for p in model.parameters()
+                                                    if p.grad is not None]))
+        scaler.step(opt)
+        scaler.update()
+        if scaler.get_scale() < before:
+            out.skipped.append(step)
+        logged = scaler.get_scale() if after else before
+        out.scales.append(logged)
+        writer.add_scalar("train/loss", float(loss.detach()), step)
+        if grad_norm:
+            writer.add_scalar("train/grad_norm", norm, step)
+        writer.add_scalar("amp/loss_scale", logged, step)
+    writer.close()
+    return out
+
+
+def _run(folder: str) -> Run:
+    (run,) = read(folder)
+    return run
+
+
+def _report(folder: str, tmp_path: Path) -> tuple[int, dict]:  # type: ignore[type-arg]
+    out = tmp_path / "report.json"
+    code = main(["analyze", folder, "--json", str(out), "-q", "--no-replay"])
+    return code, json.loads(out.read_text())["runs"][0]
+
+
+def _failures(run_json: dict) -> list[str]:  # type: ignore[type-arg]
+    return [f["name"] for f in run_json["findings"] if f["role"] in ("cause", "symptom")]
+
+
+def _snapshot(folder: str) -> dict[str, tuple[int, str]]:
+    out = {}
+    for root, _, files in os.walk(folder):
+        for f in files:
+            p = os.path.join(root, f)
+            out[p] = (os.path.getsize(p), hashlib.sha256(Path(p).read_bytes()).hexdigest())
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, AmpRun]:
+    base = tmp_path_factory.mktemp("amp")
+    made = {
+        "early_after": train(str(base / "early_after"), after=True, steps=30, loss_gain=100.0),
+        "early_before": train(str(base / "early_before"), after=False, steps=30,
+                              loss_gain=100.0),
+        "throughout_after": train(str(base / "throughout_after"), after=True, steps=40,
+                                  growth_interval=4),
+        "throughout_before": train(str(base / "throughout_before"), after=False, steps=40,
+                                   growth_interval=4),
+        "collapse_after": train(str(base / "collapse_after"), after=True, steps=40,
+                                blowup_at=20),
+        "collapse_before": train(str(base / "collapse_before"), after=False, steps=40,
+                                 blowup_at=20),
+        "short_collapse": train(str(base / "short_collapse"), after=True, steps=27,
+                                blowup_at=20),
+        "early_after_no_norm": train(str(base / "early_after_no_norm"), after=True, steps=30,
+                                     loss_gain=100.0, grad_norm=False),
+    }
+    # What the scaler did, so the tests below check the runs they mean to.
+    assert made["early_after"].skipped == [0, 1, 2, 3, 4]
+    assert len(made["throughout_after"].skipped) >= 5
+    assert max(made["throughout_after"].skipped) > 30
+    assert made["collapse_after"].scales[-1] < 1.0
+    assert made["short_collapse"].scales[-1] > 1.0
+    return made
+
+
+def test_regression_scale_logged_after_update_is_not_read_one_step_off(
+        runs: dict[str, AmpRun]) -> None:
+    # Before: a drop from step N to N+1 always marked N, so the after-update run's skips
+    # were read as 0..3 and step 4's Inf gradient norm became the run's failure.
+    amp = runs["early_after"]
+    run = _run(amp.folder)
+    reading = read_scale(run)
+    assert reading.convention == "after_update" and reading.inferred
+    assert overflow_skip_steps(run) == frozenset(amp.skipped)
+    result = locate(run)
+    assert result.incident is None
+    assert result.overflow_skips == tuple(amp.skipped)
+    assert reading.statement is not None
+    assert reading.statement.startswith("loss scale logged after scaler.update(): a drop at "
+                                        "step N marks step N as skipped")
+
+
+def test_scale_logged_before_update_keeps_marking_the_step_before(
+        runs: dict[str, AmpRun]) -> None:
+    amp = runs["early_before"]
+    run = _run(amp.folder)
+    reading = read_scale(run)
+    assert reading.convention == "before_update" and reading.inferred
+    assert locate(run).overflow_skips == tuple(amp.skipped)
+
+
+@pytest.mark.parametrize("name", ["throughout_after", "throughout_before"])
+def test_skips_throughout_that_recover_are_exactly_the_skipped_steps(
+        runs: dict[str, AmpRun], name: str) -> None:
+    amp = runs[name]
+    result = locate(_run(amp.folder))
+    assert result.incident is None
+    assert result.overflow_skips == tuple(amp.skipped)
+
+
+def test_without_a_gradient_norm_the_convention_is_assumed_and_said(
+        runs: dict[str, AmpRun]) -> None:
+    reading = read_scale(_run(runs["early_after_no_norm"].folder))
+    assert reading.convention == "before_update" and not reading.inferred
+    assert reading.statement is not None and "assumed" in reading.statement
+
+
+@pytest.mark.parametrize("name", ["early_after", "early_before", "throughout_after",
+                                  "throughout_before"])
+def test_healthy_amp_run_with_early_skips_exits_0(runs: dict[str, AmpRun], name: str,
+                                                  tmp_path: Path) -> None:
+    folder = str(tmp_path / name)
+    shutil.copytree(runs[name].folder, folder)
+    before = _snapshot(folder)
+    code, run_json = _report(folder, tmp_path)
+    assert code == 0
+    assert run_json["status"] == "finite" and run_json["incident"] is None
+    assert run_json["overflow_skips"] == runs[name].skipped
+    assert _failures(run_json) == []
+    warm = [f for f in run_json["findings"] if f["code"] == "NF303"]
+    assert warm and warm[0]["role"] == "warning"
+    assert any("scaler.update()" in e["text"] for e in warm[0]["evidence"])
+    assert _snapshot(folder) == before
+
+
+@pytest.mark.parametrize("name", ["collapse_after", "collapse_before"])
+def test_true_collapse_to_the_floor_fails_with_nf302(runs: dict[str, AmpRun], name: str,
+                                                     tmp_path: Path) -> None:
+    code, run_json = _report(runs[name].folder, tmp_path)
+    assert code == 1
+    assert run_json["incident"]["tag"] == "train/loss" and run_json["incident"]["step"] == 20
+    top = run_json["findings"][0]
+    assert top["code"] == "NF302" and top["confidence"] == "high"
+    assert not [f for f in run_json["findings"] if f["code"] == "NF303"]
+
+
+def test_collapse_caught_before_the_floor_is_a_falling_tail(runs: dict[str, AmpRun],
+                                                           tmp_path: Path) -> None:
+    # 7 halvings from 16384: still far above 1 when the run ends with a NaN loss.
+    code, run_json = _report(runs["short_collapse"].folder, tmp_path)
+    assert code == 1
+    nf302 = [f for f in run_json["findings"] if f["code"] == "NF302"]
+    assert nf302 and nf302[0]["confidence"] == "medium"
+    assert any("of the last" in e["text"] for e in nf302[0]["evidence"])
+
+
+def test_regression_a_scale_that_settles_is_not_a_collapse(tmp_path: Path) -> None:
+    # Five early skips, then the scale holds; a NaN loss at step 8 is the failure. Before:
+    # five skips in the first half of the run read as a persistent collapse (NF302).
+    amp = train(str(tmp_path / "run"), after=False, steps=8, loss_gain=100.0)
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(amp.folder)
+    writer.add_scalar("train/loss", float("nan"), 8)
+    writer.close()
+    (result,) = analyze(amp.folder, replay=False).results
+    assert result.incident is not None and result.incident.step == 8
+    assert result.overflow_skips == tuple(amp.skipped) == (0, 1, 2, 3, 4)
+    codes = [f.code for f in result.findings]
+    assert "NF302" not in codes and "NF303" in codes
+
+
+@pytest.mark.parametrize("name", ["amp_benign_skips", "amp_scale_collapse"])
+def test_regression_sample_runs_skips_are_the_scalers_own(name: str) -> None:
+    # The scenario records the steps its GradScaler skipped. Before: the collapse's last
+    # skip (step 39, whose halving would show at a step never logged) was missed, so its
+    # NaN gradients stood as incidents beside the failure.
+    from tests.conftest import SAMPLE_RUNS
+
+    folder = os.path.join(SAMPLE_RUNS, name)
+    truth = json.loads(Path(folder, "scenario.json").read_text())["skipped_steps"]
+    (run,) = read(folder)
+    assert list(locate(run).overflow_skips) == truth
+
+
+# --- the trainers' own messages, in the texts their sources print ---------------------
+
+LOGS = {
+    # deepspeed/runtime/fp16/loss_scaler.py DynamicLossScaler.update_scale
+    "deepspeed_min_scale.log": ("NF302", 1),
+    # apex/amp/handle.py scale_loss: "Gradient overflow.  Skipping step, loss scaler ..."
+    "apex_warm_up.log": ("NF303", 0),
+    # fairseq/trainer.py train_step, fairseq/optim/dynamic_loss_scaler.py check_overflow
+    "fairseq_min_scale.log": ("NF302", 1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LOGS))
+def test_trainer_overflow_messages_are_read(name: str, tmp_path: Path) -> None:
+    folder = tmp_path / "run"
+    folder.mkdir()
+    shutil.copy(FIXTURES / name, folder / "train.log")
+    code, run_json = _report(str(folder), tmp_path)
+    want, exit_code = LOGS[name]
+    assert code == exit_code
+    assert want in [f["code"] for f in run_json["findings"]]
+    kinds = [e["kind"] for e in run_json["events"]]
+    assert kinds.count("overflow_skip") >= 3
