@@ -42,9 +42,13 @@ AGREEMENT = 0.9
 MIN_POINTS = 3
 """Values that must be compared for a placement to be taken."""
 RTOL = 2e-3
-"""A log prints its numbers rounded (``0.6931`` for 0.693147...): values this close agree."""
+"""A log prints its numbers rounded (``0.6931`` for 0.693147..., ``6.931e-01``): values this
+close agree, beside half a unit of the last decimal it printed (:func:`printed_atol`)."""
 _STRIDES = 8
 _OFFSETS = 32
+_SAMPLE = 2048
+"""Points of a source each candidate placement is scored on first."""
+_RESCORED = 4
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -111,7 +115,7 @@ def _match(mine: Sequence[Series], reference: Sequence[Series], own: tuple[int, 
         if placed is None:
             continue
         off, stride, agree, points = placed
-        at_own = agreement_at(src[1], src[2], ref[1], ref[2], *own)
+        at_own = agreement_at(src[1], src[2], ref[1], ref[2], *own, printed_atol(src[2]))
         return src[0], ref[0], off, stride, agree, points, at_own[0] if at_own else None
     return None
 
@@ -135,16 +139,18 @@ def _curve(series: Sequence[Series], wanted: TagRole
     return tag, steps[last], values[last]
 
 
-def _close(a: FloatArray, b: FloatArray) -> npt.NDArray[np.bool_]:
+def _close(a: FloatArray, b: FloatArray, atol: float = 0.0) -> npt.NDArray[np.bool_]:
+    """``a`` (a log's values, printed with ``atol`` of rounding) agrees with ``b``."""
     same_nonfinite = (~np.isfinite(a)) & (~np.isfinite(b)) & (
         np.isnan(a) & np.isnan(b) | (a == b))
     with np.errstate(invalid="ignore"):
-        near = np.isclose(a, b, rtol=RTOL, atol=1e-12)
+        near = np.abs(a - b) <= atol * 1.01 + RTOL * np.abs(b) + 1e-12
     return np.asarray(near | same_nonfinite, dtype=bool)
 
 
 def agreement_at(steps: IntArray, values: FloatArray, ref_steps: IntArray,
-                 ref_values: FloatArray, offset: int, stride: int) -> tuple[float, int] | None:
+                 ref_values: FloatArray, offset: int, stride: int, atol: float = 0.0
+                 ) -> tuple[float, int] | None:
     """(share of agreeing values, values compared) when ``steps`` map to ``offset + stride *
     step``; None when fewer than MIN_POINTS map onto a reference step."""
     mapped = offset + stride * steps
@@ -155,7 +161,7 @@ def agreement_at(steps: IntArray, values: FloatArray, ref_steps: IntArray,
     compared = int(hit.sum())
     if compared < min(MIN_POINTS, steps.size) or compared < 2:
         return None
-    agree = _close(values[hit], ref_values[at[hit]])
+    agree = _close(values[hit], ref_values[at[hit]], atol)
     return float(agree.mean()), compared
 
 
@@ -163,12 +169,25 @@ def best_placement(steps: IntArray, values: FloatArray, ref_steps: IntArray,
                    ref_values: FloatArray) -> tuple[int, int, float, int] | None:
     """The (offset, stride, agreement, compared) that makes ``values`` agree best with the
     reference, or None when no placement is good enough or two different ones are."""
+    atol = printed_atol(values)
+    hits = _hits(values, ref_steps, ref_values, atol)
+    # Candidates are scored on a sample of the source's points (its head and points spread
+    # over the rest), the best few again on all of them: a log of millions of lines costs
+    # a few passes, not one per candidate.
+    sample = _sample(steps.size)
+    some_steps, some_values = steps[sample], values[sample]
     scored: list[tuple[float, int, int, int]] = []
-    for stride in _strides(steps, values, ref_steps, ref_values):
-        for offset in _offsets(steps, values, ref_steps, ref_values, stride):
-            got = agreement_at(steps, values, ref_steps, ref_values, offset, stride)
+    for stride in _strides(steps, ref_steps, hits):
+        for offset in _offsets(steps, hits, stride):
+            got = agreement_at(some_steps, some_values, ref_steps, ref_values, offset, stride,
+                               atol)
             if got is not None and got[0] >= AGREEMENT:
                 scored.append((got[0], got[1], offset, stride))
+    if sample.size < steps.size:
+        scored.sort(key=lambda s: (-s[0], -s[1], s[3], abs(s[2])))
+        scored = [(*got, offset, stride) for _, _, offset, stride in scored[:_RESCORED]
+                  if (got := agreement_at(steps, values, ref_steps, ref_values, offset,
+                                          stride, atol)) is not None and got[0] >= AGREEMENT]
     if not scored:
         return None
     scored.sort(key=lambda s: (-s[0], -s[1], s[3], abs(s[2])))
@@ -179,20 +198,50 @@ def best_placement(steps: IntArray, values: FloatArray, ref_steps: IntArray,
     return offset, stride, agree, compared
 
 
-def _strides(steps: IntArray, values: FloatArray, ref_steps: IntArray,
-             ref_values: FloatArray) -> list[int]:
+def printed_atol(values: FloatArray) -> float:
+    """Half a unit of the last decimal the source printed its values with (``0.6931``:
+    5e-5), found from the values themselves; 0 when they carry more than 8 decimals."""
+    finite = values[np.isfinite(values)][:256]
+    if not finite.size:
+        return 0.0
+    for places in range(9):
+        scaled = finite * 10.0**places
+        if np.all(np.abs(scaled - np.round(scaled)) <= 1e-6 * np.maximum(1.0, np.abs(scaled))):
+            return 0.5 * 10.0**-places
+    return 0.0
+
+
+def _sample(n: int) -> IntArray:
+    """Indices of at most _SAMPLE points: the first half of them, the rest spread evenly."""
+    if n <= _SAMPLE:
+        return np.arange(n, dtype=np.int64)
+    head = np.arange(_SAMPLE // 2, dtype=np.int64)
+    spread = np.linspace(_SAMPLE // 2, n - 1, _SAMPLE // 2).astype(np.int64)
+    return np.unique(np.concatenate([head, spread]))
+
+
+def _hits(values: FloatArray, ref_steps: IntArray, ref_values: FloatArray, atol: float
+          ) -> list[tuple[int, IntArray]]:
+    """For each of the source's first finite values: (its index, the first reference steps
+    holding the same value)."""
+    out = []
+    for i in np.flatnonzero(np.isfinite(values))[:4]:
+        same = _close(np.full(ref_values.shape, values[i]), ref_values, atol)
+        out.append((int(i), ref_steps[same][:_OFFSETS]))
+    return out
+
+
+def _strides(steps: IntArray, ref_steps: IntArray, hits: list[tuple[int, IntArray]]
+             ) -> list[int]:
     """1, the reference's usual spacings, and the spacings that carry two of the source's
     first finite values onto reference steps holding the same values."""
     out = {1}
     gaps = np.diff(ref_steps[:256])
     out.update(int(g) for g in np.unique(gaps[gaps > 0])[:_STRIDES])
-    finite = np.flatnonzero(np.isfinite(values))[:4]
-    for a, b in itertools.pairwise(finite):
+    for (a, at_a), (b, at_b) in itertools.pairwise(hits):
         apart = int(steps[b] - steps[a])
         if apart <= 0:
             continue
-        at_a = ref_steps[_close(np.full(ref_values.shape, values[a]), ref_values)][:_OFFSETS]
-        at_b = ref_steps[_close(np.full(ref_values.shape, values[b]), ref_values)][:_OFFSETS]
         for sa in at_a:
             for sb in at_b:
                 stride, rest = divmod(int(sb - sa), apart)
@@ -201,16 +250,11 @@ def _strides(steps: IntArray, values: FloatArray, ref_steps: IntArray,
     return sorted(out)[: _STRIDES * 4]
 
 
-def _offsets(steps: IntArray, values: FloatArray, ref_steps: IntArray, ref_values: FloatArray,
-             stride: int) -> list[int]:
+def _offsets(steps: IntArray, hits: list[tuple[int, IntArray]], stride: int) -> list[int]:
     """Offsets that put one of the source's first finite values on a reference step holding
     the same value."""
-    out: list[int] = []
-    finite = np.flatnonzero(np.isfinite(values))[:3]
-    for i in finite:
-        same = np.flatnonzero(_close(np.full(ref_values.shape, values[i]), ref_values))
-        out += [int(ref_steps[j] - stride * steps[i]) for j in same[:_OFFSETS]]
-    return sorted(set(out))[: _OFFSETS * 3]
+    out = {int(at - stride * steps[i]) for i, found in hits[:3] for at in found}
+    return sorted(out)[: _OFFSETS * 3]
 
 
 def _moved(series: Series, alignment: Alignment | None) -> Series:
