@@ -259,3 +259,19 @@ def test_trainer_overflow_messages_are_read(name: str, tmp_path: Path) -> None:
     assert want in [f["code"] for f in run_json["findings"]]
     kinds = [e["kind"] for e in run_json["events"]]
     assert kinds.count("overflow_skip") >= 3
+
+
+def test_regression_deepspeed_stuck_at_its_minimum_without_raising_is_the_failure(
+        tmp_path: Path) -> None:
+    # raise_error_at_min_scale off: DeepSpeed goes on "reducing to 128" from 128, skipping
+    # every step, and never prints the exception. Before: read as a finite run (exit 0).
+    folder = tmp_path / "run"
+    folder.mkdir()
+    shutil.copy(FIXTURES / "deepspeed_at_min_scale_no_raise.log", folder / "train.log")
+    code, run_json = _report(str(folder), tmp_path)
+    assert code == 1
+    floors = [e for e in run_json["events"] if e["kind"] == "min_loss_scale"]
+    assert len(floors) == 1 and floors[0]["detail"]["min_scale"] == 128.0
+    assert floors[0]["location"]["line"] == 10  # the second skip at 128
+    assert run_json["incident"]["tag"] == "gradients"
+    assert run_json["findings"][0]["code"] == "NF302"

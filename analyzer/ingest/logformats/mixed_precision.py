@@ -3,6 +3,24 @@
 A skipped step is an ``overflow_skip`` event, a scale change without a skip a
 ``loss_scale`` event, a scale stuck at its floor ``min_loss_scale``. DeepSpeed's
 ``step=N, skipped=M, lr=[...]`` progress line gives ``lr`` and ``skipped`` points.
+
+The messages, as their sources print them:
+
+- DeepSpeed ``runtime/fp16/loss_scaler.py``: "[deepspeed] OVERFLOW! Rank 0 Skipping step.
+  Attempted loss scale: 65536, reducing to 32768"; with hysteresis left, "... Attempted
+  loss scale: 65536, but hysteresis is 2. Reducing hysteresis to 1" (a skip that keeps the
+  scale); "Current loss scale already at minimum - cannot decrease scale anymore. Exiting
+  run." At its configured ``min_loss_scale`` it prints "reducing to" the same scale: with
+  ``raise_error_at_min_scale`` off it goes on skipping there, and a second such skip is a
+  ``min_loss_scale`` event (the first may be followed by the exception, the incident).
+  ``runtime/fp16/fused_optimizer.py``: "Grad overflow on iteration N", "Reducing dynamic
+  loss scale from 65536 to 32768.0", "Overflow detected. Skipping step. Attempted loss
+  scale: ...".
+- apex ``amp/handle.py``: "Gradient overflow.  Skipping step, loss scaler 0 reducing loss
+  scale to 32768.0".
+- fairseq ``trainer.py``/``optim/dynamic_loss_scaler.py``: "NOTE: gradient overflow
+  detected, ignoring gradient, setting loss scale to: 64.0" (older: "NOTE: overflow
+  detected, setting loss scale to: ..."), and "Minimum loss scale reached (0.0001)".
 """
 
 from __future__ import annotations
@@ -58,6 +76,9 @@ class MixedPrecisionParser:
         self.pending_line = 0
         self.fast = fast.ENABLED
         self.block: Block | None = None
+        self.at_floor: float | None = None
+        """The scale DeepSpeed last skipped at without lowering it (its minimum)."""
+        self.floor_said = False
 
     def _step_hint(self, ctx: Context) -> int | None:
         if self.pending_step is not None and ctx.line - self.pending_line <= _PENDING_LINES:
@@ -100,9 +121,24 @@ class MixedPrecisionParser:
             detail["reporting_rank"] = int(rank.group(1))
         if not detail:
             return self._others(text, ctx)
-        ctx.event("overflow_skip", self._step_hint(ctx), text, detail)
+        step = self._step_hint(ctx)
+        ctx.event("overflow_skip", step, text, detail)
         ctx.votes["deepspeed"] += 1
+        self._floor(detail, step, text, ctx)
         return True
+
+    def _floor(self, detail: dict[str, object], step: int | None, text: str,
+               ctx: Context) -> None:
+        """A second skip "reducing to" the scale it attempted: the scaler is at its minimum
+        and goes on skipping every step there."""
+        old, new = detail.get("attempted_scale"), detail.get("new_scale")
+        if not isinstance(old, float) or old != new:
+            self.at_floor, self.floor_said = None, False
+            return
+        if self.at_floor == old and not self.floor_said:
+            ctx.event("min_loss_scale", step, text, {"min_scale": old})
+            self.floor_said = True
+        self.at_floor = old
 
     def _step_line(self, text: str, ctx: Context) -> bool:
         at = text.find("step=")
