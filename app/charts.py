@@ -9,7 +9,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from app.views import Curve, Grid, Marker, log_scale
+from app.views import Curve, Grid, Marker, OwnPanel, log_scale
 
 COLOURS = {
     "first non-finite": "#d62728",
@@ -108,6 +108,36 @@ def timeline(panels: Mapping[str, list[Curve]], marks: list[Marker],
     fig.update_layout(height=220 * len(names) + 180, hovermode="x unified", colorway=LINES,
                       margin={"l": 10, "r": 10, "t": 30, "b": 10},
                       legend={"orientation": "h", "y": -0.08})
+    return fig
+
+
+def own_axis(panel: OwnPanel) -> go.Figure:
+    """A source not placed on the run's global step, over its own numbering: an x axis of
+    its records (or iterations), never shared with the global step's panels."""
+    unit = panel.label
+    fig = go.Figure()
+    shown_bad = False
+    for curve in panel.curves:
+        y = np.where(curve.bad, np.nan, curve.values)
+        fig.add_trace(go.Scatter(x=curve.steps, y=y, mode="lines+markers", marker={"size": 4},
+                                 name=curve.label,
+                                 hovertemplate=f"{unit} %{{x}}<br>%{{y:.6g}}<extra>"
+                                 + curve.label + "</extra>"))
+        bad = _bad_trace(curve, not shown_bad)
+        if bad is not None:
+            bad.hovertemplate = f"{unit} %{{x}}<br>%{{text}}<extra></extra>"
+            fig.add_trace(bad)
+            shown_bad = True
+    if panel.first is not None and panel.first.step is not None:
+        fig.add_vline(x=panel.first.step, line_color=COLOURS["first non-finite"], line_width=2)
+    if log_scale(panel.curves):
+        fig.update_yaxes(type="log")
+    else:
+        fig.update_yaxes(tickformat=".3~g", range=_flat_range(panel.curves))
+    fig.update_xaxes(title_text=f"{unit} ({panel.name}'s own numbering)")
+    fig.update_layout(height=320, colorway=LINES, title=f"{panel.name}, by {unit}",
+                      margin={"l": 10, "r": 10, "t": 40, "b": 10},
+                      legend={"orientation": "h", "y": -0.25})
     return fig
 
 

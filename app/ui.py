@@ -14,7 +14,7 @@ import pandas as pd
 import streamlit as st
 
 from analyzer.model import Run, RunResult
-from analyzer.wording import failing_place, place_words, step_words
+from analyzer.wording import failing_place, incident_step, incident_unit, place_words, step_words
 from app import data, views
 
 PAGES: list[tuple[str, str, str]] = [
@@ -112,10 +112,12 @@ def headline(sel: Selected, result: RunResult) -> None:
     if inc is None:
         parts.append("every logged value is finite")
     else:
-        last = "none" if inc.last_finite_step is None else inc.last_finite_step
-        where = step_words(inc.step, inc.after, "at", mark="**")
+        unit = incident_unit(inc, result.run)
+        last = ("none" if inc.last_finite_step is None
+                else step_words(inc.last_finite_step, unit=unit))
+        where = incident_step(inc, result.run, "at", mark="**")
         parts.append(f"first non-finite {where} (`{inc.tag}` = {inc.kind}, "
-                     f"last finite step {last})")
+                     f"last finite {last})")
     place = failing_place(result)
     if place is not None:
         parts.append(place_words(place, mark="**"))

@@ -16,9 +16,16 @@ import numpy as np
 import numpy.typing as npt
 
 from analyzer.ingest.tb import is_event_file
-from analyzer.model import Event, Location, Run, RunResult, Series
+from analyzer.model import Event, Incident, Location, Run, RunResult, Series
 from analyzer.tags import TagRole, layer_from_tag, role
-from analyzer.wording import failing_place, place_words, step_words
+from analyzer.wording import (
+    alignment_words,
+    failing_place,
+    incident_step,
+    incident_unit,
+    place_words,
+    step_words,
+)
 
 if TYPE_CHECKING:
     from analyzer.model.checkpoints import SaveRef
@@ -91,6 +98,14 @@ class RunRow:
     first_issue: str | None
     first_after: bool = False
     """The failure comes after ``first_step``: a log line that names no step of its own."""
+    first_unit: str = "step"
+    """What ``first_step`` counts: ``step`` on the run's global step, else the word of a
+    source not placed on it (``record``)."""
+    first_when: str | None = None
+    """The first step in a table cell's words: ``28``, ``>20``, ``#13`` (a source's own
+    record 13)."""
+    placement: str = ""
+    """How each log's steps were placed on the run's global step."""
 
     @classmethod
     def columns(cls) -> list[str]:
@@ -169,7 +184,19 @@ def run_row(name: str, result: RunResult | None, error: str | None) -> RunRow:
         issues=len(issues),
         first_issue=str(issues[0]) if issues else error,
         first_after=inc.after if inc else False,
+        first_unit=incident_unit(inc, result.run) if inc else "step",
+        first_when=incident_step(inc, result.run, "cell") if inc else None,
+        placement=placement_text(result.run),
     )
+
+
+def placements(run: Run) -> list[tuple[str, str]]:
+    """(file name, how its steps were placed) for each source that is not an event file."""
+    return [(os.path.basename(a.source), alignment_words(a)) for a in run.alignments]
+
+
+def placement_text(run: Run) -> str:
+    return "; ".join(f"{name}: {words}" for name, words in placements(run))
 
 
 @dataclass(frozen=True)
@@ -181,6 +208,8 @@ class Curve:
     source: str
     steps: npt.NDArray[np.int64]
     values: FloatArray
+    axis: str = "step"
+    """What ``steps`` count: ``step`` on the run's global step, else the source's own word."""
 
     @property
     def bad(self) -> npt.NDArray[np.bool_]:
@@ -204,16 +233,64 @@ def where(loc: Location | None, run_path: str) -> str:
     return str(Location(loc.file if rel.startswith("..") else rel, loc.offset, loc.line))
 
 
+def _placed(run: Run) -> list[Series]:
+    """The series on the run's global step (every aligned source's)."""
+    return [s for s in run.series if run.is_aligned(s.source)]
+
+
 def curves(run: Run, tags: list[str]) -> list[Curve]:
-    """Every series of these tags, one curve per source file, labelled by tag and file."""
+    """Every series of these tags on the run's global step, one curve per source file,
+    labelled by tag and file. A source not placed on the global step is left out: its
+    numbers are its own (:func:`own_panels`)."""
     out = []
-    many = len({s.source for s in run.series if s.tag in tags}) > 1
-    for s in run.series:
+    placed = _placed(run)
+    many = len({s.source for s in placed if s.tag in tags}) > 1
+    for s in placed:
         if s.tag not in tags or not len(s):
             continue
         order = np.argsort(s.steps, kind="stable")
         label = f"{s.tag} ({source_name(s.source)})" if many else s.tag
         out.append(Curve(label, s.tag, s.source, s.steps[order], s.values[order]))
+    return out
+
+
+@dataclass(frozen=True)
+class OwnPanel:
+    """A source whose steps could not be placed on the run's global step, drawn over its own
+    numbering: ``label`` is its word for the number (``record``), ``placed`` says why."""
+
+    source: str
+    label: str
+    placed: str
+    curves: list[Curve]
+    first: Incident | None = None
+    """The first non-finite value the locator found in this source."""
+
+    @property
+    def name(self) -> str:
+        return source_name(self.source)
+
+
+def own_panels(result: RunResult, tags: list[str]) -> list[OwnPanel]:
+    """One panel per unaligned source that logged any of ``tags``."""
+    run = result.run
+    out = []
+    for a in run.alignments:
+        if a.aligned:
+            continue
+        mine = [s for s in run.series if s.source == a.source and s.tag in tags and len(s)]
+        if not mine:
+            continue
+        drawn = []
+        for s in mine:
+            order = np.argsort(s.steps, kind="stable")
+            drawn.append(Curve(s.tag, s.tag, s.source, s.steps[order], s.values[order],
+                               a.axis.label))
+        seen = [i for i in result.tag_incidents
+                if i.location.file == a.source and i.step is not None]
+        first = min(seen, key=lambda i: (i.earliest_step or 0, i.location.line or 0),
+                    default=None)
+        out.append(OwnPanel(a.source, a.axis.label, alignment_words(a), drawn, first))
     return out
 
 
@@ -244,7 +321,7 @@ def event_step(event: Event) -> int | None:
 def markers(result: RunResult, growth: Growth | None) -> list[Marker]:
     run = result.run
     out = []
-    if result.incident is not None:
+    if result.incident is not None and result.incident.aligned:
         inc = result.incident
         if inc.step is not None:
             what = f"{inc.tag} = {inc.kind}" + (" after this step" if inc.after else "")
@@ -258,7 +335,7 @@ def markers(result: RunResult, growth: Growth | None) -> list[Marker]:
     out += [Marker("overflow skip", s, "the loss scaler skipped this step")
             for s in result.overflow_skips]
     for e in run.events:
-        step = event_step(e)
+        step = event_step(e) if run.is_aligned(e.location.file) else None
         if step is not None and e.kind in ("restart", "error", "min_loss_scale"):
             out.append(Marker(e.kind.replace("_", " "), step,
                               f"{e.message} ({where(e.location, run.path)})"))
@@ -294,7 +371,7 @@ class Grid:
 
 def layer_grid(run: Run, tags: list[str], layer_of: Mapping[str, str]) -> Grid:
     """A grid of the last value logged per step of each per-layer tag, NaN where none was."""
-    chosen = [s for s in run.series if s.tag in tags and len(s)]
+    chosen = [s for s in _placed(run) if s.tag in tags and len(s)]
     if not chosen:
         return Grid([], [], np.zeros(0, dtype=np.int64), np.zeros((0, 0)),
                     np.zeros((0, 0), dtype=bool))
@@ -324,36 +401,81 @@ class LogHit:
     what: str
     after: bool = False
     """The line names no step; ``step`` is the last one logged before it."""
+    unit: str = "step"
+    """``step`` when ``step`` is on the run's global step, else the log's own word for its
+    numbers (``record``): the log was not placed on the run's steps."""
+    own: str | None = None
+    """The log's own number for ``step`` where alignment mapped it (``record 29``)."""
+
+    @property
+    def aligned(self) -> bool:
+        return self.unit == "step"
 
     @property
     def step_text(self) -> str:
-        return step_words(self.step, self.after)
+        words = step_words(self.step, self.after, unit=self.unit)
+        return f"{words} ({self.own})" if self.own else words
+
+    @property
+    def heading(self) -> str:
+        """``train.log line 34: step 28 (record 29)``."""
+        at = f"{os.path.basename(self.file)} line {self.line}"
+        return f"{at}: {self.step_text}" if self.step is not None else at
+
+
+def own_number(run: Run, source: str, step: int | None) -> str | None:
+    """The source's own number for a global ``step`` (``record 29``), where its alignment
+    mapped its numbers; None where they are the global step as they stand."""
+    placed = run.alignment_of(source)
+    if step is None or placed is None or not placed.aligned:
+        return None
+    label = placed.axis.label
+    if (placed.offset, placed.stride) == (0, 1) and label == "step":
+        return None
+    own = placed.to_own(step)
+    if own is None:
+        return None
+    return f"{label} {own}" if label != "step" else f"logged as step {own}"
+
+
+def log_hit(run: Run, file: str, line: int, step: int | None, what: str,
+            after: bool = False) -> LogHit:
+    """A line of a log, its step worded on the run's global step when the log was placed
+    on it, else in the log's own numbers."""
+    placed = run.alignment_of(file)
+    if placed is not None and not placed.aligned:
+        return LogHit(file, line, step, what, after, placed.axis.label)
+    return LogHit(file, line, step, what, after, own=own_number(run, file, step))
 
 
 def log_hits(result: RunResult) -> list[LogHit]:
-    """Per log file, its first line that shows a non-finite value, earliest step first."""
+    """Per log file, its first line that shows a non-finite value: those on the run's global
+    step earliest first, then those of logs not placed on it."""
+    run = result.run
     hits: dict[str, LogHit] = {}
     for inc in result.tag_incidents:
         loc = inc.location
         if loc.line is None:
             continue
-        hit = LogHit(loc.file, loc.line, inc.step, f"{inc.tag} = {inc.kind}", inc.after)
+        hit = log_hit(run, loc.file, loc.line, inc.step, f"{inc.tag} = {inc.kind}", inc.after)
         held = hits.get(loc.file)
         if held is None or (hit.line < held.line):
             hits[loc.file] = hit
-    for e in result.run.events:
+    for e in run.events:
         if e.kind in ("nonfinite", "error") and e.location.line is not None:
             held = hits.get(e.location.file)
             if held is None or e.location.line < held.line:
                 step = event_step(e)
                 placed_after = e.step is None and step is not None
-                hits[e.location.file] = LogHit(e.location.file, e.location.line, step,
-                                               e.message, placed_after)
-    return sorted(hits.values(), key=lambda h: (h.step is None, h.step or 0, h.file))
+                hits[e.location.file] = log_hit(run, e.location.file, e.location.line, step,
+                                                e.message, placed_after)
+    return sorted(hits.values(),
+                  key=lambda h: (not h.aligned, h.step is None, h.step or 0, h.file))
 
 
 def step_at_line(run: Run, file: str, line: int) -> int | None:
-    """The step a log line reports, from the series read out of that line."""
+    """The step a log line reports, from the series read out of that line (on the global
+    step when the log was placed on it, else the log's own number)."""
     for s in run.series:
         if s.source == file and s.position_unit == "line":
             hit = np.flatnonzero(s.positions == line)
@@ -388,9 +510,10 @@ class View:
 
 
 def views_at(run: Run, step: int) -> list[View]:
-    """Every source's value of every tag at ``step`` (and the last one before it)."""
+    """Every source's value of every tag at the global ``step`` (and the last one before it);
+    a source not placed on the global step has no value there."""
     out = []
-    for s in run.series:
+    for s in _placed(run):
         at = np.flatnonzero(s.steps == step)
         if not at.size:
             continue

@@ -442,3 +442,193 @@ def test_save_labels_are_distinct() -> None:
     assert len(set(labels)) == len(labels)
     assert labels == ["step 10 (epoch=0-step=10.ckpt)", "step 10 (last.ckpt)",
                       "step 10 (last.ckpt) #2", "final.pt", "final.pt #2", "step 20"]
+
+
+# The one step axis (issue 14): logs drawn and worded on the run's global step, a log that
+# could not be placed drawn and worded in its own numbers.
+
+def _figure(at: AppTest, key: str) -> dict[str, Any]:
+    chart = next(c for c in at.get("plotly_chart") if key in c.proto.id)
+    return dict(json.loads(chart.proto.spec))
+
+
+def _array(raw: Any) -> list[float]:
+    """A trace's x or y as numbers: plotly sends numpy arrays as base64 typed arrays."""
+    import base64
+
+    import numpy as np
+
+    if isinstance(raw, dict):
+        data = np.frombuffer(base64.b64decode(raw["bdata"]), dtype=np.dtype(raw["dtype"]))
+        return [float(v) for v in data]
+    return [float("nan") if v is None else float(v) for v in raw]
+
+
+def _traces(figure: dict[str, Any]) -> dict[str, tuple[list[float], list[float]]]:
+    return {t["name"]: (_array(t["x"]), _array(t["y"])) for t in figure["data"]
+            if t.get("mode") == "lines+markers"}
+
+
+def test_log_and_event_file_curves_share_their_steps(runs: Path) -> None:
+    # The Trainer's dict lines used to be drawn at their record number, one step to the
+    # right of the event file's curve of the same loss.
+    import math
+
+    at = open_app()
+    checked = []
+    for name in scenarios(runs):
+        if not (runs / name / "train.log").exists():
+            continue
+        at.selectbox(key="run").set_value(name)
+        at.switch_page("app_pages/timeline.py").run()
+        no_error(at)
+        traces = _traces(_figure(at, "timeline_chart"))
+        log = traces.get("loss (train.log)")
+        events = traces.get("train/loss (events)")
+        if log is None or events is None:
+            continue
+        at_step = dict(zip(*events, strict=True))
+        shared = [(s, v) for s, v in zip(*log, strict=True) if s in at_step]
+        assert len(shared) >= 0.9 * len(log[0]), name
+        finite = [(s, v) for s, v in shared if math.isfinite(v) and math.isfinite(at_step[s])]
+        assert finite, name
+        if len(finite) < 5:  # torchvision's MetricLogger prints a window's median: too
+            continue         # few points to tell a shift from the smoothing
+        # A log prints its values rounded (4 places): agreement within the rounding, as
+        # on nearly every step (a step off, the two zigzags would rarely agree).
+        agree = [math.isclose(v, at_step[s], rel_tol=2e-3, abs_tol=1e-4) for s, v in finite]
+        assert sum(agree) >= 0.9 * len(agree), name
+        checked.append(name)
+    assert "nan_in_batch" in checked
+
+
+def _nan_line(log: Path) -> tuple[int, int]:
+    """(line number, record number) of the first dict line of a Trainer log whose loss is
+    NaN, counted from the file."""
+    record = 0
+    for number, text in enumerate(log.read_text().splitlines(), start=1):
+        if text.startswith("{"):
+            record += 1
+            if "'loss': nan" in text:
+                return number, record
+    raise AssertionError(f"{log} has no NaN loss line")
+
+
+def test_logs_page_gives_the_aligned_step_and_the_logs_own_record(runs: Path) -> None:
+    # nan_in_batch's Logs page said "step 29" (the record's position) where the headline
+    # said 28.
+    step = scenarios(runs)["nan_in_batch"]["expected"]["first_nonfinite_step"]
+    line, record = _nan_line(runs / "nan_in_batch" / "train.log")
+    assert record == step + 1  # the Trainer's records count from 1, its steps from 0 here
+    at = open_app("nan_in_batch")
+    at.switch_page("app_pages/logs.py").run()
+    no_error(at)
+    heads = [s.value for s in at.subheader]
+    assert f"train.log line {line}: step {step} (record {record})" in heads
+    assert f"Step {step} in the other sources" in heads
+    assert not any(f"step {record}" in h for h in heads)
+    assert f"**step {step}**" in texts(at)
+    assert "steps inferred: step = record - 1" in texts(at)
+
+
+def test_runs_and_timeline_pages_say_how_a_log_was_placed(runs: Path) -> None:
+    at = open_app()
+    table = at.dataframe[0].value.set_index("run")
+    assert "train.log: inferred: step = record - 1" in table.loc["nan_in_batch", "placement"]
+    row = list(at.dataframe[0].value["run"]).index("nan_in_batch")
+    at.session_state["runs_table"] = {"selection": {"rows": [row], "columns": []}}
+    at.run()
+    no_error(at)
+    assert "Steps placed: train.log: inferred: step = record - 1" in texts(at)
+    at.selectbox(key="run").set_value("nan_in_batch")
+    at.switch_page("app_pages/timeline.py").run()
+    (placed,) = [e for e in at.expander if "steps were placed" in e.label]
+    assert any("`train.log`: inferred: step = record - 1, by matching loss" in m.value
+               for m in placed.markdown)
+
+
+def _unaligned_runs(root: Path) -> None:
+    """Two runs: an event file whose loss goes NaN at step 61 beside a Trainer log that
+    shares no value with it (its NaN at record 2); and a Trainer log alone (NaN from record
+    13), with nothing to place its records on."""
+    import math
+
+    from torch.utils.tensorboard import SummaryWriter
+
+    mixed = root / "mixed"
+    writer = SummaryWriter(str(mixed))
+    for step in range(70):
+        loss = float("nan") if step >= 61 else 2.0 * math.exp(-step / 40) + 0.01 * (step % 7)
+        writer.add_scalar("train/loss", loss, step)
+    writer.close()
+    lines = ["{'loss': nan, 'epoch': 0.1}" if k == 2 else "{'loss': 9.5, 'epoch': 0.1}"
+             for k in range(1, 6)]
+    (mixed / "train.log").write_text("\n".join(lines) + "\n")
+    alone = root / "records_only"
+    alone.mkdir(parents=True)
+    lines = [f"{{'loss': {'nan' if k >= 13 else round(1.0 / k, 4)}, 'learning_rate': 5e-05, "
+             f"'epoch': {k / 20:.2f}}}" for k in range(1, 16)]
+    (alone / "train.log").write_text("\n".join(lines) + "\n")
+
+
+@pytest.fixture
+def unaligned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    root = tmp_path / "runs"
+    _unaligned_runs(root)
+    monkeypatch.setenv("FORENSICS_RUNS", str(root))
+    before = tree(root)
+    yield root
+    assert tree(root) == before
+
+
+def test_an_unaligned_log_is_drawn_apart_over_its_records(unaligned: Path) -> None:
+    at = open_app("mixed")
+    at.switch_page("app_pages/timeline.py").run()
+    no_error(at)
+    assert "at **step 61**" in texts(at)
+    on_steps = _traces(_figure(at, "timeline_chart"))
+    assert set(on_steps) == {"train/loss"}  # the log's records are not on the step axis
+    own = _figure(at, "timeline_own_0")
+    assert "record" in own["layout"]["xaxis"]["title"]["text"]
+    (log,) = _traces(own).values()
+    assert log[0] == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert "train.log, by its own record numbers" in [s.value for s in at.subheader]
+    shown = texts(at)
+    assert "Its first non-finite value: record 2" in shown
+    marks = frame_with(at, "mark")
+    assert list(marks[marks["mark"] == "first non-finite"]["step"]) == [61]
+    (placed,) = [e for e in at.expander if "steps were placed" in e.label]
+    assert any("`train.log`: unaligned: its records are its own" in m.value
+               for m in placed.markdown)
+
+
+def test_an_unaligned_log_line_is_worded_in_its_records(unaligned: Path) -> None:
+    at = open_app("mixed")
+    at.switch_page("app_pages/logs.py").run()
+    no_error(at)
+    heads = [s.value for s in at.subheader]
+    assert "train.log line 2: record 2" in heads
+    assert not any("in the other sources" in h for h in heads)
+    assert "records are not placed on the run's steps" in texts(at)
+
+
+def test_an_unaligned_first_incident_is_worded_in_records_everywhere(unaligned: Path) -> None:
+    at = open_app()
+    no_error(at)
+    table = at.dataframe[0].value.set_index("run")
+    assert table.loc["mixed", "first_when"] == "61"
+    assert "train.log: unaligned" in table.loc["mixed", "placement"]
+    assert table.loc["records_only", "first_when"] == "#13"
+    row = list(at.dataframe[0].value["run"]).index("records_only")
+    at.session_state["runs_table"] = {"selection": {"rows": [row], "columns": []}}
+    at.run()
+    no_error(at)
+    assert "First non-finite at **record 13** in `loss`" in texts(at)
+    at.selectbox(key="run").set_value("records_only")
+    for page in PAGES:
+        at.switch_page(f"app_pages/{page}.py").run()
+        no_error(at)
+        shown = texts(at)
+        assert "first non-finite at **record 13**" in shown, page
+        assert "last finite record 12" in shown, page
+        assert "step 13" not in shown, page

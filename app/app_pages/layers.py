@@ -8,7 +8,14 @@ import pandas as pd
 import streamlit as st
 
 from analyzer.tags import TagRole
-from analyzer.wording import failing_place, place_words, replay_place, step_words
+from analyzer.wording import (
+    failing_place,
+    incident_step,
+    incident_unit,
+    place_words,
+    replay_place,
+    step_words,
+)
 from app import charts, data, ui, views
 
 sel, result = ui.run_page("Layers")
@@ -19,7 +26,7 @@ lay = result.layer_incident
 made = replay_place(result.replay) if result.replay is not None else None
 if lay is not None:
     st.markdown(f"First layer whose logged values went non-finite: **{lay.layer}** "
-                f"(`{lay.tag}` = {lay.kind} {step_words(lay.step, lay.after, 'at')}).")
+                f"(`{lay.tag}` = {lay.kind} {incident_step(lay, run, 'at')}).")
     if lay.decided_by and lay.decided_by != "earliest step":
         st.caption(lay.decided_by)
 if made is not None and made.named:
@@ -27,7 +34,7 @@ if made is not None and made.named:
                 f"{place_words(made, mark='**')}.")
 place = failing_place(result)
 highlight = st.query_params.get("layer") or (place.layer if place is not None else None)
-first_step = result.incident.step if result.incident else None
+first_step = result.incident.step if result.incident and result.incident.aligned else None
 
 families = [(TagRole.LAYER_GRAD, "Gradient norm per parameter"),
             (TagRole.LAYER_WEIGHT, "Weight norm per parameter")]
@@ -46,8 +53,10 @@ if not drawn:
 firsts = [i for i in result.tag_incidents if i.layer is not None]
 if firsts:
     st.subheader("First non-finite step of each per-layer tag")
-    st.dataframe(pd.DataFrame([{"layer": i.layer, "tag": i.tag, "step": i.step,
-                                "value": i.kind, "last finite": i.last_finite_step,
+    st.dataframe(pd.DataFrame([{"layer": i.layer, "tag": i.tag,
+                                "step": incident_step(i, run, "cell"), "value": i.kind,
+                                "last finite": step_words(i.last_finite_step, form="cell",
+                                                          unit=incident_unit(i, run)),
                                 "where": views.where(i.location, run.path)} for i in firsts]),
                  hide_index=True, key="layers_firsts")
 

@@ -8,7 +8,7 @@ import os
 import pandas as pd
 import streamlit as st
 
-from analyzer.wording import step_words
+from analyzer.wording import alignment_words, step_words
 from app import data, ui, views
 
 sel, result = ui.run_page("Logs")
@@ -24,9 +24,9 @@ wanted_file = st.query_params.get("file")
 wanted_line = ui.int_param("line")
 target: views.LogHit | None
 if wanted_file in logs and wanted_line is not None:
-    target = views.LogHit(wanted_file, wanted_line, views.step_at_line(run, wanted_file,
-                                                                       wanted_line),
-                          "the line the link points at")
+    target = views.log_hit(run, wanted_file, wanted_line,
+                           views.step_at_line(run, wanted_file, wanted_line),
+                           "the line the link points at")
 elif hits:
     target = hits[0]
 else:
@@ -34,15 +34,17 @@ else:
     for path in logs:
         line = data.first_mention(path, sel.ref.digest)
         if line is not None:
-            target = views.LogHit(path, line, views.step_at_line(run, path, line),
-                                  "the log reader recognised no non-finite value in this log; "
-                                  "this is the first line that mentions NaN or Inf, found by "
-                                  "a text search")
+            target = views.log_hit(run, path, line, views.step_at_line(run, path, line),
+                                   "the log reader recognised no non-finite value in this "
+                                   "log; this is the first line that mentions NaN or Inf, "
+                                   "found by a text search")
             break
 
 for log in run.logs:
     kind = f"{log.framework} format" if log.framework else "format not recognised"
-    st.caption(f"`{os.path.basename(log.path)}`: {kind}"
+    placed = run.alignment_of(log.path)
+    steps = f"; steps {alignment_words(placed)}" if placed is not None else ""
+    st.caption(f"`{os.path.basename(log.path)}`: {kind}{steps}"
                + (f"; {'; '.join(log.notes)}" if log.notes else ""))
 
 if target is None:
@@ -52,18 +54,24 @@ if target is None:
 
 if len(hits) > 1:
     st.caption("First non-finite line of each log: " + "; ".join(
-        f"{os.path.basename(h.file)}:{h.line} ({h.step_text})" for h in hits))
+        h.heading for h in hits))
 radius = st.slider("Lines of context", 2, 60, 8, key="logs_radius")
 first = max(1, target.line - radius)
 lines = data.log_lines(target.file, first, target.line + radius, sel.ref.digest)
-step_text = f", {target.step_text}" if target.step is not None else ""
-st.subheader(f"{os.path.basename(target.file)}:{target.line}{step_text}")
+st.subheader(target.heading)
 st.caption(target.what)
 st.code("\n".join(f"{'>' if n == target.line else ' '} {n:>6} | {text}" for n, text in lines)
         or "(the line could not be read)", language=None)
 
+if not target.aligned:
+    placed = run.alignment_of(target.file)
+    st.caption(f"This log's {target.unit}s are not placed on the run's steps"
+               + (f" ({placed.method})" if placed is not None else "")
+               + ", so the other sources cannot be lined up with this line.")
+    st.stop()
 step = target.step
-if step is None and result.incident is not None and result.incident.step is not None:
+if (step is None and result.incident is not None and result.incident.step is not None
+        and result.incident.aligned):
     step = result.incident.step
     st.caption(f"The line names no step the log reader recognised; below is the run's first "
                f"non-finite {step_words(step, result.incident.after)}.")

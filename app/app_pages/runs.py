@@ -49,7 +49,11 @@ if only_issues:
 columns = {
     "run": st.column_config.TextColumn("run", pinned=True),
     "status": st.column_config.TextColumn("status"),
-    "first_step": st.column_config.NumberColumn("first non-finite step", format="%d"),
+    "first_step": None,
+    "first_when": st.column_config.TextColumn(
+        "first non-finite step",
+        help="'>N': after step N (a log line that names no step); '#N': a log's own record "
+             "or iteration N, for a log not placed on the run's steps"),
     "tag": st.column_config.TextColumn("tag"),
     "kind": st.column_config.TextColumn("value"),
     "last_finite": st.column_config.NumberColumn("last finite step", format="%d"),
@@ -60,11 +64,15 @@ columns = {
     "sources": st.column_config.TextColumn("sources found"),
     "issues": st.column_config.NumberColumn("read issues", format="%d"),
     "first_issue": st.column_config.TextColumn("first read issue"),
-    "first_after": st.column_config.CheckboxColumn(
-        "after that step", help="a log line that names no step, after the step shown"),
+    "first_after": None,
+    "first_unit": None,
+    "placement": st.column_config.TextColumn(
+        "steps placed", help="how each log's steps were placed on the run's global step"),
 }
-event = st.dataframe(shown, hide_index=True, column_config=columns, on_select="rerun",
-                     selection_mode="single-row", key="runs_table")
+order = ["run", "status", "first_when", "tag", "kind", "last_finite", "layer", "cause",
+         "confidence", "replay", "sources", "placement", "issues", "first_issue"]
+event = st.dataframe(shown, hide_index=True, column_config=columns, column_order=order,
+                     on_select="rerun", selection_mode="single-row", key="runs_table")
 rows = event.selection.rows if event is not None else []
 if rows:
     name = str(shown.iloc[rows[0]]["run"])
@@ -72,9 +80,12 @@ if rows:
     row = shown.iloc[rows[0]]
     if row["status"] == "failed":
         step = None if pd.isna(row["first_step"]) else int(row["first_step"])
-        where = step_words(step, bool(row["first_after"]), "at", mark="**")
+        where = step_words(step, bool(row["first_after"]), "at", mark="**",
+                           unit=str(row["first_unit"]))
         cause = "none ranked" if pd.isna(row["cause"]) else row["cause"]
         st.markdown(f"First non-finite {where} in `{row['tag']}`; top cause **{cause}**.")
+    if row["placement"]:
+        st.caption(f"Steps placed: {row['placement']}.")
     cols = st.columns(5)
     for col, page in zip(cols, ["timeline", "layers", "findings", "replay", "logs"],
                          strict=True):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from analyzer.wording import incident_step
 from app import charts, data, ui, views
 
 sel, result = ui.run_page("Timeline")
@@ -19,17 +20,34 @@ extra = st.multiselect("More tags", others, key="timeline_more_tags",
                        help="Plot other logged tags in a panel of their own.")
 if extra:
     panels["other tags"] = views.curves(run, extra)
-missing = [role.value for role in views.TIMELINE_ROLES if not panels[role.value]]
+own = views.own_panels(result, [t for r in views.TIMELINE_ROLES for t in roles.tags(r)]
+                       + extra)
+missing = [role.value for role in views.TIMELINE_ROLES if not roles.tags(role)]
 if missing:
     st.caption(f"Not logged by this run: {', '.join(missing)}.")
+
+placed = views.placements(run)
+if placed:
+    with st.expander("How each log's steps were placed on the run's steps"):
+        for name, words in placed:
+            st.markdown(f"`{name}`: {words}")
 
 growth = data.growth_onset(sel.ref.path, sel.ref.digest, data.siblings_of(sel.ref, sel.refs))
 marks = views.markers(result, growth)
 focus = ui.int_param("step")
 if any(panels.values()):
     st.plotly_chart(charts.timeline(panels, marks, focus), key="timeline_chart")
-else:
+elif not own:
     st.info("This run logged no scalars to plot.")
+
+for n, panel in enumerate(own):
+    st.subheader(f"{panel.name}, by its own {panel.label} numbers")
+    first = ("" if panel.first is None else
+             f" Its first non-finite value: {incident_step(panel.first, run)} "
+             f"(`{panel.first.tag}` = {panel.first.kind}).")
+    st.caption(f"Not on the run's steps ({panel.placed}), so drawn apart, over its "
+               f"{panel.label}s.{first}")
+    st.plotly_chart(charts.own_axis(panel), key=f"timeline_own_{n}")
 
 if marks:
     st.subheader("Marked steps")
