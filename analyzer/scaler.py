@@ -17,13 +17,17 @@ first's (after), whose halving falls outside the logged points. A scaler skips e
 whose gradients are non-finite, so where the gradients decided the reading such a step
 with non-finite gradients is a skip too.
 
-Which of the two a run did is decided where it logged gradient norms, by what each
-reading would contradict: a step with non-finite gradients and no halving across it, or a
-halving across a step whose gradients were finite. In a block of consecutive skips both
-readings agree in the middle; its edges tell them apart. The reading with fewer
-contradictions wins; with no gradient series, or as many contradictions each way, today's
-reading, "before", is kept and said to be assumed. Overflow events from logs that name
-their step are skips whatever the scale series says.
+Which of the two a run did is decided where it logged gradient norms at consecutive
+steps, by what each reading would contradict: a step with non-finite gradients and no
+halving across it, or a halving across a step whose gradients were finite. In a block of
+consecutive skips both readings agree in the middle; its edges tell them apart. The reading
+with fewer contradictions wins, when it explains a drop by non-finite gradients or is not
+contradicted at all (a scale that never moves while the gradients go NaN, such as a
+constant 1.0, is no scaler answering overflow, and decides nothing). Where neither reading
+is contradicted but gradients were non-finite, every logged step was skipped and both
+readings are taken together. Otherwise (no gradient series, a scale logged every k steps,
+or as many contradictions each way) the before reading is kept and said to be assumed.
+Overflow events from logs that name their step are skips whatever the scale series says.
 """
 
 from __future__ import annotations
@@ -103,8 +107,9 @@ def gradient_steps(run: Run) -> tuple[frozenset[int], frozenset[int]]:
 
 
 def _contradictions(curves: list[tuple[np.ndarray, np.ndarray]], logged: frozenset[int],
-                    bad: frozenset[int]) -> tuple[int, int]:
-    """Steps whose gradients contradict the before-update and the after-update reading.
+                    bad: frozenset[int]) -> tuple[int, int, int]:
+    """Steps whose gradients contradict the before-update and the after-update reading,
+    and how many pairs of consecutive steps had a gradient to check.
 
     A pair of points logged at consecutive steps (a, a+1) that drops says a was skipped
     (before) or a+1 was (after); one that does not drop says the same step was not. Only
@@ -112,15 +117,16 @@ def _contradictions(curves: list[tuple[np.ndarray, np.ndarray]], logged: frozens
     first point's (after) were never logged. A scale logged every k steps (fairseq's
     ``--log-interval``) pins no skip to one step and decides nothing.
     """
-    before = after = 0
+    before = after = checked = 0
     for st, val in curves:
         for i in range(st.size - 1):
             a, b, drop = int(st[i]), int(st[i + 1]), bool(val[i + 1] < val[i])
-            if b != a + 1:
+            if b != a + 1 or not (a in logged or b in logged):
                 continue
+            checked += 1
             before += a in logged and drop != (a in bad)
             after += b in logged and drop != (b in bad)
-    return before, after
+    return before, after, checked
 
 
 def read_scale(run: Run) -> ScaleReading:
@@ -136,29 +142,32 @@ def read_scale(run: Run) -> ScaleReading:
     for st, val in curves:
         at = np.flatnonzero(val[1:] < val[:-1])
         pairs += [(int(st[i]), int(st[i + 1])) for i in at]
-    against_before, against_after = _contradictions(curves, logged, bad)
+    against_before, against_after, checked = _contradictions(curves, logged, bad)
     after = against_after < against_before
     convention: Convention = "after_update" if after else "before_update"
     agree = sum((b if after else a) in bad for a, b in pairs)
-    # A scale that never fell with non-finite gradients (a constant 1.0: no scaler at all)
-    # decides nothing, however the two readings are contradicted.
-    inferred = against_after != against_before and agree > 0
+    inferred = against_after != against_before and \
+        (agree > 0 or min(against_after, against_before) == 0)
+    on_curves = {int(x) for st, _ in curves for x in st}
+    every = bool(checked) and not against_after and not against_before and \
+        bool(bad & on_curves)
     skips = set(logged_skips)
-    skips.update(b if after else a for a, b in pairs)
-    if inferred:
-        skips.update(e for e in (_edge_skip(st, val, bad, after) for st, val in curves)
-                     if e is not None)
+    if every:
+        skips.update(x for pair in pairs for x in pair)
+    else:
+        skips.update(b if after else a for a, b in pairs)
+    sides = (True, False) if every else (after,) if inferred else ()
+    for st, _ in curves:
+        skips.update(e for e in (_edge_skip(st, bad, side) for side in sides) if e is not None)
     return ScaleReading(skips=frozenset(skips), convention=convention,
                         inferred=inferred, drops=len(pairs),
                         agree=agree, against_before=against_before,
                         against_after=against_after)
 
 
-def _edge_skip(st: np.ndarray, val: np.ndarray, bad: frozenset[int],
-               after: bool) -> int | None:
+def _edge_skip(st: np.ndarray, bad: frozenset[int], after: bool) -> int | None:
     """The skip whose halving falls outside the logged points: the first step's (after) or
-    the last's (before), when it has non-finite gradients, the scale was logged at every
-    step there, and the series ever fell (a scaler that answers overflow)."""
+    the last's (before), when it has non-finite gradients and the scale was logged at every
+    step there."""
     edge, neighbour = (int(st[0]), int(st[1])) if after else (int(st[-1]), int(st[-2]))
-    fell = bool((val[1:] < val[:-1]).any())
-    return edge if fell and edge in bad and abs(edge - neighbour) == 1 else None
+    return edge if edge in bad and abs(edge - neighbour) == 1 else None

@@ -5,18 +5,23 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from analyzer.api import analyze, read
 from analyzer.cli import main
-from analyzer.model import Run
+from analyzer.model import Run, Series
 from analyzer.onset import locate, overflow_skip_steps
 from analyzer.scaler import read_scale
+from tests.fuzz.budget import fuzz_settings
 
 FIXTURES = Path(__file__).parent / "fixtures" / "amp"
 
@@ -275,3 +280,35 @@ def test_regression_deepspeed_stuck_at_its_minimum_without_raising_is_the_failur
     assert floors[0]["location"]["line"] == 10  # the second skip at 128
     assert run_json["incident"]["tag"] == "gradients"
     assert run_json["findings"][0]["code"] == "NF302"
+
+
+def _series(tag: str, steps: list[int], values: list[float]) -> Series:
+    n = len(values)
+    return Series(tag=tag, steps=np.asarray(steps, np.int64), values=np.asarray(values),
+                  wall_times=np.zeros(n), source="f", positions=np.arange(n, dtype=np.int64))
+
+
+@fuzz_settings(ci_examples=150)
+@given(overflow=st.lists(st.booleans(), min_size=2, max_size=40),
+       growth_interval=st.integers(1, 6), start=st.integers(0, 1000), after=st.booleans())
+def test_skips_are_exactly_the_scalers_whichever_side_of_update_the_scale_is_logged(
+        overflow: list[bool], growth_interval: int, start: int, after: bool) -> None:
+    # The scale evolves by GradScaler's own update kernel, fed the overflow of each step.
+    import torch
+
+    scale, tracker = torch.tensor([65536.0]), torch.zeros(1, dtype=torch.int32)
+    logged: list[float] = []
+    for inf in overflow:
+        before = float(scale)
+        torch._amp_update_scale_(scale, tracker, torch.tensor([float(inf)]), 2.0, 0.5,
+                                 growth_interval)
+        logged.append(float(scale) if after else before)
+    steps = list(range(start, start + len(overflow)))
+    norms = [math.inf if inf else 1.0 for inf in overflow]
+    run = Run(path="r", name="r", files=("f",), series=(
+        _series("amp/loss_scale", steps, logged), _series("train/grad_norm", steps, norms)))
+    reading = read_scale(run)
+    assert reading.skips == {s for s, inf in zip(steps, overflow, strict=True) if inf}
+    if reading.inferred:
+        assert reading.convention == ("after_update" if after else "before_update")
+    assert locate(run).incident is None
