@@ -7,9 +7,14 @@ the same global step shifted. Each source that is not an event file gets an
 stride * own``), by which method and how sure it is:
 
 1. **its own numbers** (``exact``): a source whose numbers are global steps by what it says
-   (a log line naming the step, ``trainer_state.json``'s ``step``), checked against the
-   event files where both hold one metric: numbers that disagree with the values give way
-   to the values;
+   (a log line naming the step, ``trainer_state.json``'s ``step``), or a framework's
+   counter (Megatron's ``iteration`` and mmengine's ``iter`` from 1, nanoGPT's ``iter``
+   from 0, Lightning's and Keras' bar counts from 1), checked against the event files
+   where both hold one metric: numbers that disagree with the values give way to the
+   values. A counter from 1 is placed at ``counter - 1`` (the step a 0-based writer logs
+   at) or, where the values say so, at the counter itself (the frameworks' own TensorBoard
+   logging writes at it: Megatron, mmengine); unchecked, ``counter - base`` stands, and
+   in a run without event files the counter as printed;
 2. **value matching** (``inferred``): where the source and the event files hold one metric
    (the loss, the gradient norm, the learning rate, printed rounded), the offset and stride
    that make their values agree, with the share that agrees and how many were compared; a
@@ -31,6 +36,7 @@ from dataclasses import replace
 import numpy as np
 import numpy.typing as npt
 
+from analyzer.ingest.logformats.context import STEP_AXIS_KEY
 from analyzer.ingest.tb import is_event_file
 from analyzer.model import GLOBAL, Alignment, Event, Run, Series, StepAxis
 from analyzer.tags import TagRole, is_validation, role
@@ -54,6 +60,13 @@ IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
 
 
+_OWNERS = {"megatron": "Megatron's", "mmengine": "mmengine's", "lightning": "Lightning's",
+           "tqdm": "the tqdm bar's", "keras": "Keras'", "nanogpt": "nanoGPT's",
+           "transformers": "the Trainer's", "deepspeed": "DeepSpeed's",
+           "fairseq": "fairseq's", "detectron2": "detectron2's"}
+"""How the report names a framework whose numbers placed a source."""
+
+
 def align(run: Run) -> Run:
     """``run`` with every non-event-file source placed on the global step."""
     sources = sorted({s.source for s in run.series if not is_event_file(s.source)}
@@ -62,11 +75,12 @@ def align(run: Run) -> Run:
     if not sources:
         return run
     reference = [s for s in run.series if is_event_file(s.source)]
+    frameworks = {log.path: log.framework for log in run.logs}
     found: list[Alignment] = []
     for source in sources:
         mine = [s for s in run.series if s.source == source]
         axis = mine[0].axis if mine else GLOBAL
-        found.append(place(source, axis, mine, reference))
+        found.append(place(source, axis, mine, reference, framework=frameworks.get(source)))
     by_source = {a.source: a for a in found}
     series = tuple(_moved(s, by_source.get(s.source)) for s in run.series)
     events = tuple(_moved_event(e, by_source.get(e.location.file)) for e in run.events)
@@ -74,38 +88,83 @@ def align(run: Run) -> Run:
 
 
 def place(source: str, axis: StepAxis, mine: Sequence[Series],
-          reference: Sequence[Series]) -> Alignment:
+          reference: Sequence[Series], *, framework: str | None = None) -> Alignment:
     """The alignment of one source whose series are ``mine``, against the global series
-    ``reference`` (the run's event files)."""
+    ``reference`` (the run's event files); ``framework`` (the log's, when known) names
+    the numbers in the method."""
     numbered = axis.kind in ("global", "counter")
-    offset = -axis.base if axis.kind == "counter" and axis.base else 0
-    own = Alignment(source, axis, "exact", f"its own {axis.label} numbers", offset=offset)
+    offsets = own_offsets(axis)
+    words = own_words(axis, framework)
+    own = Alignment(source, axis, "exact", words, offset=offsets[0])
     if not reference:
-        if numbered:
-            return own
+        if numbered:  # nothing counts the run's steps but the source: its numbers stand
+            return replace(own, offset=0) if len(offsets) == 1 else replace(
+                own, offset=0, method=f"{words}, as printed: no event file to count from")
         return Alignment(source, axis, "unaligned", f"no event file to place its {axis.label}s")
-    matched = _match(mine, reference, (own.offset, own.stride))
+    matched = _match(mine, reference, offsets)
     if matched is None:
         if numbered:
             return own
         return Alignment(source, axis, "unaligned",
                          f"no metric it shares with the event files placed its {axis.label}s")
     tag, ref_tag, off, stride, agree, points, at_own = matched
-    if numbered and ((at_own is not None and at_own >= AGREEMENT)
-                     or (off, stride) == (own.offset, own.stride)):
-        return replace(own, agreement=agree if at_own is None else at_own, points=points,
-                       method=f"its own {axis.label} numbers, which {tag} agrees with "
-                              f"{ref_tag} on")
+    if numbered:
+        checked = _own_checked(offsets, at_own, (off, stride), (agree, points))
+        if checked is not None:
+            at, agreement, compared = checked
+            counted = "" if at == offsets[0] else ", as the event files count it"
+            return replace(own, offset=at, agreement=agreement, points=compared,
+                           method=f"{words}{counted}, which {tag} agrees with {ref_tag} on")
     return Alignment(source, axis, "inferred",
                      f"matching {tag} with the event files' {ref_tag}", offset=off,
                      stride=stride, agreement=agree, points=points)
 
 
-def _match(mine: Sequence[Series], reference: Sequence[Series], own: tuple[int, int]
-           ) -> tuple[str, str, int, int, float, int, float | None] | None:
+def own_offsets(axis: StepAxis) -> tuple[int, ...]:
+    """The offsets a source's own numbers may be placed at, the one taken unchecked first.
+
+    A global step is itself. A counter from ``base`` is ``counter - base`` on a writer that
+    counts from 0 (a script's SummaryWriter at its loop index; Lightning's loggers at
+    ``global_step``), or the counter itself on one that writes at the framework's number
+    (Megatron's TensorBoard at ``iteration``, mmengine's visualizer at ``iter + 1``)."""
+    if axis.kind != "counter" or not axis.base:
+        return (0,)
+    return (-axis.base, 0)
+
+
+def own_words(axis: StepAxis, framework: str | None) -> str:
+    """The method's words for a source's own numbers: ``Megatron's iteration counter (from
+    1)``, ``the Trainer's global_step``, ``its own step numbers``."""
+    owner = _OWNERS.get(framework or "")
+    if axis.kind == "counter":
+        return f"{owner or 'its own'} {axis.label} counter (from {axis.base})"
+    if owner is None or axis.label == "step":
+        return f"its own {axis.label} numbers"
+    return f"{owner} {axis.label}"
+
+
+def _own_checked(offsets: tuple[int, ...], at_own: Sequence[tuple[float, int] | None],
+                 placed: tuple[int, int], best: tuple[float, int]
+                 ) -> tuple[int, float, int] | None:
+    """The own offset the values agree with, as (offset, agreement, compared): the one
+    agreeing best, the first on a tie; else the value match's own placement when it is
+    one of them; None when the values place the source elsewhere."""
+    good = [(got[0], -i, offsets[i], got[1]) for i, got in enumerate(at_own)
+            if got is not None and got[0] >= AGREEMENT]
+    if good:
+        agreement, _, at, compared = max(good)
+        return at, agreement, compared
+    off, stride = placed
+    if stride == 1 and off in offsets:
+        return off, best[0], best[1]
+    return None
+
+
+def _match(mine: Sequence[Series], reference: Sequence[Series], own: tuple[int, ...]
+           ) -> tuple[str, str, int, int, float, int, list[tuple[float, int] | None]] | None:
     """The first metric whose values place ``mine`` unambiguously: (its tag, the reference
-    tag, offset, stride, agreement, points compared, agreement at the ``own`` offset and
-    stride)."""
+    tag, offset, stride, agreement, points compared, and (agreement, compared) at each of
+    the ``own`` offsets with stride 1)."""
     for wanted in MATCHED_ROLES:
         src = _curve(mine, wanted)
         ref = _curve(reference, wanted)
@@ -115,8 +174,9 @@ def _match(mine: Sequence[Series], reference: Sequence[Series], own: tuple[int, 
         if placed is None:
             continue
         off, stride, agree, points = placed
-        at_own = agreement_at(src[1], src[2], ref[1], ref[2], *own, printed_atol(src[2]))
-        return src[0], ref[0], off, stride, agree, points, at_own[0] if at_own else None
+        atol = printed_atol(src[2])
+        at_own = [agreement_at(src[1], src[2], ref[1], ref[2], at, 1, atol) for at in own]
+        return src[0], ref[0], off, stride, agree, points, at_own
     return None
 
 
@@ -267,7 +327,11 @@ def _moved(series: Series, alignment: Alignment | None) -> Series:
 
 
 def _moved_event(event: Event, alignment: Alignment | None) -> Event:
+    """``event`` on the global step; one whose line named a global step (``step_axis``
+    in its detail) stays where it is."""
     if alignment is None or not alignment.aligned or (alignment.offset, alignment.stride) == (0, 1):
+        return event
+    if event.detail.get(STEP_AXIS_KEY) == "global":
         return event
     detail = dict(event.detail)
     after = detail.get("after_step")

@@ -109,13 +109,16 @@ def incident_step(incident: Incident, run: Run, form: StepForm = "noun", mark: s
 
 def alignment_words(alignment: Alignment) -> str:
     """How a source was placed on the global step, e.g. ``inferred: step = record - 1, by
-    matching loss with the event files' train/loss (40 of 40 agree)``."""
+    matching loss with the event files' train/loss (40 of 40 agree)`` or ``exact: step =
+    iteration - 1, by Megatron's iteration counter (from 1), ...``; a global step placed at
+    itself needs no equation."""
     label = alignment.axis.label
     if not alignment.aligned:
         return f"unaligned: its {label}s are its own ({alignment.method})"
     scaled = label if alignment.stride == 1 else f"{alignment.stride} x {label}"
     if not alignment.offset:
-        mapping = "" if scaled == "step" else f"step = {scaled}, "
+        same = scaled == "step" or (alignment.axis.kind == "global" and alignment.stride == 1)
+        mapping = "" if same else f"step = {scaled}, "
     else:
         sign = "+" if alignment.offset > 0 else "-"
         mapping = f"step = {scaled} {sign} {abs(alignment.offset)}, "

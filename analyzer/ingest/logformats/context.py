@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from dataclasses import replace
 from typing import Any
 
 from analyzer.ingest.logformats.store import PointStore
@@ -17,6 +18,10 @@ STEP_MIN, STEP_MAX = -(2**63), 2**63 - 1
 
 ISSUES_PER_KIND = 20
 """Issues of one kind kept one by one; the rest are counted in a summary issue."""
+STEP_AXIS_KEY = "step_axis"
+"""Event detail: ``"global"`` on an event whose step its line named as a global step
+(``Loss is nan at step 23``) in a file whose other numbers are on another axis (a
+Lightning bar's batch count): the align stage leaves that step as it is."""
 
 
 class Context:
@@ -32,9 +37,8 @@ class Context:
         self.line = 0
         self.rank: int | None = None
         self.last_step: int | None = None
-        self.axis: StepAxis = GLOBAL
-        """The numbering the file's steps are on; a parser whose steps are not global steps
-        (record positions, a framework's counter) says so here."""
+        self._axis: StepAxis = GLOBAL
+        self._named: list[int] = []
         self.store = PointStore()
         self.events: list[Event] = []
         self.notes: list[str] = []
@@ -43,6 +47,21 @@ class Context:
         self._issue_counts: Counter[IssueKind] = Counter()
         self._issue_first: dict[str, int] = {}
         self._noted: set[str] = set()
+
+    @property
+    def axis(self) -> StepAxis:
+        """The numbering the file's steps are on; a parser whose steps are not global steps
+        (record positions, a framework's counter) says so here."""
+        return self._axis
+
+    @axis.setter
+    def axis(self, axis: StepAxis) -> None:
+        if axis != GLOBAL and self._axis == GLOBAL:
+            for i in self._named:
+                event = self.events[i]
+                self.events[i] = replace(event, detail={**event.detail, STEP_AXIS_KEY: "global"})
+            self._named.clear()
+        self._axis = axis
 
     def _bad_step(self, step: int) -> bool:
         if STEP_MIN <= step <= STEP_MAX:
@@ -63,8 +82,11 @@ class Context:
         self.last_step = step
 
     def event(
-        self, kind: EventKind, step: int | None, text: str, detail: dict[str, Any] | None = None
+        self, kind: EventKind, step: int | None, text: str, detail: dict[str, Any] | None = None,
+        *, global_step: bool = False
     ) -> None:
+        """An event at ``step``, on the file's axis; ``global_step``: the line named the step
+        in a script's own words, a global step whatever the rest of the file counts."""
         info: dict[str, Any] = dict(detail or {})
         if step is not None and not STEP_MIN <= step <= STEP_MAX:
             info["step_text"], step = str(step)[:30], None
@@ -73,12 +95,19 @@ class Context:
         if step is None and self.last_step is not None:
             # The message names no step; the last one logged before it bounds it.
             info.setdefault("after_step", self.last_step)
+        named = global_step and step is not None
+        if named and self._axis != GLOBAL:
+            info[STEP_AXIS_KEY] = "global"
         message = text.strip()[:MESSAGE_CHARS]
+        if named and self._axis == GLOBAL:
+            self._named.append(len(self.events))  # marked if a parser later declares an axis
         self.events.append(Event(kind, step, Location(self.source, line=self.line), message, info))
 
-    def nonfinite(self, tag: str, kind: str, step: int | None, text: str, **extra: Any) -> None:
+    def nonfinite(self, tag: str, kind: str, step: int | None, text: str,
+                  global_step: bool = False, **extra: Any) -> None:
         """A line that reports non-finiteness without a number to plot."""
-        self.event("nonfinite", step, text, {"tag": tag, "kind": kind, **extra})
+        self.event("nonfinite", step, text, {"tag": tag, "kind": kind, **extra},
+                   global_step=global_step)
 
     def note(self, key: str, text: str) -> None:
         """A remark for the report, kept once per key."""

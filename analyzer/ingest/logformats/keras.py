@@ -8,7 +8,10 @@ the bar ended without a newline (``- loss: nanEpoch 2/10``).
 ``Batch 41: Invalid loss, terminating training`` names the 0-based batch.
 
 Steps are ``(epoch - 1) * batches_per_epoch + batch``, counting batches from 1 as
-the bar does.
+the bar does (``Progbar.update(batch + 1)``); ``Batch N`` names the callback's 0-based
+index, so it is step ``(epoch - 1) * batches_per_epoch + N + 1`` (:data:`BATCH`). A
+writer counting batches from 0, as ``optimizer.iterations`` does before the first
+update, logs that batch one lower.
 """
 
 from __future__ import annotations
@@ -17,10 +20,13 @@ import re
 
 from analyzer.ingest.logformats.base import colon_pairs
 from analyzer.ingest.logformats.context import Context
+from analyzer.model import StepAxis
 
 _EPOCH = re.compile(r"Epoch (\d{1,15}+)/(\d{1,15}+)[ \t]*+$")
 _BAR = re.compile(r"(?<![\d/])(\d{1,15}+)/(\d{1,15}+) ++(?:\[[=>.]*+\]|━|- )")
 _INVALID = re.compile(r"Batch (\d{1,15}+): Invalid loss, terminating training")
+BATCH = StepAxis("counter", base=1, counts_skipped=True, label="batch")
+"""The progress bar's batch count over the epochs, from 1."""
 
 
 class KerasParser:
@@ -57,6 +63,7 @@ class KerasParser:
             return False
         batch, total = int(bar.group(1)), int(bar.group(2))
         self.per_epoch = total
+        ctx.axis = BATCH
         step = (self.epoch - 1) * total + batch
         tail = text[bar.end() :]
         dash = tail.find(" - ")

@@ -7,6 +7,10 @@ number of nan iterations:   0 |``
 Megatron prints a loss only when its interval average is > 0, and NaN > 0 is false:
 a NaN loss vanishes from the line while ``number of nan iterations`` counts it. So a
 rising nan counter is a ``nonfinite`` event for the loss that went missing.
+
+Steps are Megatron's ``iteration``: incremented before the line is printed, so the first
+is 1, and incremented for a skipped iteration too; its TensorBoard writer logs at that
+same number (:data:`ITERATION`).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from analyzer.ingest.logformats import fast
 from analyzer.ingest.logformats.context import Context
 from analyzer.ingest.logformats.numbers import STEP, number_value, to_step
 from analyzer.ingest.logformats.store import Row, counter
+from analyzer.model import StepAxis
 
 _HEAD = r"iteration\s++(" + STEP + r")/\s*+(" + STEP + r")\s*+\|"
 _ITERATION = re.compile(_HEAD)
@@ -70,6 +75,10 @@ def fields_of(tail: str) -> list[tuple[str, str]]:
     return out
 
 
+ITERATION = StepAxis("counter", base=1, counts_skipped=True, label="iteration")
+"""Megatron's ``iteration`` counter: from 1, skipped iterations counted."""
+
+
 class MegatronParser:
     framework = "megatron"
     repeats = True
@@ -94,6 +103,7 @@ class MegatronParser:
         m = _ITERATION.match(text, at)
         if m is None:
             return False
+        ctx.axis = ITERATION  # a shape is learned only after a line got here
         step = to_step(m.group(1))
         tail = text[m.end() :]
         cut = tail.find("| time (ms) |")

@@ -5,7 +5,10 @@
 mmcv: ``Epoch [1][50/500]\tlr: 2.000e-02, eta: ..., loss: nan`` and ``Iter [50/80000]``.
 
 By-epoch steps are ``(epoch - 1) * iterations_per_epoch + i``; validation lines get
-their tags prefixed with ``val/``.
+their tags prefixed with ``val/``. Both counts are from 1: ``LogProcessor`` prints
+``runner.epoch + 1``, ``batch_idx + 1`` and ``runner.iter + 1``, and ``LoggerHook`` hands
+the visualizer (its TensorBoard backend) ``step=runner.iter + 1``, the same number
+(:data:`ITER`).
 """
 
 from __future__ import annotations
@@ -20,11 +23,14 @@ from analyzer.ingest.logformats.base import colon_pairs
 from analyzer.ingest.logformats.context import Context
 from analyzer.ingest.logformats.fast import colon_shape
 from analyzer.ingest.logformats.store import Row, Stepper, counter
+from analyzer.model import StepAxis
 
 _EPOCH = re.compile(r"Epoch(?:\((\w++)\))?+\s*+\[(\d{1,15}+)\]\s*+\[\s*+(\d{1,15}+)/(\d{1,15}+)\]")
 _ITER = re.compile(r"Iter(?:\((\w++)\))?+\s*+\[\s*+(\d{1,15}+)/(\d{1,15}+)\]")
 _SKIP = frozenset({"eta", "time", "data_time"})
 """Timing fields: never where a NaN shows, and a third of every line."""
+ITER = StepAxis("counter", base=1, counts_skipped=True, label="iter")
+"""mmengine's ``runner.iter + 1``: the iteration from 1."""
 
 
 class MMEngineParser:
@@ -43,6 +49,7 @@ class MMEngineParser:
             m = _ITER.search(text)
             if m is None:
                 return False
+        ctx.axis = ITER
         shape = self.shape
         if shape is not None and (shape.block.skip == 3) == by_epoch:
             f = shape.pattern.fullmatch(text, m.start())

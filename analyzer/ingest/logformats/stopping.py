@@ -4,7 +4,8 @@
 ``Loss is nan, stopping training``. Copies vary: ``Loss is inf at step 23, stopping
 training.``, a tensor (``Loss is tensor(nan, device='cuda:0'), stopping training``), a
 logger prefix. The line becomes a ``nonfinite`` event for ``loss``; its step is the one
-the line names, if any.
+the line names, if any: the script's own, a global step even in a file whose progress
+bars count something else.
 
 DETR and the torchvision detection references then print the reduced loss dict,
 ``{'loss_ce': tensor(nan, device='cuda:0'), 'loss_bbox': tensor(0.9511, ...), ...}``:
@@ -56,7 +57,7 @@ class StoppingParser:
         kind = "nan" if math.isnan(value) else ("+inf" if value > 0 else "-inf")
         s = _STEP.search(text)
         step = to_step(s.group(1)) if s is not None else None
-        ctx.nonfinite("loss", kind, step, text)
+        ctx.nonfinite("loss", kind, step, text, global_step=True)
         ctx.votes["pytorch"] += 1
         self.stop = (ctx.line, step)
         return True
@@ -76,7 +77,7 @@ class StoppingParser:
         for name in bad:
             value = terms[name]
             kind = "nan" if math.isnan(value) else ("+inf" if value > 0 else "-inf")
-            ctx.nonfinite(name, kind, step, text, terms=terms)
+            ctx.nonfinite(name, kind, step, text, global_step=True, terms=terms)
         ctx.note(
             "stop-loss-terms",
             f"{ctx.source}:{ctx.line}: the loss terms printed at the stop: "

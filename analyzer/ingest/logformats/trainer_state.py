@@ -28,6 +28,10 @@ fields of both into records). Policy, one rule per kind:
 
 Lines and byte offsets are counted on from the last one asked for, never again from
 the start, so a file costs time in proportion to its size.
+
+A record's ``step`` is ``state.global_step`` when ``log`` was called: the optimizer steps
+taken so far, from 1, which the Trainer's ``TensorBoardCallback`` writes at too
+(:data:`GLOBAL_STEP`).
 """
 
 from __future__ import annotations
@@ -42,7 +46,10 @@ from analyzer.ingest.logformats.source import HOLES_LISTED, report_hole, report_
 from analyzer.ingest.logformats.trainer_state_compact import read_compact
 from analyzer.ingest.logformats.trainer_state_records import Records, stopped
 from analyzer.ingest.safeio import Deadline
+from analyzer.model import StepAxis
 
+GLOBAL_STEP = StepAxis("global", label="global_step")
+"""``log_history[].step``: the Trainer's global step."""
 _FIELD = re.compile(r'\s*+"([^"\\]*+)":\s*+(\S++)')
 _START = re.compile(r'[\s\x00]*+"log_history":[\s\x00]*+\[')
 _NULS = re.compile(rb"\x00+")
@@ -59,6 +66,7 @@ end in its comma: a bare value right before a run may have gone on in the lost b
 
 def read_trainer_state(data: bytes, ctx: Context, deadline: Deadline | None = None) -> None:
     budget = Deadline() if deadline is None else deadline
+    ctx.axis = GLOBAL_STEP
     kept = data.rstrip(b"\x00")
     holes = b"\x00" in kept
     if holes or len(kept) < len(data):
