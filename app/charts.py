@@ -134,7 +134,10 @@ def own_axis(panel: OwnPanel) -> go.Figure:
         fig.update_yaxes(type="log")
     else:
         fig.update_yaxes(tickformat=".3~g", range=_flat_range(panel.curves))
-    fig.update_xaxes(title_text=f"{unit} ({panel.name}'s own numbering)")
+    numbers = np.concatenate([c.steps for c in panel.curves] or [np.zeros(1, dtype=np.int64)])
+    span = float(numbers.max() - numbers.min()) if numbers.size else 0.0
+    fig.update_xaxes(title_text=f"{unit} ({panel.name}'s own numbering)",
+                     dtick=max(1, math.ceil(span / 10)))  # a record has no half
     fig.update_layout(height=320, colorway=LINES, title=f"{panel.name}, by {unit}",
                       margin={"l": 10, "r": 10, "t": 40, "b": 10},
                       legend={"orientation": "h", "y": -0.25})

@@ -165,6 +165,10 @@ class DevTools:
         out = self.call("Runtime.evaluate", {"expression": _STATE_JS, "returnByValue": True})
         return dict(json.loads(out["result"]["value"]))
 
+    def evaluate(self, expression: str) -> Any:
+        out = self.call("Runtime.evaluate", {"expression": expression, "returnByValue": True})
+        return out["result"].get("value")
+
     def screenshot(self, path: Path) -> None:
         shot = self.call("Page.captureScreenshot", {"format": "png"})
         path.write_bytes(base64.b64decode(shot["data"]))
@@ -214,6 +218,23 @@ def _untrusted_copy(run: Path, copy: Path, marker: Path) -> None:
     meta.write_text(json.dumps(data))
 
 
+def _unaligned_run(run: Path) -> None:
+    """An event file whose loss goes NaN at step 61 beside a Hugging Face Trainer log that
+    shares no value with it: the log's records cannot be placed on the run's steps."""
+    import math
+
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(run))
+    for step in range(70):
+        loss = float("nan") if step >= 61 else 2.0 * math.exp(-step / 40)
+        writer.add_scalar("train/loss", loss, step)
+    writer.close()
+    lines = ["{'loss': nan, 'epoch': 0.1}" if k == 2 else "{'loss': 9.5, 'epoch': 0.1}"
+             for k in range(1, 6)]
+    (run / "train.log").write_text("\n".join(lines) + "\n")
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path, str, str]]:
     """The dashboard served by `launch` on a free port, over a copy of two sample runs."""
@@ -222,6 +243,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
     for name in (failed, healthy):
         shutil.copytree(SAMPLES / name, root / name)
     _untrusted_copy(root / failed, root / "untrusted", root.parent / "marker")
+    _unaligned_run(root / "unaligned")
     port = _free_port()
     log = root.parent / "streamlit.log"
     code = ("import sys; from analyzer.dashboard import launch; "
@@ -292,7 +314,7 @@ def test_every_page_in_chromium(served: tuple[str, Path, str, str], browser: Dev
     step = sc["first_nonfinite_step"]
     run = quote(failed)
     # The table's cells are drawn on a canvas: its text is not in the page, its caption is.
-    visit(browser, base, ["Runs", "3 runs: 2 failed, 1 finite"], "runs", timeout=FIRST_LOAD_S)
+    visit(browser, base, ["Runs", "4 runs: 3 failed, 1 finite"], "runs", timeout=FIRST_LOAD_S)
     visit(browser, f"{base}timeline?run={run}", ["Marked steps", f"step {step}"], "timeline")
     visit(browser, f"{base}layers?run={run}", ["Layers", "Checkpoints"], "layers")
     visit(browser, f"{base}findings?run={run}", [sc["cause"], "Evidence", "Fix"], "findings")
@@ -307,3 +329,23 @@ def test_every_page_in_chromium(served: tuple[str, Path, str, str], browser: Dev
     assert not (root.parent / "marker").exists()
     shots = sorted(p.name for p in SHOTS.glob("*.png"))
     assert {"runs.png", "timeline.png", "replay.png", "logs.png"} <= set(shots)
+
+
+_AXIS_TITLES_JS = """JSON.stringify([...document.querySelectorAll(
+  '[data-testid="stPlotlyChart"] text[class^="x"][class$="title"]')]
+  .map((e) => e.textContent))"""
+"""The x axis titles of the page's charts (``xtitle``, ``x2title``, ... by subplot)."""
+
+
+def test_an_unaligned_log_gets_a_panel_of_its_own(served: tuple[str, Path, str, str],
+                                                  browser: DevTools) -> None:
+    # Drawn by plotly in the page: one chart on the run's steps, and the log's own chart
+    # whose x axis is its records.
+    base = served[0]
+    visit(browser, f"{base}timeline?run=unaligned",
+          ["first non-finite at step 61", "train.log, by its own record numbers",
+           "Its first non-finite value: record 2"], "timeline_unaligned",
+          timeout=FIRST_LOAD_S)
+    titles = json.loads(browser.evaluate(_AXIS_TITLES_JS))
+    assert "step" in titles, titles
+    assert "record (train.log's own numbering)" in titles, titles

@@ -45,7 +45,7 @@ for n, panel in enumerate(own):
     first = ("" if panel.first is None else
              f" Its first non-finite value: {incident_step(panel.first, run)} "
              f"(`{panel.first.tag}` = {panel.first.kind}).")
-    st.caption(f"Not on the run's steps ({panel.placed}), so drawn apart, over its "
+    st.caption(f"Not on the run's steps: {panel.placed}. Drawn apart, over its "
                f"{panel.label}s.{first}")
     st.plotly_chart(charts.own_axis(panel), key=f"timeline_own_{n}")
 
