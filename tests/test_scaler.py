@@ -7,6 +7,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,11 +120,13 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, AmpRun]:
                                  blowup_at=20),
         "short_collapse": train(str(base / "short_collapse"), after=True, steps=27,
                                 blowup_at=20),
+        "single_after": train(str(base / "single_after"), after=True, steps=12, loss_gain=8.0),
         "early_after_no_norm": train(str(base / "early_after_no_norm"), after=True, steps=30,
                                      loss_gain=100.0, grad_norm=False),
     }
     # What the scaler did, so the tests below check the runs they mean to.
     assert made["early_after"].skipped == [0, 1, 2, 3, 4]
+    assert made["single_after"].skipped == [0]
     assert len(made["throughout_after"].skipped) >= 5
     assert max(made["throughout_after"].skipped) > 30
     assert made["collapse_after"].scales[-1] < 1.0
@@ -174,7 +177,7 @@ def test_without_a_gradient_norm_the_convention_is_assumed_and_said(
 
 
 @pytest.mark.parametrize("name", ["early_after", "early_before", "throughout_after",
-                                  "throughout_before"])
+                                  "throughout_before", "single_after"])
 def test_healthy_amp_run_with_early_skips_exits_0(runs: dict[str, AmpRun], name: str,
                                                   tmp_path: Path) -> None:
     folder = str(tmp_path / name)
@@ -264,6 +267,8 @@ def test_trainer_overflow_messages_are_read(name: str, tmp_path: Path) -> None:
     assert want in [f["code"] for f in run_json["findings"]]
     kinds = [e["kind"] for e in run_json["events"]]
     assert kinds.count("overflow_skip") >= 3
+    found = next(f for f in run_json["findings"] if f["code"] == want)
+    assert not any(re.search(r"\(steps?\s*\)", e["text"]) for e in found["evidence"])
 
 
 def test_regression_deepspeed_stuck_at_its_minimum_without_raising_is_the_failure(

@@ -175,8 +175,11 @@ def loss_scale_warm_up(r: Rule, ev: RunEvidence) -> list[Finding]:
     seen = _collapse(ev)
     if seen.collapsed or not seen.count:
         return []
-    held = Evidence(f"{seen.count} steps skipped for overflow ({_steps(seen.skips)}), then "
-                    "the scale held or grew again", subject="loss scale", value=float(seen.count))
+    which = f" ({_steps(seen.skips)})" if seen.skips else ""
+    then = ("then the scale held or grew again" if ev.loss_scale is not None
+            else "none of them at the scaler's floor")
+    held = Evidence(f"{_count(seen.count)} skipped for overflow{which}, {then}",
+                    subject="loss scale", value=float(seen.count))
     return [r.finding("medium", [held, *(e for e in seen.evidence if e is not seen.counted)],
                       0.5)]
 
@@ -224,8 +227,9 @@ def _collapse(ev: RunEvidence) -> _Seen:
             at = int(curve.steps[k])
             seen.lowest = low
             seen.evidence.append(Evidence(
-                f"{curve.tag} fell from {peak:g} to {low:g} against a floor of {floor:g} "
-                f"(step {at})", location=curve.location_at(at), step=at,
+                (f"{curve.tag} fell from {peak:g} to {low:g}" if low < peak else
+                 f"{curve.tag} held at {low:g}") + f" against a floor of {floor:g} (step {at})",
+                location=curve.location_at(at), step=at,
                 subject=curve.tag, value=low, ratio=low / peak if peak > 0 else None))
             # A constant scale of 1 is no scaler at all: the floor counts after a real fall.
             seen.at_floor = low <= floor and low > 0 and peak / low >= MIN_FALL
@@ -238,7 +242,7 @@ def _collapse(ev: RunEvidence) -> _Seen:
         seen.evidence.append(Evidence(f"the log says the minimum loss scale was reached{when}",
                                       location=log_floor[0].location, step=at_step))
     if seen.count:
-        seen.counted = Evidence(f"{seen.count} steps skipped for overflow",
+        seen.counted = Evidence(f"{_count(seen.count)} skipped for overflow",
                                 subject="loss scale", value=float(seen.count))
         seen.evidence.append(seen.counted)
     if reading.statement is not None:
@@ -269,7 +273,13 @@ def _falling_tail(ev: RunEvidence, steps: np.ndarray, values: np.ndarray, skips:
     return True
 
 
+def _count(n: int) -> str:
+    return f"{n} step" if n == 1 else f"{n} steps"
+
+
 def _steps(steps: list[int]) -> str:
+    if len(steps) == 1:
+        return f"step {steps[0]}"
     shown = ", ".join(map(str, steps[:8]))
     return f"steps {shown}" + (f" and {len(steps) - 8} more" if len(steps) > 8 else "")
 
