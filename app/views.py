@@ -101,6 +101,8 @@ class RunRow:
     first_unit: str = "step"
     """What ``first_step`` counts: ``step`` on the run's global step, else the word of a
     source not placed on it (``record``)."""
+    last_when: str | None = None
+    """``last_finite`` in a table cell's words, in the same numbering as ``first_when``."""
     first_when: str | None = None
     """The first step in a table cell's words: ``28``, ``>20``, ``#13`` (a source's own
     record 13)."""
@@ -186,6 +188,8 @@ def run_row(name: str, result: RunResult | None, error: str | None) -> RunRow:
         first_after=inc.after if inc else False,
         first_unit=incident_unit(inc, result.run) if inc else "step",
         first_when=incident_step(inc, result.run, "cell") if inc else None,
+        last_when=step_words(inc.last_finite_step, form="cell",
+                             unit=incident_unit(inc, result.run)) if inc else None,
         placement=placement_text(result.run),
     )
 
@@ -406,10 +410,8 @@ class LogHit:
     numbers (``record``): the log was not placed on the run's steps."""
     own: str | None = None
     """The log's own number for ``step`` where alignment mapped it (``record 29``)."""
-
-    @property
-    def aligned(self) -> bool:
-        return self.unit == "step"
+    aligned: bool = True
+    """False when the log's numbers could not be placed on the run's steps."""
 
     @property
     def step_text(self) -> str:
@@ -444,7 +446,7 @@ def log_hit(run: Run, file: str, line: int, step: int | None, what: str,
     on it, else in the log's own numbers."""
     placed = run.alignment_of(file)
     if placed is not None and not placed.aligned:
-        return LogHit(file, line, step, what, after, placed.axis.label)
+        return LogHit(file, line, step, what, after, placed.axis.label, aligned=False)
     return LogHit(file, line, step, what, after, own=own_number(run, file, step))
 
 

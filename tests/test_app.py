@@ -619,6 +619,7 @@ def test_an_unaligned_first_incident_is_worded_in_records_everywhere(unaligned: 
     assert table.loc["mixed", "first_when"] == "61"
     assert "train.log: unaligned" in table.loc["mixed", "placement"]
     assert table.loc["records_only", "first_when"] == "#13"
+    assert table.loc["records_only", "last_when"] == "#12"
     row = list(at.dataframe[0].value["run"]).index("records_only")
     at.session_state["runs_table"] = {"selection": {"rows": [row], "columns": []}}
     at.run()

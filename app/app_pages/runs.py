@@ -56,7 +56,8 @@ columns = {
              "or iteration N, for a log not placed on the run's steps"),
     "tag": st.column_config.TextColumn("tag"),
     "kind": st.column_config.TextColumn("value"),
-    "last_finite": st.column_config.NumberColumn("last finite step", format="%d"),
+    "last_finite": None,
+    "last_when": st.column_config.TextColumn("last finite step"),
     "layer": st.column_config.TextColumn("layer"),
     "cause": st.column_config.TextColumn("top cause"),
     "confidence": st.column_config.TextColumn("confidence"),
@@ -69,7 +70,7 @@ columns = {
     "placement": st.column_config.TextColumn(
         "steps placed", help="how each log's steps were placed on the run's global step"),
 }
-order = ["run", "status", "first_when", "tag", "kind", "last_finite", "layer", "cause",
+order = ["run", "status", "first_when", "tag", "kind", "last_when", "layer", "cause",
          "confidence", "replay", "sources", "placement", "issues", "first_issue"]
 event = st.dataframe(shown, hide_index=True, column_config=columns, column_order=order,
                      on_select="rerun", selection_mode="single-row", key="runs_table")
