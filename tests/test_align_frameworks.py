@@ -283,3 +283,105 @@ def test_regression_a_stop_line_naming_a_global_step_in_a_lightning_log_is_not_m
     assert result.incident is not None
     assert (result.incident.step, result.incident.tag) == (BAD, "train_loss")
     assert result.incident.origin != "log"
+
+
+def _hf_header(epochs: int, max_steps: int, per_epoch: int | None = None) -> list[str]:
+    # Trainer._inner_training_loop's logger.info lines (the log level set to INFO).
+    lines = ["***** Running training *****", "  Num examples = 1,920",
+             f"  Num Epochs = {epochs:,}"]
+    if per_epoch is not None:
+        lines.append(f"  Num update steps per epoch = {per_epoch:,}")
+    lines += ["  Instantaneous batch size per device = 32",
+              "  Total train batch size (w. parallel, distributed & accumulation) = 32",
+              "  Gradient Accumulation steps = 1", f"  Total optimization steps = {max_steps:,}"]
+    return lines
+
+
+def _hf_printer_log(run: Path, every: int, per_epoch: int, rounded: bool = False,
+                    header: list[str] | None = None) -> None:
+    """PrinterCallback (disable_tqdm=True): print(logs), the epoch as state.epoch holds it
+    (epoch + (batch + 1) / batches), and no bar; the global step is never printed."""
+    lines = list(header if header is not None else _hf_header(1, STEPS))
+    for step in range(every, STEPS, every):
+        loss = _loss(step - 1)
+        epoch = step / per_epoch
+        shown = "nan" if math.isnan(loss) else repr(round(loss, 4))
+        lines.append(f"{{'loss': {shown}, 'grad_norm': 1.25, 'learning_rate': 5e-05, "
+                     f"'epoch': {round(epoch, 2) if rounded else epoch!r}}}")
+    (run / "train.log").write_text("\n".join(lines) + "\n")
+
+
+def _hf_events(run: Path, every: int) -> None:
+    # TensorBoardCallback.on_log: add_scalar("train/" + k, v, state.global_step), for
+    # the loss at every logging step; the global step is the one the loss was logged at.
+    writer = SummaryWriter(str(run))
+    for step in range(every, STEPS, every):
+        writer.add_scalar("train/loss", round(_loss(step - 1), 4), step)
+        writer.add_scalar("train/epoch", step / STEPS, step)
+    writer.close()
+
+
+def test_hf_epoch_fractions_place_the_records_by_steps_per_epoch(tmp_path: Path) -> None:
+    every = 5
+    run = tmp_path / "run"
+    _hf_events(run, every)
+    _hf_printer_log(run, every, per_epoch=STEPS // 3, header=_hf_header(3, STEPS))
+    result = _result(run)
+    placed = _placed(result)
+    assert (placed.axis.kind, placed.axis.label) == ("global", "epoch x steps per epoch")
+    assert (placed.confidence, placed.offset, placed.stride) == ("exact", 0, 1)
+    first_nan = next(s for s in range(every, STEPS, every) if s - 1 >= BAD)
+    assert _log_incident_step(result, "loss") == first_nan
+    assert alignment_words(placed).startswith(
+        "exact: by the Trainer's epoch x steps per epoch, which loss agrees with train/loss on")
+    (log,) = result.run.logs
+    assert any("epoch x 20 steps per epoch (from its 'Total optimization steps = 60' over "
+               "'Num Epochs = 3')" in note for note in log.notes)
+
+
+def test_hf_epoch_fractions_without_an_event_file_name_global_steps(tmp_path: Path) -> None:
+    # The header prints the steps per epoch itself (newer releases): a log alone is placed.
+    every = 4
+    run = tmp_path / "run"
+    run.mkdir()
+    _hf_printer_log(run, every, per_epoch=12, header=_hf_header(5, STEPS, per_epoch=12))
+    result = _result(run)
+    assert _placed(result).confidence == "exact"
+    assert result.incident is not None and result.incident.aligned
+    assert result.incident.step == next(s for s in range(every, STEPS, every) if s - 1 >= BAD)
+
+
+def test_hf_epoch_rounded_too_coarsely_leaves_the_records_to_the_values(
+    tmp_path: Path,
+) -> None:
+    # The bar on stderr, the tqdm callback's round(epoch, 2) on stdout: of a 300-step
+    # epoch 0.02 is any of steps 5..7. The record order stands and the values place it.
+    every = 5
+    run = tmp_path / "run"
+    _hf_events(run, every)
+    _hf_printer_log(run, every, per_epoch=300, rounded=True, header=_hf_header(1, 300))
+    placed = _placed(_result(run))
+    assert placed.axis.kind == "record"
+    assert (placed.confidence, placed.offset, placed.stride) == ("inferred", 0, every)
+
+
+def test_hf_epoch_rounded_to_two_places_still_names_the_step_of_a_short_epoch(
+    tmp_path: Path,
+) -> None:
+    # Of a 60-step epoch, round(epoch, 2) is within 0.3 of a step: 0.07 x 60 = 4.2 is step 4.
+    every = 4
+    run = tmp_path / "run"
+    run.mkdir()
+    _hf_printer_log(run, every, per_epoch=STEPS, rounded=True)
+    result = _result(run)
+    assert _placed(result).axis.label == "epoch x steps per epoch"
+    steps = next(s for s in result.run.series if s.tag == "loss").steps
+    assert steps.tolist() == list(range(every, STEPS, every))
+
+
+def test_hf_epochs_not_dividing_the_total_give_no_steps_per_epoch(tmp_path: Path) -> None:
+    # max_steps=60 over 7 epochs: max_steps was set, the last epoch is cut short.
+    run = tmp_path / "run"
+    run.mkdir()
+    _hf_printer_log(run, 5, per_epoch=9, header=_hf_header(7, STEPS))
+    assert _placed(_result(run)).axis.kind == "record"

@@ -3,8 +3,13 @@
 ``{'loss': 2.31, 'grad_norm': 1.7, 'learning_rate': 4.9e-05, 'epoch': 0.12}``
 
 The lines carry no step. The tqdm bar drawn just before (``| 50/1000 [``, often in
-the same physical line, separated by carriage returns) gives it; without a bar the
-order of the records stands in for it. With ``logging_nan_inf_filter`` (on by
+the same physical line, separated by carriage returns) gives it. Without a bar (the
+``PrinterCallback`` of ``disable_tqdm=True``, which prints ``state.epoch`` unrounded) the
+record's ``epoch`` places it when the log's training header gave the steps per epoch
+(``Num update steps per epoch = N``, or ``Total optimization steps = S`` over ``Num
+Epochs = E`` when E divides S) and the epoch is printed finely enough to name one step:
+``epoch * N`` is the Trainer's ``global_step`` (:data:`EPOCH_STEPS`). Otherwise the
+order of the records stands in for it (:data:`RECORD`). With ``logging_nan_inf_filter`` (on by
 default) the Trainer replaces a NaN/Inf loss by the running average before logging
 it, so a finite ``loss`` next to a non-finite ``grad_norm`` is the signature of a
 hidden NaN.
@@ -24,16 +29,26 @@ RENAME = {"learning_rate": "lr"}
 SKIP = frozenset({"epoch", "step", "total_flos"})
 RECORD = StepAxis("record", base=1, label="record")
 """The numbering of the Trainer's dict lines without a progress bar: their order."""
+EPOCH_STEPS = StepAxis("global", label="epoch x steps per epoch")
+"""The dict lines placed by their ``epoch`` times the run's steps per epoch."""
+_HEADER = (("Num update steps per epoch = ", "per_epoch"), ("Num Epochs = ", "epochs"),
+           ("Total optimization steps = ", "max_steps"))
+"""The training header's lines (``logger.info`` in ``_inner_training_loop``) that give the
+steps per epoch."""
 
 
 class HuggingFaceParser:
     framework = "transformers"
     repeats = True
-    triggers: tuple[str, ...] = ("{'", "it/s]", "s/it]")
+    triggers: tuple[str, ...] = ("{'", "it/s]", "s/it]", *(key for key, _ in _HEADER))
 
     def __init__(self) -> None:
         self.bar_step: int | None = None
         self.records = 0
+        self.header: dict[str, int] = {}
+        self.by_epoch: bool | None = None
+        """Whether the records are placed by their epoch; decided at the first record
+        without a bar, and kept, so that one file holds one numbering."""
         self.shape: _Shape | None = None
         self.learn = fast.ENABLED
 
@@ -51,6 +66,8 @@ class HuggingFaceParser:
                 ctx.store.add(block, self.bar_step, ctx.line, f.groups())
                 ctx.last_step = self.bar_step
                 return True
+        if "{'" not in text and self._header(text):
+            return True
         found = False
         pos = 0
         while (start := text.find("{'", pos)) >= 0:
@@ -72,6 +89,48 @@ class HuggingFaceParser:
             )
         return found
 
+    def _header(self, text: str) -> bool:
+        for key, name in _HEADER:
+            at = text.find(key)
+            if at < 0:
+                continue
+            raw = text[at + len(key):].strip().replace(",", "")
+            whole, _, fraction = raw.partition(".")
+            if whole.isdecimal() and len(whole) <= 15 and fraction.strip("0") == "":
+                self.header[name] = int(whole)
+                return True
+        return False
+
+    def steps_per_epoch(self) -> int | None:
+        """The run's optimizer steps per epoch, from the training header."""
+        printed = self.header.get("per_epoch")
+        if printed:
+            return printed
+        epochs, total = self.header.get("epochs"), self.header.get("max_steps")
+        if epochs and total and not total % epochs:
+            return total // epochs  # E not dividing S: max_steps was set, not epochs
+        return None
+
+    def _epoch_step(self, raw: str | None) -> int | None:
+        """The global step ``epoch * steps per epoch`` names, when the epoch printed has
+        the digits to name one step."""
+        per_epoch = self.steps_per_epoch()
+        if raw is None or per_epoch is None:
+            return None
+        epoch = number_value(raw)
+        if epoch is None or not is_finite(epoch) or epoch < 0:
+            return None
+        mantissa, _, exponent = raw.strip().lower().partition("e")
+        decimals = len(mantissa.partition(".")[2]) - (int(exponent) if exponent.lstrip(
+            "+-").isdecimal() else 0)
+        # The tqdm callback prints round(epoch, 2), PrinterCallback the float's repr: two
+        # decimals or fewer may be a rounding, more are the epoch itself.
+        unit = 10.0**-decimals if decimals > 2 else 0.01
+        step = epoch * per_epoch
+        if unit * per_epoch >= 1 or abs(step - round(step)) > unit * per_epoch / 2 + 1e-6:
+            return None  # the rounding spans more than one step, or no step is named
+        return round(step)
+
     def _bar(self, text: str, start: int, end: int) -> None:
         # The last "| n/total [" before `end`: tqdm's count, read with str methods
         # because this runs on every bar redraw.
@@ -88,10 +147,12 @@ class HuggingFaceParser:
     def _record(self, body: str, text: str, ctx: Context) -> bool:
         values: dict[str, float] = {}
         plain = False
+        epoch: str | None = None
         for item in body[2:-1].split(", '"):
             key, sep, raw = item.partition("': ")
             if not sep or key in SKIP:
-                plain = plain or key == "epoch"
+                if key == "epoch":
+                    plain, epoch = True, raw
                 continue
             value = number_value(raw)
             if value is None:
@@ -111,7 +172,16 @@ class HuggingFaceParser:
         ctx.votes["transformers"] += 1
         if self.bar_step is not None:
             step = self.bar_step
+        elif self.by_epoch is not False and (placed := self._epoch_step(epoch)) is not None:
+            step = placed
+            if self.by_epoch is None:
+                self.by_epoch = True
+                ctx.axis = EPOCH_STEPS
+                ctx.note("hf-epoch", self._epoch_note())
+        elif self.by_epoch:
+            step = ctx.last_step if ctx.last_step is not None else 0
         else:
+            self.by_epoch = False
             step = self.records
             ctx.axis = RECORD
             ctx.note(
@@ -134,6 +204,18 @@ class HuggingFaceParser:
                 "honest signal; rerun with logging_nan_inf_filter=False to see the loss.",
             )
         return True
+
+
+    def _epoch_note(self) -> str:
+        per_epoch = self.steps_per_epoch()
+        if "per_epoch" in self.header:
+            source = "its 'Num update steps per epoch'"
+        else:
+            source = (f"its 'Total optimization steps = {self.header.get('max_steps')}' over "
+                      f"'Num Epochs = {self.header.get('epochs')}'")
+        return ("Hugging Face Trainer lines carry no step and no progress bar was found: "
+                f"each is placed at its epoch x {per_epoch} steps per epoch (from {source}), "
+                "the Trainer's global_step.")
 
 
 _Shape = tuple[re.Pattern[str], Block]
