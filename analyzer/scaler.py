@@ -36,8 +36,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
+import numpy.typing as npt
 
-from analyzer.model import Run, Series
+from analyzer.model import FloatArray, IntArray, Run, Series
 from analyzer.tags import is_loss_scale_tag, role
 
 Convention = Literal["before_update", "after_update"]
@@ -86,7 +87,7 @@ class ScaleReading:
         return f"{rule} (assumed: the gradients do not decide; {counts})"
 
 
-def _scale_points(s: Series) -> tuple[np.ndarray, np.ndarray]:
+def _scale_points(s: Series) -> tuple[IntArray, FloatArray]:
     """Steps ascending and their finite scale values."""
     order = np.argsort(s.steps, kind="stable")
     st, val = s.steps[order], s.values[order]
@@ -94,20 +95,34 @@ def _scale_points(s: Series) -> tuple[np.ndarray, np.ndarray]:
     return st[keep], val[keep]
 
 
-def gradient_steps(run: Run) -> tuple[frozenset[int], frozenset[int]]:
+def gradient_steps(run: Run) -> tuple[IntArray, IntArray]:
     """Steps at which a gradient tag (total or per layer) was logged, and those at which
-    one of them was non-finite."""
-    logged: set[int] = set()
-    bad: set[int] = set()
-    for s in run.series:
-        if len(s) and role(s.tag).is_gradient:
-            logged.update(int(x) for x in s.steps)
-            bad.update(int(x) for x in s.steps[~np.isfinite(s.values)])
-    return frozenset(logged), frozenset(bad)
+    one of them was non-finite; both sorted and unique."""
+    grads = [s for s in run.series if len(s) and role(s.tag).is_gradient]
+    if not grads:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    logged = _sorted_unique(np.concatenate([s.steps for s in grads]))
+    bad = _sorted_unique(np.concatenate([s.steps[~np.isfinite(s.values)] for s in grads]))
+    return logged, bad
 
 
-def _contradictions(curves: list[tuple[np.ndarray, np.ndarray]], logged: frozenset[int],
-                    bad: frozenset[int]) -> tuple[int, int, int]:
+def _sorted_unique(x: IntArray) -> IntArray:
+    # A stable sort is near linear on steps that are already ascending, as logged.
+    x = np.sort(x, kind="stable")
+    return x[np.concatenate(([True], x[1:] != x[:-1]))] if x.size else x
+
+
+def _member(x: IntArray, sorted_unique: IntArray) -> npt.NDArray[np.bool_]:
+    """``np.isin`` for a sorted, unique right-hand side: one binary search per element."""
+    at = np.searchsorted(sorted_unique, x)
+    inside = at < sorted_unique.size
+    out = np.zeros(x.shape, dtype=bool)
+    out[inside] = sorted_unique[at[inside]] == x[inside]
+    return out
+
+
+def _contradictions(curves: list[tuple[IntArray, FloatArray]], logged: IntArray,
+                    bad: IntArray) -> tuple[int, int, int]:
     """Steps whose gradients contradict the before-update and the after-update reading,
     and how many pairs of consecutive steps had a gradient to check.
 
@@ -119,13 +134,12 @@ def _contradictions(curves: list[tuple[np.ndarray, np.ndarray]], logged: frozens
     """
     before = after = checked = 0
     for st, val in curves:
-        for i in range(st.size - 1):
-            a, b, drop = int(st[i]), int(st[i + 1]), bool(val[i + 1] < val[i])
-            if b != a + 1 or not (a in logged or b in logged):
-                continue
-            checked += 1
-            before += a in logged and drop != (a in bad)
-            after += b in logged and drop != (b in bad)
+        a, b, drop = st[:-1], st[1:], val[1:] < val[:-1]
+        a_seen, b_seen = _member(a, logged), _member(b, logged)
+        pair = (b == a + 1) & (a_seen | b_seen)
+        checked += int(pair.sum())
+        before += int((pair & a_seen & (drop != _member(a, bad))).sum())
+        after += int((pair & b_seen & (drop != _member(b, bad))).sum())
     return before, after, checked
 
 
@@ -138,36 +152,34 @@ def read_scale(run: Run) -> ScaleReading:
     if not curves:
         return ScaleReading(skips=frozenset(logged_skips), convention=None)
     logged, bad = gradient_steps(run)
-    pairs: list[tuple[int, int]] = []
-    for st, val in curves:
-        at = np.flatnonzero(val[1:] < val[:-1])
-        pairs += [(int(st[i]), int(st[i + 1])) for i in at]
+    # Each drop between consecutive logged points: its earlier and its later step.
+    drops = [(st[:-1][val[1:] < val[:-1]], st[1:][val[1:] < val[:-1]]) for st, val in curves]
+    earlier = np.concatenate([d[0] for d in drops])
+    later = np.concatenate([d[1] for d in drops])
     against_before, against_after, checked = _contradictions(curves, logged, bad)
     after = against_after < against_before
     convention: Convention = "after_update" if after else "before_update"
-    agree = sum((b if after else a) in bad for a, b in pairs)
+    agree = int(_member(later if after else earlier, bad).sum())
     inferred = against_after != against_before and \
         (agree > 0 or min(against_after, against_before) == 0)
-    on_curves = {int(x) for st, _ in curves for x in st}
     every = bool(checked) and not against_after and not against_before and \
-        bool(bad & on_curves)
-    skips = set(logged_skips)
-    if every:
-        skips.update(x for pair in pairs for x in pair)
-    else:
-        skips.update(b if after else a for a, b in pairs)
+        any(_member(st, bad).any() for st, _ in curves)
+    marked = [earlier, later] if every else [later if after else earlier]
     sides = (True, False) if every else (after,) if inferred else ()
-    for st, _ in curves:
-        skips.update(e for e in (_edge_skip(st, bad, side) for side in sides) if e is not None)
+    edges = [e for st, _ in curves for e in (_edge_skip(st, bad, side) for side in sides)
+             if e is not None]
+    skips = set(logged_skips) | {int(x) for m in marked for x in np.unique(m)} | set(edges)
     return ScaleReading(skips=frozenset(skips), convention=convention,
-                        inferred=inferred, drops=len(pairs),
-                        agree=agree, against_before=against_before,
-                        against_after=against_after)
+                        inferred=inferred, drops=int(earlier.size), agree=agree,
+                        against_before=against_before, against_after=against_after)
 
 
-def _edge_skip(st: np.ndarray, bad: frozenset[int], after: bool) -> int | None:
+def _edge_skip(st: IntArray, bad: IntArray, after: bool) -> int | None:
     """The skip whose halving falls outside the logged points: the first step's (after) or
     the last's (before), when it has non-finite gradients and the scale was logged at every
     step there."""
-    edge, neighbour = (int(st[0]), int(st[1])) if after else (int(st[-1]), int(st[-2]))
-    return edge if edge in bad and abs(edge - neighbour) == 1 else None
+    i, j = (0, 1) if after else (-1, -2)
+    edge = st[[i]]
+    if abs(int(st[i]) - int(st[j])) != 1 or not _member(edge, bad)[0]:
+        return None
+    return int(st[i])
