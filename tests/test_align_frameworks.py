@@ -20,6 +20,8 @@ import math
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.utils.tensorboard import SummaryWriter
 
 from analyzer.api import analyze
@@ -385,3 +387,37 @@ def test_hf_epochs_not_dividing_the_total_give_no_steps_per_epoch(tmp_path: Path
     run.mkdir()
     _hf_printer_log(run, 5, per_epoch=9, header=_hf_header(7, STEPS))
     assert _placed(_result(run)).axis.kind == "record"
+
+
+def _counter_log(run: Path, framework: str) -> None:
+    """Loop index i as each framework prints it: Megatron's iteration i + 1, mmengine's
+    Iter [i + 1/N], nanoGPT's iter i."""
+    if framework == "megatron":
+        _megatron_log(run)
+        return
+    if framework == "mmengine":
+        lines = [_mmengine_line(i, f"Iter(train) [{i + 1:3d}/{STEPS}]") for i in range(STEPS)]
+    else:
+        lines = [f"iter {i}: loss {_loss(i):.4f}, time 35.12ms, mfu 12.34%" for i in range(STEPS)]
+    (run / "train.log").write_text("\n".join(lines) + "\n")
+
+
+@settings(max_examples=15, deadline=None)
+@given(framework=st.sampled_from(["megatron", "mmengine", "nanogpt"]), at=st.integers(-2, 6))
+def test_a_writer_counting_from_anywhere_never_moves_the_first_global_step(
+    tmp_path_factory: pytest.TempPathFactory, framework: str, at: int
+) -> None:
+    # The event file counts loop index i as i + at (a 0-based script, a 1-based framework,
+    # a resumed run...); the log counts it its own way. The run's first step is the event
+    # file's, and the log's NaN lands on that same global step.
+    run = tmp_path_factory.mktemp("run")
+    _events(run, "loss", at=at)
+    _counter_log(run, framework)
+    result = _result(run)
+    assert result.incident is not None and result.incident.step == BAD + at
+    assert result.incident.origin != "log"
+    placed = _placed(result)
+    assert placed.aligned and placed.stride == 1
+    assert placed.confidence == ("exact" if placed.offset in (0, -placed.axis.base) else "inferred")
+    tag = "lm loss" if framework == "megatron" else "loss"
+    assert _log_incident_step(result, tag) == BAD + at
