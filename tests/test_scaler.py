@@ -202,6 +202,9 @@ def test_true_collapse_to_the_floor_fails_with_nf302(runs: dict[str, AmpRun], na
     assert run_json["incident"]["tag"] == "train/loss" and run_json["incident"]["step"] == 20
     top = run_json["findings"][0]
     assert top["code"] == "NF302" and top["confidence"] == "high"
+    said = "after" if name.endswith("after") else "before"
+    assert any(e["text"].startswith(f"loss scale logged {said} scaler.update()")
+               for e in top["evidence"])
     assert not [f for f in run_json["findings"] if f["code"] == "NF303"]
 
 
@@ -317,3 +320,19 @@ def test_skips_are_exactly_the_scalers_whichever_side_of_update_the_scale_is_log
     if reading.inferred:
         assert reading.convention == ("after_update" if after else "before_update")
     assert locate(run).incident is None
+
+
+def test_deepspeed_hysteresis_skip_keeps_the_scale_and_is_still_a_skip(tmp_path: Path) -> None:
+    # DeepSpeed with delayed_shift 2 skips the first overflow without lowering the scale.
+    from analyzer.ingest.logs import read_log
+
+    log = tmp_path / "train.log"
+    prefix = "[2024-06-20 17:40:12,372] [INFO] [loss_scaler.py:190:update_scale] [deepspeed] "
+    log.write_text(
+        prefix + "OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, but hysteresis "
+        "is 2. Reducing hysteresis to 1\n"
+        + prefix + "OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, reducing to "
+        "32768\n")
+    events = read_log(str(log)).events
+    assert [e.kind for e in events] == ["overflow_skip", "overflow_skip"]
+    assert "new_scale" not in events[0].detail and events[1].detail["new_scale"] == 32768.0
