@@ -55,7 +55,7 @@ _STAT = {
 _NOT_LAYER = {"total", "all", "global", "overall", "model", "sum"}
 _PARAM_SUFFIX = re.compile(
     r"\.(weight\w*|bias\w*|gamma|beta|scale|running_mean|running_var|in_proj_\w+)$")
-_SCALE = re.compile(r"loss[_\-/ ]?scale|grad[_\-]?scale|scaler", re.IGNORECASE)
+_SCALE = re.compile(r"loss[_\-/ ]?scale|grad[_\-]?scale|amp[_\-/ ]?scale|scaler", re.IGNORECASE)
 _LR = re.compile(r"(^|[/_\-])(lr|learning[_ ]?rate)([/_\-]|$)", re.IGNORECASE)
 _PARAM_GROUP = re.compile(r"pg\d+", re.IGNORECASE)
 _WEIGHT = re.compile(r"^(weight_norm|weight_norms|param_norm|weights?)(/|$)", re.IGNORECASE)

@@ -47,6 +47,7 @@ ROLES = [
     ("wps", TagRole.OTHER), ("clip", TagRole.OTHER),
     # a PyTorch GradScaler's scale, logged by hand
     ("amp/grad_scale", TagRole.LOSS_SCALE), ("scaler/scale", TagRole.LOSS_SCALE),
+    ("amp/scale", TagRole.LOSS_SCALE),
     # what the onset names incidents that come from log lines
     ("gradients", TagRole.GRAD_NORM), ("autograd:LogBackward0", TagRole.GRAD_NORM),
 ]
