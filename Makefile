@@ -55,6 +55,7 @@ lint: setup
 bench: setup
 	$(BIN)/python bench/ingest.py
 	$(BIN)/python bench/logs.py
+	$(BIN)/python bench/align.py
 	$(BIN)/python bench/checkpoints.py
 	$(BIN)/python bench/replay.py
 	$(BIN)/python bench/capture.py
