@@ -47,11 +47,17 @@ AGREEMENT = 0.9
 """Share of compared values that must agree for a placement to be taken."""
 MIN_POINTS = 3
 """Values that must be compared for a placement to be taken."""
-RTOL = 2e-3
-"""A log prints its numbers rounded (``0.6931`` for 0.693147..., ``6.931e-01``): values this
-close agree, beside half a unit of the last decimal it printed (:func:`printed_atol`)."""
+RTOL = 1e-5
+"""Beside half a unit of the last decimal a log printed (:func:`printed_atol`: ``0.6931``
+for 0.693147...), the relative difference that still agrees: an event file holds float32."""
 _STRIDES = 8
 _OFFSETS = 32
+_TRIED = 64
+"""The source's first finite values looked up in the reference, to start candidates from."""
+_RIVAL_MARGIN = 0.05
+_RIVAL_SHARE = 0.5
+"""A placement agreeing within _RIVAL_MARGIN of the best over at least this share of its
+points makes the match undecided."""
 _SAMPLE = 2048
 """Points of a source each candidate placement is scored on first."""
 _RESCORED = 4
@@ -102,11 +108,13 @@ def place(source: str, axis: StepAxis, mine: Sequence[Series],
                 own, offset=0, method=f"{words}, as printed: no event file to count from")
         return Alignment(source, axis, "unaligned", f"no event file to place its {axis.label}s")
     matched = _match(mine, reference, offsets)
-    if matched is None:
+    if matched is None or isinstance(matched, str):
         if numbered:
             return own
-        return Alignment(source, axis, "unaligned",
-                         f"no metric it shares with the event files placed its {axis.label}s")
+        why = (f"the values it shares with the event files fit several placements of its "
+               f"{axis.label}s" if matched == AMBIGUOUS else
+               f"no value it shares with the event files placed its {axis.label}s")
+        return Alignment(source, axis, "unaligned", why)
     tag, ref_tag, off, stride, agree, points, at_own = matched
     if numbered:
         checked = _own_checked(offsets, at_own, (off, stride), (agree, points))
@@ -161,23 +169,27 @@ def _own_checked(offsets: tuple[int, ...], at_own: Sequence[tuple[float, int] | 
 
 
 def _match(mine: Sequence[Series], reference: Sequence[Series], own: tuple[int, ...]
-           ) -> tuple[str, str, int, int, float, int, list[tuple[float, int] | None]] | None:
+           ) -> tuple[str, str, int, int, float, int, list[tuple[float, int] | None]] | str | None:
     """The first metric whose values place ``mine`` unambiguously: (its tag, the reference
     tag, offset, stride, agreement, points compared, and (agreement, compared) at each of
-    the ``own`` offsets with stride 1)."""
+    the ``own`` offsets with stride 1); AMBIGUOUS when some metric fit several placements
+    and none placed it; None when none fit."""
+    undecided = False
     for wanted in MATCHED_ROLES:
         src = _curve(mine, wanted)
         ref = _curve(reference, wanted)
         if src is None or ref is None:
             continue
         placed = best_placement(src[1], src[2], ref[1], ref[2])
-        if placed is None:
+        if placed is None or placed == AMBIGUOUS:
+            undecided = undecided or placed == AMBIGUOUS
             continue
+        assert not isinstance(placed, str)
         off, stride, agree, points = placed
         atol = printed_atol(src[2])
         at_own = [agreement_at(src[1], src[2], ref[1], ref[2], at, 1, atol) for at in own]
         return src[0], ref[0], off, stride, agree, points, at_own
-    return None
+    return AMBIGUOUS if undecided else None
 
 
 def _curve(series: Sequence[Series], wanted: TagRole
@@ -225,10 +237,15 @@ def agreement_at(steps: IntArray, values: FloatArray, ref_steps: IntArray,
     return float(agree.mean()), compared
 
 
+AMBIGUOUS = "ambiguous"
+"""What :func:`best_placement` says when two placements fit the values as well."""
+
+
 def best_placement(steps: IntArray, values: FloatArray, ref_steps: IntArray,
-                   ref_values: FloatArray) -> tuple[int, int, float, int] | None:
+                   ref_values: FloatArray) -> tuple[int, int, float, int] | str | None:
     """The (offset, stride, agreement, compared) that makes ``values`` agree best with the
-    reference, or None when no placement is good enough or two different ones are."""
+    reference; AMBIGUOUS when another placement fits about as well over about as many
+    points (a constant or slowly moving value fits many); None when none fits."""
     atol = printed_atol(values)
     hits = _hits(values, ref_steps, ref_values, atol)
     # Candidates are scored on a sample of the source's points (its head and points spread
@@ -252,9 +269,12 @@ def best_placement(steps: IntArray, values: FloatArray, ref_steps: IntArray,
         return None
     scored.sort(key=lambda s: (-s[0], -s[1], s[3], abs(s[2])))
     agree, compared, offset, stride = scored[0]
-    rivals = [s for s in scored[1:] if s[0] >= agree - 1e-9 and s[1] >= compared]
-    if rivals:  # constant values fit anywhere: the placement is not decided
-        return None
+    # A rival need not overlap the reference on as many points: a log that overlaps a cut
+    # event file less at the right offset than at a wrong one must not lose to it.
+    rivals = [s for s in scored[1:] if s[0] >= agree - _RIVAL_MARGIN
+              and s[1] >= max(MIN_POINTS, compared * _RIVAL_SHARE)]
+    if rivals:
+        return AMBIGUOUS
     return offset, stride, agree, compared
 
 
@@ -282,13 +302,16 @@ def _sample(n: int) -> IntArray:
 
 def _hits(values: FloatArray, ref_steps: IntArray, ref_values: FloatArray, atol: float
           ) -> list[tuple[int, IntArray]]:
-    """For each of the source's first finite values: (its index, the first reference steps
-    holding the same value)."""
-    out = []
-    for i in np.flatnonzero(np.isfinite(values))[:4]:
-        same = _close(np.full(ref_values.shape, values[i]), ref_values, atol)
-        out.append((int(i), ref_steps[same][:_OFFSETS]))
-    return out
+    """For the most telling of the source's first finite values (those the reference holds
+    at the fewest steps, so that a log starting late is matched where it starts): (its
+    index, the reference steps holding the same value), in the source's order."""
+    found = []
+    for i in np.flatnonzero(np.isfinite(values))[:_TRIED]:
+        same = ref_steps[_close(np.full(ref_values.shape, values[i]), ref_values, atol)]
+        if same.size:
+            found.append((same.size, int(i), same[:_OFFSETS * 8]))
+    found.sort()
+    return sorted((i, at) for _, i, at in found[:4])
 
 
 def _strides(steps: IntArray, ref_steps: IntArray, hits: list[tuple[int, IntArray]]

@@ -155,7 +155,8 @@ def tag_incidents(run: Run, skips: frozenset[int] = frozenset()) -> list[Inciden
     """
     best: dict[str, Incident] = {}
     candidates: Iterable[Incident | None] = (
-        [series_incident(s, skips) for s in run.series]
+        [series_incident(s, skips if run.is_aligned(s.source) else frozenset())
+         for s in run.series]
         + [histogram_incident(h, skips) for h in run.histograms]
         + [event_incident(e) for e in run.events]
         + [_checkpoint_incident(run)]
@@ -260,7 +261,10 @@ def _with_last_finite(inc: Incident, run: Run) -> Incident:
     if inc.origin != "log" or inc.last_finite_step is not None or inc.step is None:
         return inc
     last: int | None = None
-    for s in run.series:
+    # From sources on the same numbering as the incident: the global step, or its own file.
+    same = run.global_series if inc.aligned else [s for s in run.series
+                                                   if s.source == inc.location.file]
+    for s in same:
         if s.tag != inc.tag:
             continue
         ok = np.isfinite(s.values) & ((s.steps <= inc.step) if inc.after else (s.steps < inc.step))

@@ -98,7 +98,7 @@ def _scale_points(s: Series) -> tuple[IntArray, FloatArray]:
 def gradient_steps(run: Run) -> tuple[IntArray, IntArray]:
     """Steps at which a gradient tag (total or per layer) was logged, and those at which
     one of them was non-finite; both sorted and unique."""
-    grads = [s for s in run.series if len(s) and role(s.tag).is_gradient]
+    grads = [s for s in run.global_series if len(s) and role(s.tag).is_gradient]
     if not grads:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     logged = _sorted_unique(np.concatenate([s.steps for s in grads]))
@@ -145,9 +145,10 @@ def _contradictions(curves: list[tuple[IntArray, FloatArray]], logged: IntArray,
 
 def read_scale(run: Run) -> ScaleReading:
     """The steps a loss scaler skipped, and which logging convention found them."""
-    logged_skips = {e.step for e in run.events
+    # Only sources on the global step: an unaligned log's numbers are its own.
+    logged_skips = {e.step for e in run.global_events
                     if e.kind == "overflow_skip" and e.step is not None}
-    curves = [_scale_points(s) for s in run.series if is_loss_scale_tag(s.tag)]
+    curves = [_scale_points(s) for s in run.global_series if is_loss_scale_tag(s.tag)]
     curves = [(st, val) for st, val in curves if st.size >= 2]
     if not curves:
         return ScaleReading(skips=frozenset(logged_skips), convention=None)

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.tensorboard import SummaryWriter
 
-from analyzer.align import best_placement
+from analyzer.align import AMBIGUOUS, best_placement
 from analyzer.api import analyze, read
 from analyzer.cli import main
 
@@ -154,4 +154,128 @@ def test_best_placement_finds_offset_and_stride_and_refuses_ambiguity() -> None:
     values = np.round(np.interp(10 * own - 3, ref_steps, ref_values), 4)
     assert best_placement(own, values, ref_steps, ref_values)[:2] == (-3, 10)  # type: ignore[index]
     flat = np.full(200, 0.1)
-    assert best_placement(own, np.full(29, 0.1), ref_steps, flat) is None
+    assert best_placement(own, np.full(29, 0.1), ref_steps, flat) == AMBIGUOUS
+
+
+# -- found by review: a wrong placement, and unaligned numbers leaking into global ones ---
+
+
+def _writer(run: Path, points: dict[str, list[tuple[int, float]]]) -> None:
+    writer = SummaryWriter(str(run))
+    for tag, values in points.items():
+        for step, value in values:
+            writer.add_scalar(tag, value, step)
+    writer.close()
+
+
+def _dict_lines(run: Path, records: list[dict[str, float]], name: str = "train.log") -> None:
+    (run / name).write_text("".join(
+        "{" + ", ".join(f"'{k}': {_hf_value(v)}" for k, v in r.items()) + ", 'epoch': 0.1}\n"
+        for r in records))
+
+
+def test_regression_a_log_overlapping_a_cut_event_file_less_is_not_placed_off(
+    tmp_path: Path,
+) -> None:
+    # The event file lost its tail (steps 1..150); the log, started at a resume, prints
+    # global steps 51..200. Placed where it overlaps most (record + 44), its NaN moved 6
+    # steps early; a slowly moving loss must not make a near offset agree.
+    run = tmp_path / "run"
+
+    def loss(s: int) -> float:
+        return 3.0 * math.exp(-s / 3000)
+
+    _writer(run, {"train/loss": [(s, loss(s)) for s in range(1, 151)]})
+    _dict_lines(run, [{"loss": loss(g) if g < 190 else math.nan} for g in range(51, 201)])
+    result = analyze(str(run), replay=False).results[0]
+    (placed,) = result.run.alignments
+    assert (placed.confidence, placed.offset, placed.stride) == ("inferred", 50, 1)
+    assert result.incident is not None and (result.incident.tag, result.incident.step) == (
+        "loss", 190)
+
+
+def test_regression_a_log_starting_late_is_placed_where_it_starts(tmp_path: Path) -> None:
+    # A log from a resume at step 900 of a 1200-step event file: the log's first values
+    # recur in the event file long before 900, so candidates from the first matches only
+    # never tried the right offset, and the reason given was "no metric it shares".
+    run = tmp_path / "run"
+    noise = np.random.default_rng(0).uniform(-0.05, 0.05, 1200)
+
+    def loss(s: int) -> float:
+        return math.nan if s >= 1100 else 1.0 + float(noise[s])
+
+    _writer(run, {"train/loss": [(s, loss(s)) for s in range(1200)]})
+    _dict_lines(run, [{"loss": loss(g)} for g in range(901, 1200)])
+    result = analyzer_result(run)
+    (placed,) = result.run.alignments
+    assert (placed.confidence, placed.offset) == ("inferred", 900)
+    log_loss = next(i for i in result.tag_incidents if i.tag == "loss")
+    assert log_loss.aligned and log_loss.step == 1100
+
+
+def analyzer_result(run: Path):  # type: ignore[no-untyped-def]
+    return analyze(str(run), replay=False).results[0]
+
+
+def test_regression_an_unaligned_logs_scale_drops_are_no_global_skips(tmp_path: Path) -> None:
+    # The unaligned log's loss scale halves between its records 30 and 31: those are not
+    # global steps, and taking them as skips hid the event file's Inf gradient at step 30.
+    run = tmp_path / "run"
+    grad = [(s, 1.0 + 0.01 * s if s < 30 else math.inf if s == 30 else math.nan)
+            for s in range(60)]
+    _writer(run, {"grad_norm": grad})
+    _dict_lines(run, [{"loss": 2.0 - 0.01 * r, "loss_scale": 65536.0 if r <= 30 else 32768.0}
+                      for r in range(1, 41)])
+    result = analyzer_result(run)
+    assert result.run.alignments[0].confidence == "unaligned"
+    assert result.overflow_skips == ()
+    assert result.incident is not None
+    assert (result.incident.tag, result.incident.step) == ("grad_norm", 30)
+
+
+def test_regression_last_finite_step_comes_from_the_incidents_own_numbering(
+    tmp_path: Path,
+) -> None:
+    # No event file: a script's log names its steps, a Trainer log beside it only records;
+    # the stop line's last finite step was record 22 of the other log.
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "train.log").write_text("".join(f"step {s} loss {1.0 - s / 100:.4f}\n"
+                                           for s in (0, 10, 20))
+                                   + "Loss is inf at step 23, stopping training.\n")
+    _dict_lines(run, [{"loss": 0.5 + r / 1000} for r in range(1, 41)], "hf.log")
+    result = analyzer_result(run)
+    assert result.incident is not None
+    assert (result.incident.step, result.incident.last_finite_step) == (23, 20)
+
+
+def test_regression_rules_read_no_unaligned_series_as_global_steps(tmp_path: Path) -> None:
+    # The unaligned log's loss grows over its records 30..50; against the event file's NaN
+    # gradient norm at step 60 the rules called it learning rate too high and loss spikes.
+    run = tmp_path / "run"
+    _writer(run, {"grad_norm": [(s, 1.0 + 0.01 * s if s < 60 else math.nan) for s in range(100)],
+                  "lr": [(s, 1e-3) for s in range(100)]})
+
+    def loss(r: int) -> float:
+        return 2.0 - 0.01 * r if r < 30 else 2.0 * 1.5 ** (r - 30) if r <= 50 else math.nan
+
+    _dict_lines(run, [{"loss": loss(r), "learning_rate": 1e-3} for r in range(1, 81)])
+    result = analyzer_result(run)
+    assert result.run.alignments[0].confidence == "unaligned"
+    names = {f.name for f in result.findings}
+    assert not names & {"learning-rate-too-high", "loss-spike", "exploding-gradients"}
+
+
+def test_regression_an_unaligned_incident_is_worded_in_records_in_the_summary(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run"
+    _writer(run, {"grad_norm": [(s, 1.0 + 0.01 * s) for s in range(100)],
+                  "lr": [(s, 1e-3) for s in range(100)]})
+    _dict_lines(run, [{"loss": 2.0 - 0.01 * r if r < 40 else math.nan, "learning_rate": 1e-3}
+                      for r in range(1, 51)])
+    assert main(["analyze", str(run), "--no-replay"]) == 1
+    out = capsys.readouterr().out
+    assert "FIRST NON-FINITE  record 40  loss = nan  (last finite record 39)" in out
+    summary = out.splitlines()[-2]  # the table's one run, above the totals line
+    assert summary.split()[2:6] == ["#40", "loss", "nan", "#39"], summary

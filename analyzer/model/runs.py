@@ -230,6 +230,37 @@ class Run:
         found = self.alignment_of(source)
         return found is None or found.aligned
 
+    def _one_numbering(self) -> frozenset[str] | None:
+        """The sources whose steps may be compared with each other: those on the global
+        step; when none is (a run of unaligned logs alone), the one with the most points,
+        which is then the run's only numbering. None when every source is on it."""
+        if not any(not a.aligned for a in self.alignments):
+            return None
+        placed = {s.source for s in self.series if self.is_aligned(s.source)} | {
+            e.location.file for e in self.events if self.is_aligned(e.location.file)}
+        if placed:
+            return frozenset(placed)
+        points: dict[str, int] = {}
+        for s in self.series:
+            points[s.source] = points.get(s.source, 0) + len(s)
+        for e in self.events:
+            points.setdefault(e.location.file, 0)
+        return frozenset([max(points, key=lambda k: (points[k], k))]) if points else None
+
+    @property
+    def global_series(self) -> tuple[Series, ...]:
+        """The series on one numbering, the global step: what may be compared with each
+        other (a source left unaligned counts in its own numbers)."""
+        keep = self._one_numbering()
+        return self.series if keep is None else tuple(s for s in self.series
+                                                        if s.source in keep)
+
+    @property
+    def global_events(self) -> tuple[Event, ...]:
+        keep = self._one_numbering()
+        return self.events if keep is None else tuple(e for e in self.events
+                                                        if e.location.file in keep)
+
     def tags(self) -> list[str]:
         return sorted({s.tag for s in self.series})
 

@@ -22,6 +22,7 @@ from analyzer.wording import (
     alignment_words,
     failing_place,
     incident_step,
+    incident_unit,
     place_words,
     step_words,
 )
@@ -56,11 +57,12 @@ def _run_block(result: RunResult) -> str:
     elif inc is None:
         lines.append("   every logged value is finite")
     else:
+        unit = incident_unit(inc, run)
         last = "none" if inc.last_finite_step is None else str(inc.last_finite_step)
         rank = f" on rank {inc.rank}" if inc.rank is not None else ""
         step = incident_step(inc, run)
         lines.append(f"   FIRST NON-FINITE  {step}  {inc.tag} = {inc.kind}{rank}  "
-                     f"(last finite step {last})")
+                     f"(last finite {unit} {last})")
         lines.append(f"     at {_shown(inc.location)}")
         if inc.decided_by and inc.decided_by.startswith(_PLACEMENTS):
             lines.append(f"     {inc.decided_by}")
@@ -192,11 +194,13 @@ def _summary(report: Report) -> str:
         if inc is None:
             rows.append((r.run.name, r.status, "-", "-", "-", "-", "-", "-"))
         else:
-            last = "-" if inc.last_finite_step is None else str(inc.last_finite_step)
+            unit = incident_unit(inc, r.run)
+            last = "-" if inc.last_finite_step is None else \
+                step_words(inc.last_finite_step, form="cell", unit=unit)
             place = failing_place(r)
             cause = next((f"{f.name} ({f.confidence})" for f in r.findings if f.is_failure),
                          "-")
-            step = step_words(inc.step, inc.after, "cell")
+            step = incident_step(inc, r.run, "cell")
             layer = place_words(place, "cell") if place is not None else "-"
             rows.append((r.run.name, "FAILED", step, inc.tag, inc.kind, last, layer, cause))
     widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]

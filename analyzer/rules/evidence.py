@@ -93,7 +93,7 @@ class RunEvidence:
 
     def _train(self, want: TagRole) -> list[Series]:
         """The series of one role from the training pass (validation tags left out)."""
-        return [s for s in self.result.run.series
+        return [s for s in self.result.run.global_series
                 if role(s.tag) is want and not is_validation(s.tag) and len(s)]
 
     @cached_property
@@ -114,7 +114,7 @@ class RunEvidence:
 
     def _per_layer(self, want: TagRole) -> dict[str, Curve]:
         groups: dict[str, list[Series]] = {}
-        for s in self.result.run.series:
+        for s in self.result.run.global_series:
             if role(s.tag) is want:  # a per-layer role: the tag names a layer
                 groups.setdefault(s.tag, []).append(s)
         out: dict[str, Curve] = {}
@@ -133,7 +133,7 @@ class RunEvidence:
         return self._per_layer(TagRole.LAYER_WEIGHT)
 
     def events(self, kind: str) -> list[Event]:
-        return [e for e in self.result.run.events if e.kind == kind]
+        return [e for e in self.result.run.global_events if e.kind == kind]
 
     @property
     def capture_meta(self) -> CaptureMeta | None:
@@ -166,7 +166,7 @@ class RunEvidence:
             "checkpoints": lambda: self.result.run.checkpoints is not None,
             "env": lambda: self.env is not None,
             "siblings": lambda: self.env is not None and bool(self.siblings),
-            "ranks": lambda: len({s.rank for s in self.result.run.series
+            "ranks": lambda: len({s.rank for s in self.result.run.global_series
                                   if s.rank is not None}) > 1,
         }
         return bool(checks[need]())

@@ -67,14 +67,14 @@ def nondeterminism(r: Rule, ev: RunEvidence) -> list[Finding]:
 
 def _lone_rank(ev: RunEvidence) -> Evidence | None:
     first: dict[int, int] = {}
-    for series in ev.result.run.series:
+    for series in ev.result.run.global_series:
         if series.rank is None:
             continue
         bad = np.flatnonzero(~np.isfinite(series.values))
         if bad.size:
             step = int(series.steps[bad[0]])
             first[series.rank] = min(step, first.get(series.rank, step))
-    ranks = {s.rank for s in ev.result.run.series if s.rank is not None}
+    ranks = {s.rank for s in ev.result.run.global_series if s.rank is not None}
     if not first or len(ranks) < 2:
         return None
     earliest = min(first.values())
