@@ -30,6 +30,7 @@ and events' steps rewritten onto the global step; the alignment keeps the way ba
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -80,25 +81,45 @@ def align(run: Run) -> Run:
                         if e.step is not None and not is_event_file(e.location.file)})
     if not sources:
         return run
-    reference = [s for s in run.series if is_event_file(s.source)]
+    reference = [s for s in run.series if is_reference(s.source)]
     frameworks = {log.path: log.framework for log in run.logs}
     found: list[Alignment] = []
     for source in sources:
         mine = [s for s in run.series if s.source == source]
         axis = mine[0].axis if mine else GLOBAL
-        found.append(place(source, axis, mine, reference, framework=frameworks.get(source)))
+        others = [s for s in reference if s.source != source]
+        found.append(place(source, axis, mine, others, framework=frameworks.get(source)))
     by_source = {a.source: a for a in found}
     series = tuple(_moved(s, by_source.get(s.source)) for s in run.series)
     events = tuple(_moved_event(e, by_source.get(e.location.file)) for e in run.events)
     return replace(run, series=series, events=events, alignments=tuple(found))
 
 
+TRAINER_STATE = "trainer_state.json"
+
+
+def is_reference(source: str) -> bool:
+    """Whether a source counts the run's global step by what it is: an event file, or the
+    Hugging Face Trainer's ``trainer_state.json`` (its ``log_history[].step`` is the
+    Trainer's ``global_step``), which places the Trainer's console log where the run
+    wrote no event file."""
+    return is_event_file(source) or os.path.basename(source) == TRAINER_STATE
+
+
+def reference_words(reference: Sequence[Series]) -> str:
+    """How the method names the series a source was placed against."""
+    if any(is_event_file(s.source) for s in reference):
+        return "the event files"
+    return "trainer_state.json"
+
+
 def place(source: str, axis: StepAxis, mine: Sequence[Series],
           reference: Sequence[Series], *, framework: str | None = None) -> Alignment:
     """The alignment of one source whose series are ``mine``, against the global series
-    ``reference`` (the run's event files); ``framework`` (the log's, when known) names
-    the numbers in the method."""
+    ``reference`` (the run's event files and trainer_state.json); ``framework`` (the
+    log's, when known) names the numbers in the method."""
     numbered = axis.kind in ("global", "counter")
+    theirs = reference_words(reference)
     offsets = own_offsets(axis)
     words = own_words(axis, framework)
     own = Alignment(source, axis, "exact", words, offset=offsets[0])
@@ -111,20 +132,22 @@ def place(source: str, axis: StepAxis, mine: Sequence[Series],
     if matched is None or isinstance(matched, str):
         if numbered:
             return own
-        why = (f"the values it shares with the event files fit several placements of its "
+        why = (f"the values it shares with {theirs} fit several placements of its "
                f"{axis.label}s" if matched == AMBIGUOUS else
-               f"no value it shares with the event files placed its {axis.label}s")
+               f"no value it shares with {theirs} placed its {axis.label}s")
         return Alignment(source, axis, "unaligned", why)
     tag, ref_tag, off, stride, agree, points, at_own = matched
     if numbered:
         checked = _own_checked(offsets, at_own, (off, stride), (agree, points))
         if checked is not None:
             at, agreement, compared = checked
-            counted = "" if at == offsets[0] else ", as the event files count it"
+            counted = "" if at == offsets[0] else f", as {theirs} count it"
             return replace(own, offset=at, agreement=agreement, points=compared,
                            method=f"{words}{counted}, which {tag} agrees with {ref_tag} on")
     return Alignment(source, axis, "inferred",
-                     f"matching {tag} with the event files' {ref_tag}", offset=off,
+                     f"matching {tag} with " + (f"the event files' {ref_tag}"
+                                                if theirs == "the event files"
+                                                else f"{ref_tag} in {theirs}"), offset=off,
                      stride=stride, agreement=agree, points=points)
 
 

@@ -279,3 +279,28 @@ def test_regression_an_unaligned_incident_is_worded_in_records_in_the_summary(
     assert "FIRST NON-FINITE  record 40  loss = nan  (last finite record 39)" in out
     summary = out.splitlines()[-2]  # the table's one run, above the totals line
     assert summary.split()[2:6] == ["#40", "loss", "nan", "#39"], summary
+
+
+def test_a_trainer_console_log_is_placed_by_trainer_state_json_without_event_files(
+    tmp_path: Path,
+) -> None:
+    # A Trainer output folder without TensorBoard: trainer_state.json (written as the
+    # Trainer writes it: indent 2, sorted keys, NaN as a bare token) numbers the global
+    # steps, and the console's dict lines, which print none, are placed against it.
+    run = tmp_path / "out"
+    run.mkdir()
+    history = [{"epoch": step / STEPS, "grad_norm": 1.25, "learning_rate": 5e-05,
+                "loss": round(_loss(step), 4), "step": step} for step in range(5, STEPS, 5)]
+    state = {"best_metric": None, "global_step": STEPS - 5, "log_history": history,
+             "max_steps": STEPS, "num_train_epochs": 1}
+    (run / "trainer_state.json").write_text(json.dumps(state, indent=2, sort_keys=True))
+    _hf_log(run, every=5)
+    result = analyze(str(run), replay=False).results[0]
+    placed = {Path(a.source).name: a for a in result.run.alignments}
+    console = placed["train.log"]
+    assert (console.confidence, console.offset, console.stride) == ("inferred", 0, 5)
+    assert "in trainer_state.json" in console.method
+    assert placed["trainer_state.json"].confidence == "exact"
+    log_loss = [i for i in result.tag_incidents if i.tag == "loss"]
+    assert log_loss and all(i.aligned and i.step == 65 for i in log_loss)
+    assert result.incident is not None and result.incident.step == 65
