@@ -19,12 +19,18 @@ stride * own``), by which method and how sure it is:
    (the loss, the gradient norm, the learning rate, printed rounded), the offset and stride
    that make their values agree, with the share that agrees and how many were compared; a
    match that two placements fit as well (a constant learning rate) decides nothing;
-3. otherwise ``unaligned``: the source's steps stay its own, and the locator never orders
+3. **the checkpoints it saved** (``inferred``): a log that announces its saves (the
+   Trainer's "Saving model checkpoint to .../checkpoint-N", right after logging step N)
+   pairs the record before each save with global step N; two saves that one offset and
+   stride fit place it, where no value placed it;
+4. otherwise ``unaligned``: the source's steps stay its own, and the locator never orders
    them against global steps.
 
-A run without event files has no global series to match against: its sources keep their
-own numbers, numbered records among them unaligned. Aligned sources have their series'
-and events' steps rewritten onto the global step; the alignment keeps the way back.
+The Trainer's ``trainer_state.json`` counts the global step as event files do and serves
+as they do. A run with neither has no global series to match against: its sources keep
+their own numbers, and records are placed only by the checkpoints they announce. Aligned
+sources have their series' and events' steps rewritten onto the global step; the
+alignment keeps the way back.
 """
 
 from __future__ import annotations
@@ -88,7 +94,12 @@ def align(run: Run) -> Run:
         mine = [s for s in run.series if s.source == source]
         axis = mine[0].axis if mine else GLOBAL
         others = [s for s in reference if s.source != source]
-        found.append(place(source, axis, mine, others, framework=frameworks.get(source)))
+        placed = place(source, axis, mine, others, framework=frameworks.get(source))
+        if not placed.aligned:
+            saves = [e for e in run.events if e.location.file == source
+                     and e.kind == "checkpoint_save"]
+            placed = by_saves(placed, saves) or placed
+        found.append(placed)
     by_source = {a.source: a for a in found}
     series = tuple(_moved(s, by_source.get(s.source)) for s in run.series)
     events = tuple(_moved_event(e, by_source.get(e.location.file)) for e in run.events)
@@ -149,6 +160,30 @@ def place(source: str, axis: StepAxis, mine: Sequence[Series],
                                                 if theirs == "the event files"
                                                 else f"{ref_tag} in {theirs}"), offset=off,
                      stride=stride, agreement=agree, points=points)
+
+
+def by_saves(unplaced: Alignment, saves: Sequence[Event]) -> Alignment | None:
+    """A source placed by the checkpoints it announced saving (the Trainer saves
+    ``checkpoint-N`` right after logging step N): each save pairs the record before it with
+    global step N; two saves or more that one offset and stride fit place the records."""
+    pairs = sorted({(after, step) for e in saves
+                    if isinstance(after := e.detail.get("after_step"), int)
+                    and isinstance(step := e.detail.get("global_step"), int)})
+    if len(pairs) < 2:
+        return None
+    (own_a, glob_a), (own_b, glob_b) = pairs[0], pairs[-1]
+    if own_b == own_a:
+        return None
+    stride, rest = divmod(glob_b - glob_a, own_b - own_a)
+    offset = glob_a - stride * own_a
+    if rest or stride < 1 or any(offset + stride * own != glob for own, glob in pairs):
+        return None
+    label = unplaced.axis.label
+    shown = ", ".join(f"checkpoint-{glob} after {label} {own}" for own, glob in pairs[:3])
+    more = f" and {len(pairs) - 3} more" if len(pairs) > 3 else ""
+    return Alignment(unplaced.source, unplaced.axis, "inferred",
+                     f"the checkpoints it saved ({shown}{more})", offset=offset,
+                     stride=stride, points=len(pairs))
 
 
 def own_offsets(axis: StepAxis) -> tuple[int, ...]:

@@ -304,3 +304,29 @@ def test_a_trainer_console_log_is_placed_by_trainer_state_json_without_event_fil
     log_loss = [i for i in result.tag_incidents if i.tag == "loss"]
     assert log_loss and all(i.aligned and i.step == 65 for i in log_loss)
     assert result.incident is not None and result.incident.step == 65
+
+
+def test_trainer_records_are_placed_by_the_checkpoints_the_log_says_it_saved(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Only the console: the Trainer logs every 5 steps and saves checkpoint-N right after
+    # logging step N ("Saving model checkpoint to out/checkpoint-20", its own message), so
+    # the records are numbered by the saves though no event file or state says the steps.
+    run = tmp_path / "out"
+    run.mkdir()
+    lines = []
+    for step in range(5, STEPS, 5):
+        loss = _hf_value(_loss(step))
+        lines.append(f"{{'loss': {loss}, 'learning_rate': 5e-05, 'epoch': {step / STEPS:.2f}}}")
+        if step % 20 == 0:
+            lines.append(f"[INFO|trainer.py:3705] 2024-06-20 17:40:11,514 >> Saving model "
+                         f"checkpoint to {run}/checkpoint-{step}")
+    (run / "train.log").write_text("\n".join(lines) + "\n")
+    result = analyze(str(run), replay=False).results[0]
+    (placed,) = result.run.alignments
+    assert (placed.confidence, placed.offset, placed.stride) == ("inferred", 0, 5)
+    assert "checkpoint-20 after record 4" in placed.method
+    assert result.incident is not None and result.incident.aligned
+    assert result.incident.step == 65
+    assert main(["analyze", str(run), "--no-replay"]) == 1
+    assert "FIRST NON-FINITE  step 65  loss = nan" in capsys.readouterr().out

@@ -159,7 +159,7 @@ class Histogram:
 
 
 EventKind = Literal["restart", "nonfinite", "overflow_skip", "loss_scale", "min_loss_scale",
-                    "error"]
+                    "error", "checkpoint_save"]
 
 
 @dataclass(frozen=True)
@@ -171,7 +171,9 @@ class Event:
     number to plot; detail ``tag`` and ``kind``), ``overflow_skip`` (a mixed-precision
     step skipped for overflow), ``loss_scale`` (the loss scale changed),
     ``min_loss_scale`` (the scaler reached its floor), ``error`` (an error the run
-    printed, e.g. ``FloatingPointError``). A log event without a step of its own carries
+    printed, e.g. ``FloatingPointError``), ``checkpoint_save`` (a save the log announced,
+    detail ``global_step``: the Hugging Face Trainer's ``checkpoint-N``). A log event
+    without a step of its own carries
     ``detail["after_step"]``, the last step the log numbered before it.
     """
 

@@ -37,10 +37,27 @@ _HEADER = (("Num update steps per epoch = ", "per_epoch"), ("Num Epochs = ", "ep
 steps per epoch."""
 
 
+SAVING = "Saving model checkpoint to "
+_SAVED = re.compile(r"Saving model checkpoint to \S*?checkpoint-(\d{1,15}+)/?\s*$")
+"""The Trainer's save message: its folder is ``checkpoint-{state.global_step}``."""
+
+
+def _saved(text: str, ctx: Context) -> bool:
+    """A save of the Trainer's ``checkpoint-N`` folder: an event whose global step is N,
+    placed after the record before it, from which the align stage can number the records
+    (``checkpoint_save``)."""
+    m = _SAVED.search(text)
+    if m is None:
+        return False
+    ctx.votes["transformers"] += 1
+    ctx.event("checkpoint_save", None, text, {"global_step": int(m[1])})
+    return True
+
+
 class HuggingFaceParser:
     framework = "transformers"
     repeats = True
-    triggers: tuple[str, ...] = ("{'", "it/s]", "s/it]", *(key for key, _ in _HEADER))
+    triggers: tuple[str, ...] = ("{'", "it/s]", "s/it]", SAVING, *(key for key, _ in _HEADER))
 
     def __init__(self) -> None:
         self.bar_step: int | None = None
@@ -68,6 +85,8 @@ class HuggingFaceParser:
                 return True
         if "{'" not in text and self._header(text):
             return True
+        if "{'" not in text and SAVING in text:
+            return _saved(text, ctx)
         found = False
         pos = 0
         while (start := text.find("{'", pos)) >= 0:
