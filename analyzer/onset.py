@@ -275,7 +275,8 @@ def _with_last_finite(inc: Incident, run: Run) -> Incident:
 
 
 def locate(run: Run) -> RunResult:
-    skips = overflow_skip_steps(run)
-    incidents = [_with_last_finite(i, run) for i in tag_incidents(run, skips)]
+    scale = read_scale(run)
+    incidents = [_with_last_finite(i, run) for i in tag_incidents(run, scale.skips)]
     return RunResult(run=run, incident=run_incident(incidents), tag_incidents=tuple(incidents),
-                     layer_incident=layer_incident(incidents), overflow_skips=tuple(sorted(skips)))
+                     layer_incident=layer_incident(incidents),
+                     overflow_skips=tuple(sorted(scale.skips)), scale=scale)

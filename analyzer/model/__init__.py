@@ -4,7 +4,7 @@ This package imports nothing else of the project, so every stage, the dashboard 
 tests can depend on it. Its modules: ``issues`` (Location, IngestIssue and the typed issue
 kinds), ``runs`` (what ingest reads: Series, Histogram, Event, LogSource, Run),
 ``checkpoints`` (the checkpoint scan's records), ``captures`` (a capture's checked
-meta.json), ``replays`` (the replay's records),
+meta.json), ``replays`` (the replay's records), ``scaling`` (how a loss-scale series was read),
 ``findings`` (Incident, Evidence, Finding, SkippedRule, CodeRefusal), ``results``
 (RunResult, Report and the report's schema version) and ``jsonform`` (``encode``: records
 as JSON).
@@ -119,6 +119,7 @@ from analyzer.model.runs import (
     StepAxis,
     nonfinite_kind,
 )
+from analyzer.model.scaling import ScaleConvention, ScaleReading
 
 __all__ = [
     "CAPTURE_DTYPES",
@@ -180,6 +181,8 @@ __all__ = [
     "RunResult",
     "RunStatus",
     "SaveRef",
+    "ScaleConvention",
+    "ScaleReading",
     "ScalerState",
     "Series",
     "SkippedRule",

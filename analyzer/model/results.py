@@ -10,6 +10,7 @@ from analyzer.model.issues import IngestIssue
 from analyzer.model.jsonform import json_meta
 from analyzer.model.replays import ReplayResult
 from analyzer.model.runs import Run
+from analyzer.model.scaling import ScaleReading
 
 SCHEMA_VERSION = 3
 """Bumped whenever a field of the JSON report changes meaning or disappears (the schema is
@@ -43,6 +44,9 @@ class RunResult:
     """Why the capture could not be replayed, when it could not."""
     replay_refused: CodeRefusal | None = None
     """Why the capture was not replayed: it would import code that is not trusted."""
+    scale: ScaleReading | None = field(default=None, metadata=json_meta(omit=True))
+    """How the loss-scale series was read to find ``overflow_skips`` (the locate stage's;
+    the rules state it); None where no locate stage read it."""
 
     JSON_EXTRA = ("status",)
 

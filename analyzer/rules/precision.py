@@ -9,7 +9,7 @@ import numpy as np
 from analyzer.model import Evidence, Finding
 from analyzer.rules.base import Rule, rule
 from analyzer.rules.evidence import RunEvidence
-from analyzer.scaler import ScaleReading, read_scale
+from analyzer.scaler import read_scale
 from analyzer.wording import step_words
 
 FP16_MAX = 65504.0
@@ -214,7 +214,7 @@ def _floor(ev: RunEvidence) -> float:
 
 def _collapse(ev: RunEvidence) -> _Seen:
     seen = _Seen()
-    reading: ScaleReading = read_scale(ev.result.run)
+    reading = ev.result.scale or read_scale(ev.result.run)  # read once, by the locator
     seen.skips = sorted(ev.result.overflow_skips)
     seen.count = max(len(seen.skips), len(ev.events("overflow_skip")))
     floor = _floor(ev)
