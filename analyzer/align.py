@@ -43,10 +43,11 @@ from dataclasses import replace
 import numpy as np
 import numpy.typing as npt
 
+from analyzer.curves import last_per_step, most_points, training
 from analyzer.ingest.logformats.context import STEP_AXIS_KEY
 from analyzer.ingest.tb import is_event_file
 from analyzer.model import GLOBAL, Alignment, Event, Run, Series, StepAxis
-from analyzer.tags import TagRole, is_validation, role
+from analyzer.tags import TagRole
 
 MATCHED_ROLES = (TagRole.LOSS, TagRole.GRAD_NORM, TagRole.LEARNING_RATE)
 """The metrics a log and an event file both print, most telling first."""
@@ -253,20 +254,11 @@ def _match(mine: Sequence[Series], reference: Sequence[Series], own: tuple[int, 
 def _curve(series: Sequence[Series], wanted: TagRole
            ) -> tuple[str, IntArray, FloatArray] | None:
     """The training series of one role with the most points, as (tag, steps, values), the
-    last value kept where a step repeats."""
-    pick = [s for s in series if role(s.tag) == wanted and not is_validation(s.tag) and len(s)]
+    last value kept where a step repeats (as the rules take their curves)."""
+    pick = most_points(training(series, wanted))
     if not pick:
         return None
-    by_tag: dict[str, list[Series]] = {}
-    for s in pick:
-        by_tag.setdefault(s.tag, []).append(s)
-    tag = max(by_tag, key=lambda t: (sum(len(s) for s in by_tag[t]), t))
-    steps = np.concatenate([s.steps for s in by_tag[tag]]).astype(np.int64)
-    values = np.concatenate([s.values for s in by_tag[tag]]).astype(np.float64)
-    order = np.argsort(steps, kind="stable")
-    steps, values = steps[order], values[order]
-    last = np.r_[steps[1:] != steps[:-1], True]
-    return tag, steps[last], values[last]
+    return (pick[0].tag, *last_per_step(pick))
 
 
 def _close(a: FloatArray, b: FloatArray, atol: float = 0.0) -> npt.NDArray[np.bool_]:

@@ -14,8 +14,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from analyzer.curves import last_per_step, most_points, training
 from analyzer.model import CaptureMeta, Event, Incident, Location, RunResult, Series
-from analyzer.tags import TagRole, is_validation, role
+from analyzer.tags import TagRole, role
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -51,12 +52,8 @@ class Curve:
 def merge(series: list[Series]) -> Curve | None:
     if not series:
         return None
-    steps = np.concatenate([s.steps for s in series])
-    values = np.concatenate([s.values for s in series])
-    order = np.argsort(steps, kind="stable")
-    steps, values = steps[order], values[order]
-    last = np.r_[steps[1:] != steps[:-1], True]  # the last value written for each step
-    return Curve(series[0].tag, steps[last], values[last], series[0])
+    steps, values = last_per_step(series)
+    return Curve(series[0].tag, steps, values, series[0])
 
 
 @dataclass
@@ -83,18 +80,11 @@ class RunEvidence:
         return inc.earliest_step if inc is not None else None
 
     def _best(self, pick: list[Series]) -> Curve | None:
-        if not pick:
-            return None
-        by_tag: dict[str, list[Series]] = {}
-        for s in pick:
-            by_tag.setdefault(s.tag, []).append(s)
-        tag = max(by_tag, key=lambda t: (sum(len(s) for s in by_tag[t]), t))
-        return merge(by_tag[tag])
+        return merge(most_points(pick))
 
     def _train(self, want: TagRole) -> list[Series]:
         """The series of one role from the training pass (validation tags left out)."""
-        return [s for s in self.result.run.global_series
-                if role(s.tag) is want and not is_validation(s.tag) and len(s)]
+        return training(self.result.run.global_series, want)
 
     @cached_property
     def loss(self) -> Curve | None:
