@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -232,10 +233,12 @@ class Run:
         found = self.alignment_of(source)
         return found is None or found.aligned
 
+    @cached_property
     def _one_numbering(self) -> frozenset[str] | None:
         """The sources whose steps may be compared with each other: those on the global
         step; when none is (a run of unaligned logs alone), the one with the most points,
-        which is then the run's only numbering. None when every source is on it."""
+        which is then the run's only numbering. None when every source is on it. Computed
+        once per run: the rules ask for the run's global series and events many times."""
         if not any(not a.aligned for a in self.alignments):
             return None
         placed = {s.source for s in self.series if self.is_aligned(s.source)} | {
@@ -249,17 +252,17 @@ class Run:
             points.setdefault(e.location.file, 0)
         return frozenset([max(points, key=lambda k: (points[k], k))]) if points else None
 
-    @property
+    @cached_property
     def global_series(self) -> tuple[Series, ...]:
         """The series on one numbering, the global step: what may be compared with each
         other (a source left unaligned counts in its own numbers)."""
-        keep = self._one_numbering()
+        keep = self._one_numbering
         return self.series if keep is None else tuple(s for s in self.series
                                                         if s.source in keep)
 
-    @property
+    @cached_property
     def global_events(self) -> tuple[Event, ...]:
-        keep = self._one_numbering()
+        keep = self._one_numbering
         return self.events if keep is None else tuple(e for e in self.events
                                                         if e.location.file in keep)
 
