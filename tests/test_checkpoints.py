@@ -312,7 +312,7 @@ def test_import_does_not_import_torch() -> None:
 def test_public_api_is_pinned() -> None:
     # The scans' records are analyzer.model's, the one record contract, not re-exported.
     assert sorted(checkpoints.__all__) == [
-        "CHECKPOINT_SUFFIXES", "SIDE_FILES", "checkpoint_incident", "is_checkpoint_file",
+        "CHECKPOINT_SUFFIXES", "checkpoint_incident", "is_checkpoint_file",
         "scan_checkpoint", "scan_run_checkpoints"]
 
 

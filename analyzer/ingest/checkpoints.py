@@ -18,12 +18,12 @@ from collections.abc import Callable
 
 from analyzer.ingest.ckpt.history import build_history, checkpoint_incident
 from analyzer.ingest.ckpt.quoting import foreign
+from analyzer.ingest.metadata import is_metadata_file
 from analyzer.ingest.safeio import NotRegularFile, is_regular
 from analyzer.model import CheckpointHistory, CheckpointScan, IngestIssue, IssueKind, Location
 
 __all__ = [
     "CHECKPOINT_SUFFIXES",
-    "SIDE_FILES",
     "checkpoint_incident",
     "is_checkpoint_file",
     "scan_checkpoint",
@@ -31,16 +31,13 @@ __all__ = [
 ]
 
 CHECKPOINT_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin", ".safetensors")
-SIDE_FILES = frozenset({"training_args.bin", "scheduler.pt"})
-"""Files a Hugging Face Trainer saves beside the weights that hold no tensors (with
-``rng_state*.pth``); scanning them would only report the globals they need."""
 
 
 def is_checkpoint_file(path: str) -> bool:
     """True for names checkpoints carry, including sharded indexes such as
     ``model.safetensors.index.json`` and ``pytorch_model.bin.index.json``."""
     name = os.path.basename(path).lower()
-    if name in SIDE_FILES or name.startswith("rng_state"):
+    if is_metadata_file(name):  # saved beside the weights, read as run metadata
         return False
     if name.endswith((".safetensors.index.json", ".bin.index.json", ".pt.index.json")):
         return True

@@ -28,6 +28,7 @@ from analyzer.capture.folder import is_capture_container, run_step_folders
 from analyzer.errors import UsageError
 from analyzer.ingest.checkpoints import is_checkpoint_file
 from analyzer.ingest.logs import TRAINER_STATE, is_log_file
+from analyzer.ingest.metadata import is_metadata_file
 from analyzer.ingest.safeio import file_kind
 from analyzer.ingest.tb import event_file_order, is_event_file
 from analyzer.model import IngestIssue, IssueKind, Location
@@ -49,6 +50,7 @@ class RunFiles:
     log_files: tuple[str, ...] = ()
     checkpoint_files: tuple[str, ...] = ()
     capture_dirs: tuple[str, ...] = ()
+    metadata_files: tuple[str, ...] = ()
     issues: tuple[IngestIssue, ...] = ()
 
     @property
@@ -245,6 +247,7 @@ def _run_in(root: str, listing: Listing) -> RunFiles:
                     key=event_file_order)
     checkpoints = [os.path.join(folder, f) for f in files if is_checkpoint_file(f)]
     logs = [os.path.join(folder, f) for f in files if is_log_file(f)]
+    metadata = [os.path.join(folder, f) for f in files if is_metadata_file(f)]
     captures, more = run_step_folders(folder, listing.dirs)
     issues += more
     states: list[str] = []
@@ -252,8 +255,9 @@ def _run_in(root: str, listing: Listing) -> RunFiles:
         if not is_attached_dir(d) or is_capture_container(d):
             continue
         sub = os.path.join(folder, d)
-        found, more = _checkpoints_below(sub)
+        found, meta, more = _checkpoints_below(sub)
         checkpoints += found
+        metadata += meta
         issues += more
         if os.path.isfile(os.path.join(sub, TRAINER_STATE)):
             states.append(os.path.join(sub, TRAINER_STATE))
@@ -262,7 +266,8 @@ def _run_in(root: str, listing: Listing) -> RunFiles:
         logs.append(max(states, key=_save_number))
     return RunFiles(path=folder, name=_run_name(root, folder), event_files=tuple(events),
                     log_files=tuple(logs), checkpoint_files=tuple(checkpoints),
-                    capture_dirs=tuple(captures), issues=tuple(issues))
+                    capture_dirs=tuple(captures), metadata_files=tuple(metadata),
+                    issues=tuple(issues))
 
 
 def _save_number(path: str) -> int:
@@ -270,15 +275,19 @@ def _save_number(path: str) -> int:
     return int(digits[-1]) if digits else -1
 
 
-def _checkpoints_below(folder: str) -> tuple[list[str], list[IngestIssue]]:
+def _checkpoints_below(folder: str) -> tuple[list[str], list[str], list[IngestIssue]]:
+    """The checkpoints and the metadata files below a save folder, and what was passed over."""
     out: list[str] = []
+    meta: list[str] = []
     issues: list[IngestIssue] = []
     for listing in walk_tree(folder, lambda d: True):
         out += [os.path.join(listing.folder, f) for f in listing.files
                 if is_checkpoint_file(f)]
+        meta += [os.path.join(listing.folder, f) for f in listing.files
+                 if is_metadata_file(f)]
         issues += [i for i in listing.issues
                    if i.kind != "not_regular" or is_checkpoint_file(i.location.file)]
-    return out, issues
+    return out, meta, issues
 
 
 def _run_name(root: str, folder: str) -> str:

@@ -1,0 +1,34 @@
+"""Run metadata that frameworks save beside a training's logs and weights: which files
+they are. Reading them is this package's modules' work; discovery only asks
+:func:`is_metadata_file` to list them on the run that holds them.
+
+    hparams.yaml             Lightning's logger: the module's and datamodule's hyperparameters
+    config.json              Hugging Face model config (architecture, dtype, eps, sizes)
+    generation_config.json   Hugging Face generation defaults
+    training_args.bin        Hugging Face TrainingArguments, pickled by torch.save: read
+                             statically, never unpickled
+    scheduler.pt/.bin        a learning-rate scheduler's state_dict (Trainer and Accelerate
+                             save folders)
+    rng_state*.pth           random-number generator states (listed, not evidence)
+    random_states_*.pkl      Accelerate's pickled RNG states: listed, never unpickled
+
+None of them is a checkpoint (:func:`analyzer.ingest.checkpoints.is_checkpoint_file` says
+no): a scaler's ``scaler.pt`` is, since its scale is evidence.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+METADATA_NAMES = frozenset({
+    "hparams.yaml", "config.json", "generation_config.json", "training_args.bin",
+    "scheduler.pt", "scheduler.bin",
+})
+_PATTERNS = re.compile(r"rng_state(_\d+)?\.pth|random_states_\d+\.pkl")
+
+
+def is_metadata_file(path: str) -> bool:
+    """True for the names of the run metadata files this package knows."""
+    name = os.path.basename(path).lower()
+    return name in METADATA_NAMES or bool(_PATTERNS.fullmatch(name))
