@@ -3,8 +3,9 @@
 Several event files in one folder are a restarted (or re-created) writer: they are merged
 in the order their names give, and each file after the first is recorded as a restart, not
 deduplicated away. The run's flight-recorder captures and its ``env.json`` are read here too
-(by :mod:`analyzer.capture.folder`, their format's owner), so that later stages read them
-off the :class:`Run` and open no file.
+(by :mod:`analyzer.capture.folder`, their format's owner), and its framework metadata (by
+:mod:`analyzer.ingest.metadata`), so that later stages read them off the :class:`Run` and
+open no file.
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ def read_runs(runs: list[RunFiles], *, verify: bool = True, jobs: int = 1,
         done += sizes[path]
         if progress is not None:
             progress(done, total)
-    merged = [_with_captures(_with_logs(merge_run(run, [results[f] for f in run.event_files]),
-                                        run), run)
+    merged = [_with_metadata(_with_captures(_with_logs(
+        merge_run(run, [results[f] for f in run.event_files]), run), run), run)
               for run in runs]
     if not checkpoints:
         return merged
@@ -63,6 +64,17 @@ def _with_logs(run: Run, files: RunFiles) -> Run:
         issues=run.issues + tuple(i for _, r in reads for i in r.issues),
         logs=tuple(LogSource(path, r.framework, r.confidence, r.notes) for path, r in reads),
     )
+
+
+def _with_metadata(run: Run, files: RunFiles) -> Run:
+    if not files.metadata_files and not files.log_files:
+        return run
+    from analyzer.ingest.metadata.read import read_run_metadata
+
+    found = read_run_metadata(files.metadata_files, files.log_files)
+    if found is None:
+        return run
+    return replace(run, metadata=found, issues=run.issues + found.issues)
 
 
 def _with_captures(run: Run, files: RunFiles) -> Run:

@@ -14,6 +14,7 @@ import numpy.typing as npt
 from analyzer.model.captures import CaptureMeta
 from analyzer.model.issues import IngestIssue, Location
 from analyzer.model.jsonform import json_meta
+from analyzer.model.metadata import RunMetadata
 
 if TYPE_CHECKING:
     from analyzer.model.checkpoints import CheckpointHistory
@@ -265,6 +266,11 @@ class Run:
         keep = self._one_numbering
         return self.events if keep is None else tuple(e for e in self.events
                                                         if e.location.file in keep)
+    metadata: RunMetadata | None = field(default=None, metadata=json_meta(drop=("issues",)))
+    """The framework metadata files read (hparams.yaml, training_args.bin, ...) and the
+    training settings resolved from them; None when the run has none."""
+    layout: RunLayout | None = None
+    """The run's folders and files by role, as discovery grouped them."""
 
     def tags(self) -> list[str]:
         return sorted({s.tag for s in self.series})

@@ -85,6 +85,7 @@ def _run_block(result: RunResult) -> str:
         after = "then a failure" if inc else "training recovered: normal for mixed precision"
         lines.append(f"   overflow skips: {_skips(result.overflow_skips)} ({after})")
     lines += _checkpoint_lines(run)
+    lines += _metadata_lines(run)
     lines += _log_lines(run)
     lines += _replay_lines(result)
     lines += _finding_lines(result)
@@ -96,6 +97,34 @@ def _run_block(result: RunResult) -> str:
     if len(run.issues) > _MAX_LISTED:
         lines.append(f"   ... and {len(run.issues) - _MAX_LISTED} more read issues (see --json)")
     return "\n".join(lines)
+
+
+_BRIEF_SETTINGS = ("learning_rate", "warmup_steps", "warmup_ratio", "optimizer", "precision",
+                   "fp16", "bf16", "max_grad_norm", "logging_steps",
+                   "gradient_accumulation_steps", "seed", "adam_epsilon")
+
+
+def _metadata_lines(run: Run) -> list[str]:
+    """The metadata files by name, and the settings the rules and the alignment use, each
+    with the file it came from."""
+    meta = run.metadata
+    if meta is None:
+        return []
+    names: dict[str, list[str]] = {}
+    for f in meta.files:
+        names.setdefault(os.path.basename(f.path), []).append(f.status)
+    shown = [name + (f" x{len(states)}" if len(states) > 1 else "") +
+             "".join(f" ({s})" for s in sorted(set(states)) if s != "read")
+             for name, states in names.items()]
+    lines = [f"   metadata: {', '.join(shown)}"]
+    by_source: dict[str, list[str]] = {}
+    for name in _BRIEF_SETTINGS:
+        found = meta.settings.get(name)
+        if found is not None:
+            by_source.setdefault(found.source, []).append(f"{name}={found.value}")
+    lines += [f"     from {os.path.basename(source)}: {', '.join(shown)}"
+              for source, shown in by_source.items()]
+    return lines
 
 
 def _log_lines(run: Run) -> list[str]:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
-from analyzer.model import Evidence, Finding
+from analyzer.model import Evidence, Finding, Location, RunMetadata
 from analyzer.rules.base import Rule, rule
-from analyzer.rules.evidence import RunEvidence
+from analyzer.rules.evidence import Curve, RunEvidence
 from analyzer.rules.gradients import BAD_INIT_NORM, gradient_growth, growth_evidence
+from analyzer.rules.signals import Growth
 
 JUMP = 5.0
 WARMUP_HORIZON = 2000
@@ -17,6 +20,21 @@ EARLY_SHARE = 0.2
 FAST_DOUBLING = 10.0
 """Growth that doubles within this many steps is the optimizer overshooting, not drift."""
 """A learning rate that rises by this factor between two logged steps has jumped."""
+ADAPTIVE_CEILING = 1e-2
+"""The largest learning rate adaptive optimizers (Adam, AdamW, RMSprop, Adagrad, Lion,
+Adafactor, ...) are commonly run with: ten times torch's Adam default (1e-3), two hundred
+times the Hugging Face Trainer's (5e-5), and where practitioners' guides put "too high"."""
+SGD_CEILING = 1.0
+"""The same for SGD, whose step scales with the gradient: 0.1 is the classic ImageNet rate,
+linear scaling with the batch takes it to a few units, and recurrent language models with
+tight clipping run at tens (torch's word-language-model example uses 20)."""
+ABSURD = 100.0
+"""A configured rate this many times its optimizer's ceiling is a mistake, not a choice:
+for Adam 1.0, a step of about one per weight, more than the scale a fan-in initialisation
+gives any weight."""
+_ADAPTIVE = re.compile(r"adam|adafactor|adagrad|adadelta|rmsprop|lion|lamb|sophia|shampoo|"
+                       r"ademamix|lomo|grokadam|schedule_free|apollo|galore",
+                       re.IGNORECASE)
 
 
 @rule("NF202", "learning-rate-too-high", "learning rate too high",
@@ -37,7 +55,15 @@ def learning_rate_too_high(r: Rule, ev: RunEvidence) -> list[Finding]:
     Fast exponential growth of the gradient norm (or loss) before the failure, doubling
     within ten steps; a learning-rate series that did not jump (else learning-rate-jump
     applies); a first gradient norm below the bad-initialisation threshold; weight norms
-    growing in several layers; the optimizer's learning rate from the capture.
+    growing in several layers; the optimizer's learning rate from the capture. The rate the
+    run's metadata says it was configured with (training_args.bin, hparams.yaml, a
+    checkpoint's hyperparameters, a scheduler's base rate), against the ceiling of its
+    optimizer's family: 1e-2 for adaptive optimizers (Adam, AdamW, RMSprop, Lion, ...; ten
+    times torch's Adam default), 1.0 for SGD or an optimizer not named. A rate above the
+    ceiling strengthens the growth; one 100 times above it (1.0 for Adam) is a cause by
+    itself, with high confidence, even when the gradients were huge from the second logged
+    step (what such a rate does at once, and not a sign of the initialisation). A
+    configuration whose warm-up settings are all zero is quoted.
 
     ## Fix
     Lower the learning rate (by 3-10x), add a warmup, and clip gradients while tuning:
@@ -53,7 +79,10 @@ def learning_rate_too_high(r: Rule, ev: RunEvidence) -> list[Finding]:
     """
     if not ev.failed:
         return []
+    configured = _configured(ev)
     found = gradient_growth(ev)
+    if configured is not None and configured.absurd:
+        return [_absurd(r, ev, configured, found)]
     if found is None:
         return []
     curve, g = found
@@ -65,6 +94,8 @@ def learning_rate_too_high(r: Rule, ev: RunEvidence) -> list[Finding]:
         return []  # huge from the first step: initialisation, not the step size
     if ev.lr is not None and _jump(ev) is not None:
         return []
+    if configured is not None and configured.high:
+        evidence += configured.evidence()
     lr = _lr_value(ev)
     if lr is not None:
         evidence.append(Evidence(f"learning rate {lr:g}, steady until the failure",
@@ -74,7 +105,89 @@ def learning_rate_too_high(r: Rule, ev: RunEvidence) -> list[Finding]:
         evidence.append(Evidence(f"weight norms of {grow} layers grew before the failure",
                                  subject="weights"))
     confidence = "medium" if fast else "low"
-    return [r.finding(confidence, evidence, 0.4 + 0.1 * min(g.decades, 4) / 4 + 0.1 * bool(grow))]
+    high = configured is not None and configured.high
+    return [r.finding(confidence, evidence, 0.4 + 0.1 * min(g.decades, 4) / 4 + 0.1 * bool(grow)
+                      + 0.1 * high)]
+
+
+class _Configured:
+    """The learning rate the run's metadata says it was configured with, against the
+    ceiling of its optimizer's family."""
+
+    def __init__(self, meta: RunMetadata, lr: float) -> None:
+        self.meta = meta
+        self.lr = lr
+        found = meta.setting("learning_rate")
+        self.source = found.source if found is not None else ""
+        self.key = found.key if found is not None else "learning_rate"
+        optimizer = meta.text("optimizer")
+        if optimizer is None and meta.setting("learning_rate") is not None and any(
+                f.kind == "training_args" and f.path == self.source for f in meta.files):
+            optimizer = "adamw"  # the Trainer's default optimizer
+        self.optimizer = optimizer
+        adaptive = optimizer is not None and bool(_ADAPTIVE.search(optimizer))
+        self.ceiling = ADAPTIVE_CEILING if adaptive else SGD_CEILING
+        self.family = ("adaptive optimizers" if adaptive else "SGD" if optimizer is not None
+                       and "sgd" in optimizer.lower() else "an optimizer not named (SGD's)")
+
+    @property
+    def high(self) -> bool:
+        return self.lr > self.ceiling
+
+    @property
+    def absurd(self) -> bool:
+        return self.lr >= ABSURD * self.ceiling
+
+    def evidence(self) -> list[Evidence]:
+        name = self.source.rsplit("/", 1)[-1]
+        named = f" ({self.optimizer})" if self.optimizer else ""
+        out = [Evidence(f"configured learning rate {self.lr:g} ({self.key} in {name}), "
+                        f"{self.lr / self.ceiling:.3g}x the {self.ceiling:g} ceiling of "
+                        f"{self.family}{named}", location=Location(self.source),
+                        subject="learning_rate", value=self.lr,
+                        ratio=self.lr / self.ceiling)]
+        none = _no_warmup(self.meta)
+        if none is not None:
+            out.append(none)
+        return out
+
+
+def _configured(ev: RunEvidence) -> _Configured | None:
+    meta = ev.result.run.metadata
+    lr = meta.learning_rate if meta is not None else None
+    if meta is None or lr is None or not lr > 0:
+        return None
+    return _Configured(meta, lr)
+
+
+def _no_warmup(meta: RunMetadata) -> Evidence | None:
+    """Evidence that the configuration asks for no warm-up: every warm-up setting it gives
+    is zero (a run that says nothing about warm-up is not taken to have none)."""
+    given = [meta.setting(n) for n in ("warmup_steps", "warmup_ratio")]
+    found = [s for s in given if s is not None]
+    if not found or any(meta.number(n) != 0 for n in ("warmup_steps", "warmup_ratio")
+                        if meta.setting(n) is not None):
+        return None
+    first = found[0]
+    words = ", ".join(f"{s.key}={s.value}" for s in found)
+    return Evidence(f"no warm-up configured ({words} in {first.source.rsplit('/', 1)[-1]}): "
+                    "the full rate from the first step", location=Location(first.source),
+                    subject="warmup", value=0.0)
+
+
+def _absurd(r: Rule, ev: RunEvidence, configured: _Configured,
+            found: tuple[Curve, Growth] | None) -> Finding:
+    """A configured rate two orders of magnitude past its optimizer's ceiling explains a
+    divergence by itself: huge gradients from the second step on are what it does, not a
+    sign of the initialisation."""
+    evidence = configured.evidence()
+    if found is not None:
+        evidence += growth_evidence(*found)
+    grow = _weights_growing(ev)
+    if grow:
+        evidence.append(Evidence(f"weight norms of {grow} layers grew before the failure",
+                                 subject="weights"))
+    return r.finding("high", evidence, 1.0)
 
 
 @rule("NF203", "learning-rate-jump", "learning-rate jump or missing warmup", needs=("lr",))
@@ -94,7 +207,8 @@ def learning_rate_jump(r: Rule, ev: RunEvidence) -> list[Finding]:
     window before the first non-finite step. Without a jump, a missing warmup: a rate at its
     peak from the first logged step, in a run whose gradients grew exponentially from its
     first fifth and that failed within 2,000 steps (low confidence: the learning rate may
-    simply be too high, which that rule reports).
+    simply be too high, which that rule reports), unless the run's metadata configures a
+    warm-up.
 
     ## Fix
     Make the schedule continuous and warm up after restarts:
@@ -128,6 +242,10 @@ def _missing_warmup(r: Rule, ev: RunEvidence) -> list[Finding]:
     curve = ev.lr
     if curve is None or ev.failure_step is None:
         return []
+    meta = ev.result.run.metadata
+    if meta is not None and any((meta.number(n) or 0) > 0 for n in ("warmup_steps",
+                                                                     "warmup_ratio")):
+        return []  # the configuration has a warm-up: a flat start is not its absence
     lr = curve.before(ev.failure_step + 1).values
     lr = lr[np.isfinite(lr)]
     start = int(curve.steps[0]) if len(curve) else 0

@@ -1,0 +1,135 @@
+"""A run's metadata files read into one :class:`RunMetadata`, its settings resolved.
+
+Each file goes to the reader of its kind (by name); random-number generator states are
+listed, never opened (Accelerate's ``random_states_*.pkl`` is a plain pickle: opening it
+could only mean unpickling it). A setting several files give is taken from the kind that
+the training code itself wrote first (:data:`PRECEDENCE`), and among files of one kind
+from the latest save (``checkpoint-500`` over ``checkpoint-100``, ``version_1`` over
+``version_0``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from analyzer.ingest.metadata.hfjson import read_model_config, read_trainer_state
+from analyzer.ingest.metadata.hparams import read_hparams
+from analyzer.ingest.metadata.keys import MODEL_CONFIG, TRAINER_STATE, TRAINING_ARGS, mapped
+from analyzer.ingest.metadata.torchsaved import read_scheduler, read_training_args
+from analyzer.model import (
+    SETTING_NAMES,
+    IngestIssue,
+    MetadataFile,
+    MetadataKind,
+    MetaValue,
+    ReadStatus,
+    RunMetadata,
+    Setting,
+)
+
+TRAINER_STATE_NAME = "trainer_state.json"
+PRECEDENCE: tuple[MetadataKind, ...] = (
+    "training_args", "trainer_state", "checkpoint_hparams", "hparams", "scheduler",
+    "model_config",
+)  # fmt: skip
+"""Which kind of file a setting is taken from when several give it, first first."""
+
+
+@dataclass(frozen=True)
+class _Read:
+    file: MetadataFile
+    settings: Mapping[str, tuple[str, MetaValue]]
+    issues: tuple[IngestIssue, ...]
+
+
+def kind_of(path: str) -> tuple[MetadataKind, str] | None:
+    """The kind of metadata file ``path`` names, and the framework that writes it."""
+    name = os.path.basename(path).lower()
+    known: dict[str, tuple[MetadataKind, str]] = {
+        "hparams.yaml": ("hparams", "lightning"),
+        "config.json": ("model_config", "transformers"),
+        "generation_config.json": ("generation_config", "transformers"),
+        "training_args.bin": ("training_args", "transformers"),
+        TRAINER_STATE_NAME: ("trainer_state", "transformers"),
+        "scheduler.pt": ("scheduler", "torch"),
+        "scheduler.bin": ("scheduler", "torch"),
+    }
+    if name in known:
+        return known[name]
+    if re.fullmatch(r"rng_state(_\d+)?\.pth", name):
+        return "rng_state", "transformers"
+    if re.fullmatch(r"random_states_\d+\.pkl", name):
+        return "rng_state", "accelerate"
+    return None
+
+
+def _status(complete: bool, fields: Mapping[str, object], issues: Sequence[object]
+            ) -> ReadStatus:
+    if complete and not issues:
+        return "read"
+    return "partial" if fields else "failed"
+
+
+def _read_one(path: str, kind: MetadataKind, framework: str) -> _Read:
+    if kind == "rng_state":
+        return _Read(MetadataFile(path, kind, framework, "listed"), {}, ())
+    if kind == "hparams":
+        h = read_hparams(path)
+        status = _status(h.parsed, h.fields, h.issues)
+        return _Read(MetadataFile(path, kind, framework, status, h.fields), h.settings,
+                     tuple(h.issues))
+    if kind in ("model_config", "generation_config", "trainer_state"):
+        j = (read_trainer_state(path) if kind == "trainer_state"
+             else read_model_config(path, generation=kind == "generation_config"))
+        names = {"trainer_state": TRAINER_STATE, "model_config": MODEL_CONFIG}.get(kind, {})
+        status = _status(j.complete, j.fields, j.issues)
+        return _Read(MetadataFile(path, kind, framework, status, j.fields),
+                     mapped(j.fields, names), tuple(j.issues))
+    s = read_training_args(path) if kind == "training_args" else read_scheduler(path)
+    settings = mapped(s.fields, TRAINING_ARGS) if kind == "training_args" else (
+        {"learning_rate": ("base_lrs", s.fields["base_lr"])} if "base_lr" in s.fields else {})
+    status = _status(s.complete, s.fields, s.issues)
+    return _Read(MetadataFile(path, kind, framework, status, s.fields), settings,
+                 tuple(s.issues))
+
+
+def _save_order(path: str) -> tuple[int, ...]:
+    """Numbers in the path, for the latest save to sort last."""
+    return tuple(int(n) for n in re.findall(r"\d+", path)[-4:])
+
+
+def read_run_metadata(metadata_files: Iterable[str], log_files: Iterable[str] = ()
+                      ) -> RunMetadata | None:
+    """The run's metadata, from its metadata files and the ``trainer_state.json`` among
+    its logs (its top-level fields only); None when there is none."""
+    paths = [*metadata_files,
+             *(p for p in log_files if os.path.basename(p) == TRAINER_STATE_NAME)]
+    reads: list[_Read] = []
+    for path in paths:
+        kind = kind_of(path)
+        if kind is not None:
+            reads.append(_read_one(path, *kind))
+    if not reads:
+        return None
+    return resolve([r.file for r in reads], [r.settings for r in reads],
+                   tuple(i for r in reads for i in r.issues))
+
+
+def resolve(files: Sequence[MetadataFile],
+            settings: Sequence[Mapping[str, tuple[str, MetaValue]]],
+            issues: tuple[IngestIssue, ...] = ()) -> RunMetadata:
+    """One setting per name from every file's settings (``settings[i]`` is ``files[i]``'s),
+    by :data:`PRECEDENCE`, then the latest save."""
+    rank = {kind: k for k, kind in enumerate(PRECEDENCE)}
+    order = sorted(range(len(files)), key=lambda i: (
+        rank.get(files[i].kind, len(rank)), [-n for n in _save_order(files[i].path)]))
+    chosen: dict[str, Setting] = {}
+    for i in order:
+        for name, (key, value) in settings[i].items():
+            if name not in chosen:
+                chosen[name] = Setting(value, files[i].path, key)
+    ordered = {name: chosen[name] for name in SETTING_NAMES if name in chosen}
+    return RunMetadata(files=tuple(files), settings=ordered, issues=issues)
