@@ -269,8 +269,6 @@ class Run:
     metadata: RunMetadata | None = field(default=None, metadata=json_meta(drop=("issues",)))
     """The framework metadata files read (hparams.yaml, training_args.bin, ...) and the
     training settings resolved from them; None when the run has none."""
-    layout: RunLayout | None = None
-    """The run's folders and files by role, as discovery grouped them."""
 
     def tags(self) -> list[str]:
         return sorted({s.tag for s in self.series})
