@@ -207,7 +207,7 @@ def test_hf_bin_takes_its_step_from_the_folder(tmp_path: Path) -> None:
     folder.mkdir()
     torch.save({"bert.pooler.dense.weight": torch.ones(2, 2)}, folder / "pytorch_model.bin")
     scan = scan_checkpoint(str(folder / "pytorch_model.bin"))
-    assert (scan.format, scan.step, scan.step_source) == ("hf_bin", 500, "file name")
+    assert (scan.format, scan.step, scan.step_source) == ("hf_bin", 500, "folder name")
 
 
 def test_full_model_pickle_is_listed_statically(tmp_path: Path) -> None:
@@ -343,7 +343,9 @@ def test_legacy_format_loads_weights_only(tmp_path: Path) -> None:
     tensor = _tricky(torch.float32, 8)
     torch.save({"w": tensor, "epoch": 4}, path, _use_new_zipfile_serialization=False)
     scan = scan_checkpoint(str(path))
-    assert (scan.read_mode, scan.step, scan.step_source) == ("weights_only", 4, "'epoch' key")
+    # An epoch is not a step: it is kept as the save's epoch.
+    assert (scan.read_mode, scan.step, scan.step_source) == ("weights_only", None, None)
+    assert scan.meta is not None and scan.meta.epoch == 4
     _assert_matches(scan.tensors[0], tensor)
 
 

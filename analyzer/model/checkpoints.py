@@ -7,7 +7,8 @@ kept after every tensor it looked at has been released.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Literal
 
 from analyzer.model.issues import IngestIssue
@@ -25,12 +26,16 @@ CheckpointFormat = Literal[
     "sharded",
     "torchscript",
     "incomplete",
+    "deepspeed",
+    "zero_optimizer",
     "other",
     "unknown",
 ]
 """What the file holds. ``full_model`` is a pickled ``nn.Module`` rather than its state;
 ``optimizer`` and ``scaler`` are files holding only that state (``optimizer.pt``,
-``scaler.pt`` beside a Hugging Face checkpoint)."""
+``scaler.pt`` beside a Hugging Face checkpoint). ``deepspeed`` is an engine's
+``mp_rank_XX_model_states.pt``, ``zero_optimizer`` one ZeRO optimizer partition
+(``zero_pp_rank_D_mp_rank_XX_optim_states.pt``), listed without reading its values."""
 
 ReadMode = Literal["weights_only", "static", "trusted", "header", "none"]
 """How the contents were read.
@@ -41,6 +46,33 @@ walked without executing anything. ``trusted``: the user asked for a full unpick
 """
 
 TensorGroup = Literal["model", "optimizer", "other"]
+
+TensorRole = Literal[
+    "weights",
+    "optimizer",
+    "scaler",
+    "other",
+    "scheduler",
+    "rng",
+    "callback",
+    "loop",
+    "hyperparameters",
+    "step",
+    "metadata",
+]
+"""What a tensor means in its checkpoint. ``weights`` (the model's parameters and
+buffers), ``optimizer`` (its moments and step counts), ``scaler`` (a loss scaler's state)
+and ``other`` (a section no framework names, an EMA copy say) are evidence: a non-finite
+value there fails the save. The rest is the trainer's bookkeeping, reported and never a
+finding: ``callback`` (Lightning's ModelCheckpoint keeps ``kth_value = inf`` until its
+top k fill, EarlyStopping's ``best_score`` starts at inf), ``loop`` (progress counters),
+``scheduler``, ``rng``, ``hyperparameters``, ``step`` (global step, epoch) and
+``metadata`` (versions, shapes, world sizes)."""
+
+EVIDENCE_ROLES: frozenset[str] = frozenset({"weights", "optimizer", "scaler", "other"})
+
+Primitive = int | float | str | bool | None
+"""A plain value read from a checkpoint's metadata (a one-value tensor read as a float)."""
 
 FP16_MAX = 65504.0
 
@@ -88,6 +120,12 @@ class TensorRecord:
     group: TensorGroup
     stats: TensorStats | None = None
     note: str | None = None
+    role: TensorRole = "other"
+
+    @property
+    def evidence(self) -> bool:
+        """Whether a non-finite value here is a finding (see :data:`TensorRole`)."""
+        return self.role in EVIDENCE_ROLES
 
 
 @dataclass(frozen=True)
@@ -145,8 +183,59 @@ class StaticListing:
 
 
 @dataclass(frozen=True)
+class CallbackState:
+    """One callback's saved state (Lightning's ``callbacks`` section): metadata only.
+
+    ``key`` is the state key Lightning files it under (``"ModelCheckpoint{'monitor':
+    'val_loss', ...}"``), ``callback`` the class name it starts with; ``values`` its plain
+    entries and one-value tensors (``kth_value``, ``best_model_score``, ``wait_count``),
+    an infinite score kept as it is."""
+
+    key: str
+    callback: str
+    monitor: str | None
+    values: Mapping[str, Primitive]
+
+
+@dataclass(frozen=True)
+class CheckpointMeta:
+    """What a checkpoint says about the training that wrote it, beside the evidence.
+
+    ``framework``: ``lightning``, ``deepspeed`` or None; ``framework_version`` its
+    version string as saved. ``global_step`` and ``epoch`` as the trainer counted them.
+    ``hyperparameters``: the plain values of Lightning's ``hyper_parameters`` (and
+    ``datamodule_hyper_parameters``, prefixed ``datamodule.``) or DeepSpeed's
+    ``ds_config``, nested keys dotted (``opt.betas.0``); ``hyperparameters_other`` the keys
+    whose value is an object, named but never built. ``precision``: the mixed-precision
+    plugin whose state was saved (``MixedPrecision``) or the dtype DeepSpeed's config
+    enables. ``callbacks``, ``counters`` (loop progress, DeepSpeed's skipped steps and
+    samples) and ``schedulers`` (each scheduler's plain state: ``_last_lr.0``, ...).
+    ``sections``: every top-level key of the file with its role."""
+
+    framework: str | None = None
+    framework_version: str | None = None
+    global_step: int | None = None
+    epoch: int | None = None
+    hyperparameters: Mapping[str, Primitive] = field(default_factory=dict)
+    hyperparameters_other: tuple[str, ...] = ()
+    precision: str | None = None
+    callbacks: tuple[CallbackState, ...] = ()
+    counters: Mapping[str, int] = field(default_factory=dict)
+    schedulers: tuple[Mapping[str, Primitive], ...] = ()
+    sections: Mapping[str, TensorRole] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class CheckpointScan:
-    """Everything read from one checkpoint file (or one sharded index and its shards)."""
+    """Everything read from one checkpoint file (or one sharded index and its shards).
+
+    ``step`` is the training step of the save; ``step_source`` where it was read: a key
+    (``'global_step' key``, ``'global_steps' key`` for DeepSpeed, ``'step' key``,
+    ``'iteration' key``, ``'iter' key``), the ``file name`` (``epoch=3-step=120.ckpt``) or
+    the ``folder name`` (``checkpoint-500/``, ``global_step500/``). An epoch is never
+    taken for a step: it is ``meta.epoch``. ``meta`` holds what the trainer saved about
+    itself (None for a file that is not a map of sections, a bare state dict say, unless
+    its name gives an epoch). Each tensor's ``role`` says whether it is evidence."""
 
     path: str
     size: int
@@ -161,10 +250,18 @@ class CheckpointScan:
     static: StaticListing | None = None
     files: tuple[str, ...] = ()
     issues: tuple[IngestIssue, ...] = ()
+    meta: CheckpointMeta | None = None
 
     @property
     def nonfinite_tensors(self) -> tuple[TensorRecord, ...]:
-        return tuple(t for t in self.tensors if t.stats is not None and t.stats.nonfinite)
+        """The evidence tensors holding NaN or Inf: what fails the save."""
+        return tuple(t for t in self.tensors if t.evidence and _nonfinite(t))
+
+    @property
+    def nonfinite_metadata(self) -> tuple[TensorRecord, ...]:
+        """Bookkeeping tensors holding NaN or Inf (an initial ``kth_value = inf``):
+        reported, never a finding."""
+        return tuple(t for t in self.tensors if not t.evidence and _nonfinite(t))
 
     @property
     def nonfinite_layers(self) -> tuple[LayerStats, ...]:
@@ -176,6 +273,10 @@ class CheckpointScan:
 
     def to_dict(self) -> dict[str, object]:
         return encode(self)  # type: ignore[no-any-return]
+
+
+def _nonfinite(tensor: TensorRecord) -> bool:
+    return tensor.stats is not None and tensor.stats.nonfinite > 0
 
 
 @dataclass(frozen=True)

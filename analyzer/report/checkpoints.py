@@ -5,7 +5,10 @@ The numbers are the scan's; :mod:`analyzer.ingest.checkpoints` computes them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from analyzer.model import CheckpointHistory, CheckpointScan, LayerStats, TensorStats
+from analyzer.model.checkpoints import CheckpointMeta, Primitive, TensorRecord
 from analyzer.wording import step_words
 
 MAX_ROWS = 15
@@ -45,6 +48,47 @@ def _layer_rows(layers: tuple[LayerStats, ...]) -> list[str]:
     return lines + _more(len(ranked))
 
 
+def _roles(tensors: tuple[TensorRecord, ...]) -> str:
+    counts: dict[str, int] = {}
+    for tensor in tensors:
+        counts[tensor.role] = counts.get(tensor.role, 0) + 1
+    return ", ".join(f"{n} {role}" for role, n in counts.items())
+
+
+def _value(value: Primitive) -> str:
+    return _num(value) if isinstance(value, float) else repr(value)
+
+
+def _pairs(values: Mapping[str, Primitive], limit: int = MAX_ROWS) -> str:
+    shown = [f"{k}={_value(v)}" for k, v in list(values.items())[:limit]]
+    more = f" ... ({len(values) - limit} more)" if len(values) > limit else ""
+    return " ".join(shown) + more
+
+
+def _meta_lines(meta: CheckpointMeta | None) -> list[str]:
+    """What the trainer saved about itself: reported, never evidence."""
+    if meta is None:
+        return []
+    head = [f"{meta.framework} {meta.framework_version or ''}".strip()] if meta.framework else []
+    head += [f"global step {meta.global_step}"] if meta.global_step is not None else []
+    head += [f"epoch {meta.epoch}"] if meta.epoch is not None else []
+    head += [f"precision {meta.precision}"] if meta.precision else []
+    lines = [f"  saved by: {', '.join(head)}"] if head else []
+    if meta.hyperparameters:
+        lines.append(f"  hyperparameters: {_pairs(meta.hyperparameters)}")
+    if meta.hyperparameters_other:
+        lines.append("  hyperparameters holding objects (not built): "
+                     + ", ".join(meta.hyperparameters_other[:MAX_ROWS]))
+    for callback in meta.callbacks[:MAX_ROWS]:
+        numbers = {k: v for k, v in callback.values.items()
+                   if isinstance(v, int | float) and not isinstance(v, bool)}
+        monitor = f" (monitor {callback.monitor})" if callback.monitor else ""
+        lines.append(f"  callback {callback.callback}{monitor}: {_pairs(numbers)}")
+    for index, scheduler in enumerate(meta.schedulers[:MAX_ROWS]):
+        lines.append(f"  scheduler {index}: {_pairs(scheduler, 8)}")
+    return lines
+
+
 def format_scan(scan: CheckpointScan) -> str:
     """A checkpoint scan for the terminal: issues first, then what went non-finite."""
     step = "no step" if scan.step is None else f"step {scan.step} (from {scan.step_source})"
@@ -52,12 +96,15 @@ def format_scan(scan: CheckpointScan) -> str:
     lines += [f"  ! {issue}" for issue in scan.issues]
     if scan.static is not None and scan.static.globals_wanted:
         lines.append("  globals wanted: " + ", ".join(scan.static.globals_wanted))
+    lines += _meta_lines(scan.meta)
     with_stats = [t for t in scan.tensors if t.stats is not None]
     bad = scan.nonfinite_tensors
     lines.append(
         f"  {len(scan.tensors)} tensors, {len(with_stats)} scanned, "
         f"{len(bad)} holding non-finite values"
     )
+    if len({t.role for t in scan.tensors}) > 1:
+        lines.append(f"  by role: {_roles(scan.tensors)}")
     for tensor in bad[:MAX_ROWS]:
         assert tensor.stats is not None
         lines.append(
@@ -65,6 +112,14 @@ def format_scan(scan: CheckpointScan) -> str:
             f"{_counts(tensor.stats)}"
         )
     lines += _more(len(bad))
+    kept = scan.nonfinite_metadata
+    if kept:
+        lines.append(f"  {len(kept)} non-finite values in the trainer's bookkeeping "
+                     "(not evidence: an infinite best score or kth_value is how they start):")
+        for tensor in kept[:MAX_ROWS]:
+            assert tensor.stats is not None
+            lines.append(f"    {tensor.name} ({tensor.role}) {_counts(tensor.stats)}")
+        lines += _more(len(kept))
     if scan.layers:
         lines.append("  layers (non-finite first, then by abs_max):")
         lines += _layer_rows(scan.layers)

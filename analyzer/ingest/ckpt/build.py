@@ -1,17 +1,27 @@
-"""Turning an unpickled (or statically described) tree into a :class:`CheckpointScan`."""
+"""Turning an unpickled (or statically described) tree into a :class:`CheckpointScan`.
+
+Every tensor gets a role (:data:`analyzer.model.checkpoints.TensorRole`): the model's are
+weights, an optimizer's its state, and each other top-level section the role its key has
+(:mod:`roles`). Only weights, optimizer state, the scaler and sections no framework names
+are evidence; the rest is the trainer's bookkeeping, reported in ``scan.meta``
+(:mod:`meta`) and never a non-finite finding.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from analyzer.ingest.ckpt.leaves import Leaf
+from analyzer.ingest.ckpt.meta import as_int, read_meta, scalar
 from analyzer.ingest.ckpt.optimizer import scan_optimizer
+from analyzer.ingest.ckpt.roles import framework_of, is_zero_shard, section_role
 from analyzer.ingest.ckpt.stats import StatsAccumulator, aggregate_layers
 from analyzer.ingest.ckpt.tree import (
     OPTIMIZER_KEYS,
     STEP_KEYS,
     LeafSource,
+    Parts,
     find_parts,
     find_scaler,
     step_from_name,
@@ -27,6 +37,7 @@ from analyzer.model.checkpoints import (
     StaticListing,
     TensorGroup,
     TensorRecord,
+    TensorRole,
 )
 
 
@@ -43,16 +54,20 @@ class Draft:
     files: tuple[str, ...] = ()
 
 
-def record(name: str, group: TensorGroup, leaf: Leaf) -> TensorRecord:
-    """A tensor's record, its stats computed chunk by chunk where its values can be read."""
+def record(
+    name: str, group: TensorGroup, leaf: Leaf, role: TensorRole | None = None
+) -> TensorRecord:
+    """A tensor's record, its stats computed chunk by chunk where its values can be read.
+    ``role`` defaults to the group's (model tensors are weights)."""
+    role = role or _GROUP_ROLES[group]
     if not leaf.numeric or leaf.chunks is None:
-        return TensorRecord(name, leaf.shape, leaf.dtype, group, None, leaf.note)
+        return TensorRecord(name, leaf.shape, leaf.dtype, group, None, leaf.note, role)
     acc = StatsAccumulator()
     try:
         for chunk in leaf.chunks():
             acc.add(chunk)
     except (RuntimeError, TypeError, ValueError, OSError) as exc:
-        return TensorRecord(name, leaf.shape, leaf.dtype, group, None, f"not scanned: {exc}")
+        return TensorRecord(name, leaf.shape, leaf.dtype, group, None, f"not scanned: {exc}", role)
     expected = 1
     for dim in leaf.shape:
         expected *= dim
@@ -61,27 +76,11 @@ def record(name: str, group: TensorGroup, leaf: Leaf) -> TensorRecord:
     note = None
     if acc.numel < expected:
         note = f"only {acc.numel} of {expected} values present in the file"
-    return TensorRecord(name, leaf.shape, leaf.dtype, group, acc.result(), note)
+    return TensorRecord(name, leaf.shape, leaf.dtype, group, acc.result(), note, role)
 
 
-def _scalar(value: object, leaves: LeafSource) -> float | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int | float):
-        return float(value)
-    leaf = leaves.leaf(value)
-    if leaf is None or leaf.chunks is None or leaf.shape not in ((), (1,)):
-        return None
-    try:
-        for chunk in leaf.chunks():
-            return float(chunk.reshape(-1)[0])
-    except (RuntimeError, TypeError, ValueError, OSError):
-        return None
-    return None
-
-
-def _int(value: float | None) -> int | None:
-    return int(value) if value is not None and value == value and abs(value) < 2**62 else None
+_GROUP_ROLES: dict[str, TensorRole] = {"model": "weights", "optimizer": "optimizer",
+                                       "other": "other"}
 
 
 def _scaler(root: object, leaves: LeafSource) -> ScalerState | None:
@@ -91,47 +90,96 @@ def _scaler(root: object, leaves: LeafSource) -> ScalerState | None:
     key, state = found
     return ScalerState(
         key=key,
-        scale=_scalar(state.get("scale"), leaves),
-        growth_tracker=_int(_scalar(state.get("_growth_tracker"), leaves)),
-        growth_factor=_scalar(state.get("growth_factor"), leaves),
-        backoff_factor=_scalar(state.get("backoff_factor"), leaves),
-        growth_interval=_int(_scalar(state.get("growth_interval"), leaves)),
+        scale=scalar(state.get("scale"), leaves),
+        growth_tracker=as_int(scalar(state.get("_growth_tracker"), leaves)),
+        growth_factor=scalar(state.get("growth_factor"), leaves),
+        backoff_factor=scalar(state.get("backoff_factor"), leaves),
+        growth_interval=as_int(scalar(state.get("growth_interval"), leaves)),
     )
 
 
 def _step(root: object, leaves: LeafSource, path: str) -> tuple[int | None, str | None]:
+    """The training step of the save and where it was read: a step key, else the file or
+    folder name. An epoch is not a step: it is the metadata's ``epoch``."""
     if isinstance(root, Mapping):
         for key in STEP_KEYS:
-            value = _int(_scalar(root.get(key), leaves)) if key in root else None
+            value = as_int(scalar(root.get(key), leaves)) if key in root else None
             if value is not None:
                 return value, f"'{key}' key"
-    from_name = step_from_name(path)
-    if from_name is not None:
-        return from_name, "file name"
-    return None, None
+    return step_from_name(path)
+
+
+class _Unread:
+    """Leaves listed without reading a value (a ZeRO optimizer partition)."""
+
+    def __init__(self, leaves: LeafSource, note: str) -> None:
+        self.leaves, self.note = leaves, note
+
+    def leaf(self, value: object) -> Leaf | None:
+        leaf = self.leaves.leaf(value)
+        return None if leaf is None else replace(leaf, chunks=None, note=self.note)
+
+
+def _sections(root: object, parts: Parts) -> dict[str, TensorRole]:
+    """Every top-level key with its role."""
+    if not isinstance(root, Mapping) or parts.model is root:
+        return {}
+    optimizer_keys = {k.split(".", 1)[0] for k, _ in parts.optimizers}
+    roles: dict[str, TensorRole] = {}
+    for key, value in root.items():
+        name = str(key)
+        roles[name] = (
+            "weights" if name == parts.model_key
+            else "optimizer" if name in optimizer_keys or name in OPTIMIZER_KEYS
+            else section_role(name, value)
+        )
+    return roles
+
+
+def _format(draft: Draft, parts: Parts, root: object) -> CheckpointFormat:
+    if draft.format is not None:
+        return draft.format
+    if is_zero_shard(draft.path, root):
+        return "zero_optimizer"
+    if parts.format == "training" and framework_of(root) == "deepspeed":
+        return "deepspeed"
+    return parts.format
 
 
 def assemble(root: object, leaves: LeafSource, draft: Draft) -> CheckpointScan:
+    zero = is_zero_shard(draft.path, root)
+    if zero:
+        leaves = _Unread(leaves, "ZeRO optimizer partition: listed, values not read")
     parts = find_parts(root, draft.path, leaves)
+    if zero and not parts.optimizers and isinstance(root, Mapping):
+        state = root.get("optimizer_state_dict")
+        parts = replace(parts, optimizers=(("optimizer_state_dict", state),)) \
+            if isinstance(state, Mapping) else parts
     records = [record(name, "model", leaf) for name, leaf in walk(parts.model, "", leaves)]
     model_records = list(records)
     findings: list[AdamFinding] = []
     for key, state in parts.optimizers:
         more, adam = scan_optimizer(key, state, leaves, model_records, record)
+        if zero:  # a partition's slots are flat shards: no parameter to pair them with
+            more = [record(name, "optimizer", leaf) for name, leaf in walk(state, key, leaves)]
+            adam = []
         records.extend(more)
         findings.extend(adam)
+    roles = _sections(root, parts)
     if isinstance(root, Mapping) and parts.model is not root and parts.format != "optimizer":
-        skip = {parts.model_key, *OPTIMIZER_KEYS}
+        skip = {parts.model_key, *OPTIMIZER_KEYS, *(k for k, _ in parts.optimizers)}
         for key, value in root.items():
             if str(key) not in skip:
+                role = roles.get(str(key), "other")
                 records.extend(
-                    record(name, "other", leaf) for name, leaf in walk(value, str(key), leaves)
+                    record(name, "other", leaf, role)
+                    for name, leaf in walk(value, str(key), leaves)
                 )
     step, source = _step(root, leaves, draft.path)
     return CheckpointScan(
         path=draft.path,
         size=draft.size,
-        format=draft.format or parts.format,
+        format=_format(draft, parts, root),
         read_mode=draft.read_mode,
         step=step,
         step_source=source,
@@ -142,4 +190,5 @@ def assemble(root: object, leaves: LeafSource, draft: Draft) -> CheckpointScan:
         static=draft.static,
         files=draft.files or (draft.path,),
         issues=tuple(draft.issues),
+        meta=read_meta(root, leaves, roles, draft.path),
     )

@@ -38,9 +38,10 @@ def drop_shards(paths: list[str]) -> list[str]:
 
 def build_history(paths: list[str], scan_one: Callable[[str], CheckpointScan]) -> CheckpointHistory:
     """Scan the saves and order them by step; saves with no step go after every numbered
-    one, in natural file name order, since nothing says when they were written."""
+    one, by epoch where they name one, else in natural file name order, since nothing
+    else says when they were written."""
     scans = [scan_one(p) for p in drop_shards(paths)]
-    scans.sort(key=lambda s: (s.step is None, s.step or 0, _natural(s.path)))
+    scans.sort(key=_order)
     first = next((i for i, s in enumerate(scans) if s.has_nonfinite), None)
     bad_layers: tuple[str, ...] = ()
     bad_tensors: tuple[str, ...] = ()
@@ -65,6 +66,11 @@ def build_history(paths: list[str], scan_one: Callable[[str], CheckpointScan]) -
         layers=_growth(scans, len(scans) if first is None else first),
         issues=tuple(i for s in scans for i in s.issues),
     )
+
+
+def _order(scan: CheckpointScan) -> tuple[bool, int, bool, int, list[object]]:
+    epoch = scan.meta.epoch if scan.meta is not None else None
+    return (scan.step is None, scan.step or 0, epoch is None, epoch or 0, _natural(scan.path))
 
 
 def _ratio(before: float | None, after: float | None) -> float | None:
@@ -114,9 +120,11 @@ def checkpoint_incident(history: CheckpointHistory) -> Incident | None:
     last_step = history.saves[last].step if last is not None else None
     layer = history.nonfinite_layers[0] if history.nonfinite_layers else None
     decided_by = "checkpoint-scan"
+    epoch = scan.meta.epoch if scan.meta is not None else None
     if scan.step is None:
+        named = "no step" if epoch is None else f"epoch {epoch} but no step"
         decided_by = (
-            "the save names no step (none in its file or folder name, no step key inside "
+            f"the save names {named} (none in its file or folder name, no step key inside "
             "it): it counts as later than every numbered save"
         )
     return Incident(

@@ -153,8 +153,10 @@ def _adam(
         adam.add(m, v)
     m_stats, v_stats = m_acc.result(), v_acc.result()
     records = [
-        TensorRecord(f"{prefix}.exp_avg", m_leaf.shape, m_leaf.dtype, "optimizer", m_stats),
-        TensorRecord(f"{prefix}.exp_avg_sq", v_leaf.shape, v_leaf.dtype, "optimizer", v_stats),
+        TensorRecord(f"{prefix}.exp_avg", m_leaf.shape, m_leaf.dtype, "optimizer", m_stats,
+                     role="optimizer"),
+        TensorRecord(f"{prefix}.exp_avg_sq", v_leaf.shape, v_leaf.dtype, "optimizer", v_stats,
+                     role="optimizer"),
     ]
     finding = AdamFinding(
         index=index,

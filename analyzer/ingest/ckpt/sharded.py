@@ -116,7 +116,7 @@ def scan_sharded(path: str, scan_one: Callable[[str], CheckpointScan]) -> Checkp
         )
     modes = {s.read_mode for s in scans}
     mode: ReadMode = "none" if not scans else modes.pop() if len(modes) == 1 else "static"
-    step = step_from_name(path)
+    step, source = step_from_name(path)
     first = scans[0] if scans else None
     merged = CheckpointScan(
         path=path,
@@ -124,7 +124,7 @@ def scan_sharded(path: str, scan_one: Callable[[str], CheckpointScan]) -> Checkp
         format="sharded",
         read_mode=mode,
         step=step,
-        step_source="file name" if step is not None else None,
+        step_source=source,
         tensors=tensors,
         layers=aggregate_layers(tensors),
         adam=tuple(a for s in scans for a in s.adam),

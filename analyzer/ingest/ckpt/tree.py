@@ -19,13 +19,18 @@ from analyzer.model.checkpoints import CheckpointFormat
 
 MODEL_KEYS = ("state_dict", "model_state_dict", "model", "module", "net", "network", "model_state")
 OPTIMIZER_KEYS = ("optimizer", "optimizer_state_dict", "optim", "optimizer_states", "opt")
-STEP_KEYS = ("global_step", "step", "iteration", "iter", "epoch")
+STEP_KEYS = ("global_step", "global_steps", "step", "iteration", "iter")
+"""Keys holding the training step, in the order they are trusted. ``epoch`` is not one: an
+epoch counts passes over the data, not steps (it is the metadata's ``epoch``)."""
 LIGHTNING_KEYS = {"pytorch-lightning_version", "optimizer_states", "loops", "lr_schedulers"}
 MAX_DEPTH = 48
 
 _STEP_IN_NAME = re.compile(
-    r"(?:global[_-]?step|step|iter(?:ation)?|it|epoch|checkpoint|ckpt)[_\-=]?(\d+)", re.I
+    r"(?:global[_-]?step|step|iter(?:ation)?|it|checkpoint|ckpt)[_\-=]?(\d+)", re.I
 )
+_EPOCH_IN_NAME = re.compile(r"epoch[_\-=]?(\d+)", re.I)
+_ACCELERATE_SAVE = re.compile(r"checkpoint_\d+")
+"""Accelerate's automatic naming (``checkpoints/checkpoint_N``) counts saves, not steps."""
 
 
 class LeafSource(Protocol):
@@ -188,11 +193,23 @@ def find_scaler(
     return None
 
 
-def step_from_name(path: str) -> int | None:
-    """A step number in the file name, or else in the folder name (``checkpoint-500/``)."""
-    for part in (os.path.basename(path), os.path.basename(os.path.dirname(path))):
+def step_from_name(path: str) -> tuple[int | None, str | None]:
+    """A step number in the file name (``epoch=3-step=120.ckpt``, ``step_1200.pt``), or
+    else in the folder's (``checkpoint-500/``, ``global_step500/``), with which it was."""
+    folder = os.path.dirname(path)
+    for part, source in ((os.path.basename(path), "file name"),
+                         (os.path.basename(folder), "folder name")):
         stem = part.split(".", 1)[0]
+        if source == "folder name" and _ACCELERATE_SAVE.fullmatch(stem) and \
+                os.path.basename(os.path.dirname(folder)) == "checkpoints":
+            continue
         found = _STEP_IN_NAME.findall(stem)
         if found:
-            return int(found[-1])
-    return None
+            return int(found[-1]), source
+    return None, None
+
+
+def epoch_from_name(path: str) -> int | None:
+    """An epoch number in the file name (``model_epoch3.pt``, ``epoch=3.ckpt``)."""
+    found = _EPOCH_IN_NAME.findall(os.path.basename(path).split(".", 1)[0])
+    return int(found[-1]) if found else None
