@@ -426,3 +426,67 @@ def test_a_sane_configured_rate_is_not_a_cause(diverging_trainer_run: Path,
             if finding.name == "learning-rate-too-high":
                 assert finding.confidence != "high"
                 assert not any(e.subject == "learning_rate" for e in finding.evidence)
+
+
+def test_lightning_checkpoint_hyperparameters_join_the_run_metadata(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The corpus' Lightning run: hparams.yaml and its checkpoints' hyper_parameters
+    (exposed by the checkpoint scan) on one RunMetadata, the latest save's first."""
+    from analyzer import pipeline
+    from tests.frameworks import corpus
+
+    run = corpus.get("lightning_restart", tmp_path_factory)
+    before = _snapshot(run)
+    report = pipeline.analyze([str(run)], replay=False)
+    assert _snapshot(run) == before
+    metas = [r.run.metadata for r in report.results if r.run.metadata is not None]
+    assert metas
+    meta = metas[0]
+    kinds = [f.kind for f in meta.files]
+    assert "hparams" in kinds and "checkpoint_hparams" in kinds
+    ckpt = [f for f in meta.files if f.kind == "checkpoint_hparams"]
+    assert len(ckpt) == 1 and "version_1" in ckpt[0].path  # the latest save's
+    assert meta.learning_rate is not None
+    assert meta.settings["learning_rate"].source == ckpt[0].path
+
+
+def test_hf_trainer_run_metadata_from_the_corpus(tmp_path_factory: pytest.TempPathFactory
+                                                 ) -> None:
+    """hf_nan: SGD at lr=30 with a warm-up of 4 steps. Its training_args.bin, config.json,
+    trainer_state.json and scheduler.pt are read; the configured rate is evidence for
+    learning-rate-too-high (30x SGD's ceiling), and not a cause by itself."""
+    from analyzer import pipeline
+    from tests.frameworks import corpus
+
+    run = corpus.get("hf_nan", tmp_path_factory)
+    report = pipeline.analyze([str(run)], replay=False)
+    metas = [r for r in report.results if r.run.metadata is not None]
+    assert len(metas) == 1
+    result = metas[0]
+    meta = result.run.metadata
+    assert meta is not None
+    assert meta.learning_rate == 30.0 and meta.text("optimizer") == "sgd"
+    assert meta.number("warmup_steps") == 4 and meta.logging_steps == 1
+    assert meta.text("model_type") == "gpt2"
+    assert meta.integer("global_step") == 24  # the latest save's trainer_state.json
+    assert {f.kind for f in meta.files} >= {"training_args", "model_config", "trainer_state",
+                                            "scheduler", "rng_state", "generation_config"}
+    assert all(f.status in ("read", "listed") for f in meta.files)
+    lr_rule = [f for f in result.findings if f.name == "learning-rate-too-high"]
+    assert lr_rule
+    configured = [e for e in lr_rule[0].evidence if e.subject == "learning_rate"]
+    assert configured and configured[0].ratio == pytest.approx(30.0)
+    assert not any(e.subject == "warmup" for e in lr_rule[0].evidence)  # it has one
+
+
+def test_healthy_hf_run_with_metadata_is_not_a_failure(tmp_path_factory: pytest.TempPathFactory
+                                                       ) -> None:
+    from analyzer import pipeline
+    from tests.frameworks import corpus
+
+    run = corpus.get("hf_healthy", tmp_path_factory)
+    report = pipeline.analyze([str(run)], replay=False)
+    assert any(r.run.metadata is not None for r in report.results)
+    assert not any(r.failed for r in report.results)
+    assert not any(i.location.file.endswith((".bin", ".json", ".pt", ".pth"))
+                   for r in report.results for i in r.run.issues)

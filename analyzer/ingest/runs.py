@@ -87,10 +87,12 @@ def _with_checkpoints(run: Run, files: RunFiles, trust_pickle: bool) -> Run:
     if not files.checkpoint_files:
         return run
     from analyzer.ingest.checkpoints import scan_run_checkpoints
+    from analyzer.ingest.metadata.read import with_checkpoints
 
     history = scan_run_checkpoints(list(files.checkpoint_files), trust_pickle=trust_pickle)
     return replace(run, checkpoints=history, issues=run.issues + history.issues,
-                   files=run.files + files.checkpoint_files)
+                   files=run.files + files.checkpoint_files,
+                   metadata=with_checkpoints(run.metadata, history))
 
 
 def _read_all(paths: list[str], verify: bool, jobs: int) -> Iterable[tuple[str, EventFile]]:

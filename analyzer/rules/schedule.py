@@ -127,8 +127,9 @@ class _Configured:
         self.optimizer = optimizer
         adaptive = optimizer is not None and bool(_ADAPTIVE.search(optimizer))
         self.ceiling = ADAPTIVE_CEILING if adaptive else SGD_CEILING
-        self.family = ("adaptive optimizers" if adaptive else "SGD" if optimizer is not None
-                       and "sgd" in optimizer.lower() else "an optimizer not named (SGD's)")
+        self.family = ("adaptive optimizers like Adam" if adaptive else "SGD"
+                       if optimizer is not None and "sgd" in optimizer.lower()
+                       else "SGD (the optimizer is not named)")
 
     @property
     def high(self) -> bool:
@@ -140,10 +141,10 @@ class _Configured:
 
     def evidence(self) -> list[Evidence]:
         name = self.source.rsplit("/", 1)[-1]
-        named = f" ({self.optimizer})" if self.optimizer else ""
-        out = [Evidence(f"configured learning rate {self.lr:g} ({self.key} in {name}), "
-                        f"{self.lr / self.ceiling:.3g}x the {self.ceiling:g} ceiling of "
-                        f"{self.family}{named}", location=Location(self.source),
+        named = f", optimizer {self.optimizer}" if self.optimizer else ""
+        out = [Evidence(f"configured learning rate {self.lr:g} ({self.key} in {name}{named}): "
+                        f"{self.lr / self.ceiling:.3g}x the usual ceiling of {self.ceiling:g} "
+                        f"for {self.family}", location=Location(self.source),
                         subject="learning_rate", value=self.lr,
                         ratio=self.lr / self.ceiling)]
         none = _no_warmup(self.meta)

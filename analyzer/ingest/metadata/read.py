@@ -5,7 +5,9 @@ listed, never opened (Accelerate's ``random_states_*.pkl`` is a plain pickle: op
 could only mean unpickling it). A setting several files give is taken from the kind that
 the training code itself wrote first (:data:`PRECEDENCE`), and among files of one kind
 from the latest save (``checkpoint-500`` over ``checkpoint-100``, ``version_1`` over
-``version_0``).
+``version_0``). A Lightning checkpoint's ``hyper_parameters`` and precision, which the
+checkpoint scan exposes (:attr:`CheckpointScan.meta`), join as one more file: the latest
+save's (:func:`with_checkpoints`).
 """
 
 from __future__ import annotations
@@ -17,10 +19,19 @@ from dataclasses import dataclass
 
 from analyzer.ingest.metadata.hfjson import read_model_config, read_trainer_state
 from analyzer.ingest.metadata.hparams import read_hparams
-from analyzer.ingest.metadata.keys import MODEL_CONFIG, TRAINER_STATE, TRAINING_ARGS, mapped
+from analyzer.ingest.metadata.keys import (
+    MODEL_CONFIG,
+    TRAINER_STATE,
+    TRAINING_ARGS,
+    coerce,
+    hparam_setting,
+    mapped,
+)
 from analyzer.ingest.metadata.torchsaved import read_scheduler, read_training_args
 from analyzer.model import (
     SETTING_NAMES,
+    CheckpointHistory,
+    CheckpointScan,
     IngestIssue,
     MetadataFile,
     MetadataKind,
@@ -133,3 +144,50 @@ def resolve(files: Sequence[MetadataFile],
                 chosen[name] = Setting(value, files[i].path, key)
     ordered = {name: chosen[name] for name in SETTING_NAMES if name in chosen}
     return RunMetadata(files=tuple(files), settings=ordered, issues=issues)
+
+
+def _checkpoint_settings(scan: CheckpointScan) -> tuple[MetadataFile, dict[str, tuple[str,
+                                                                                   MetaValue]]]:
+    meta = scan.meta
+    assert meta is not None
+    fields: dict[str, MetaValue] = dict(meta.hyperparameters)
+    if meta.precision is not None:
+        fields["precision"] = meta.precision
+    found: dict[str, tuple[int, str, MetaValue]] = {}
+    for key, value in fields.items():
+        path = tuple(key.split("."))
+        setting = "precision" if key == "precision" else hparam_setting(path)
+        got = coerce(setting, value) if setting is not None else None
+        if setting is not None and got is not None and (
+                setting not in found or len(path) < found[setting][0]):
+            found[setting] = (len(path), key, got)
+    framework = meta.framework or "lightning"
+    file = MetadataFile(scan.path, "checkpoint_hparams", framework, "read", fields)
+    return file, {name: (key, value) for name, (_, key, value) in found.items()}
+
+
+def with_checkpoints(meta: RunMetadata | None, history: CheckpointHistory | None
+                     ) -> RunMetadata | None:
+    """``meta`` with the hyperparameters and precision of the run's latest checkpoint that
+    saved any, each setting taken where no file of higher precedence gave it."""
+    if history is None:
+        return meta
+    scans = [s for s in history.scans
+             if s.meta is not None and (s.meta.hyperparameters or s.meta.precision)]
+    if not scans:
+        return meta
+    latest = max(enumerate(scans), key=lambda p: (p[1].step if p[1].step is not None else -1,
+                                                  p[0]))[1]
+    file, settings = _checkpoint_settings(latest)
+    if meta is None:
+        return resolve([file], [settings])
+    rank = {kind: k for k, kind in enumerate(PRECEDENCE)}
+    kinds = {f.path: f.kind for f in meta.files}
+    mine = rank["checkpoint_hparams"]
+    chosen = dict(meta.settings)
+    for name, (key, value) in settings.items():
+        held = chosen.get(name)
+        if held is None or rank.get(kinds.get(held.source, "rng_state"), len(rank)) > mine:
+            chosen[name] = Setting(value, file.path, key)
+    ordered = {name: chosen[name] for name in SETTING_NAMES if name in chosen}
+    return RunMetadata(files=(*meta.files, file), settings=ordered, issues=meta.issues)
