@@ -44,7 +44,6 @@ import numpy as np
 import numpy.typing as npt
 
 from analyzer.curves import last_per_step, most_points, training
-from analyzer.ingest.logformats.context import STEP_AXIS_KEY
 from analyzer.ingest.tb import is_event_file
 from analyzer.model import GLOBAL, Alignment, Event, Run, Series, StepAxis
 from analyzer.tags import TagRole
@@ -79,31 +78,47 @@ _OWNERS = {"megatron": "Megatron's", "mmengine": "mmengine's", "lightning": "Lig
            "transformers": "the Trainer's", "deepspeed": "DeepSpeed's",
            "fairseq": "fairseq's", "detectron2": "detectron2's"}
 """How the report names a framework whose numbers placed a source."""
+_COUNTERS = {"megatron": "iteration", "mmengine": "iter", "nanogpt": "iter",
+             "lightning": "batch", "tqdm": "batch", "keras": "batch", "deepspeed": "step",
+             "fairseq": "num_updates", "detectron2": "iter", "timm": "update"}
+"""The counter each framework prints: in a log of two (``transformers+deepspeed``), which
+of them a block's counter is."""
 
 
 def align(run: Run) -> Run:
-    """``run`` with every non-event-file source placed on the global step."""
-    sources = sorted({s.source for s in run.series if not is_event_file(s.source)}
-                     | {e.location.file for e in run.events
-                        if e.step is not None and not is_event_file(e.location.file)})
-    if not sources:
+    """``run`` with every non-event-file source placed on the global step: each of its
+    numberings apart (a file may hold the Trainer's dict lines, numbered by their order,
+    and DeepSpeed's ``step=N`` lines, on the global step), each by its own numbers."""
+    keys = {(s.source, s.axis) for s in run.series if not is_event_file(s.source)} | {
+        (e.location.file, e.axis) for e in run.events
+        if e.step is not None and not is_event_file(e.location.file)}
+    if not keys:
         return run
+    points: dict[tuple[str, StepAxis], int] = {}
+    for s in run.series:
+        points[(s.source, s.axis)] = points.get((s.source, s.axis), 0) + len(s)
+    # Steps a line named as global steps (a stop message) in a file that numbers its
+    # other lines otherwise need no placing of their own: they stay where they are.
+    numbered = {source for source, axis in keys if axis != GLOBAL}
+    keys = {(source, axis) for source, axis in keys
+            if axis != GLOBAL or (source, axis) in points or source not in numbered}
     reference = [s for s in run.series if is_reference(s.source)]
     frameworks = {log.path: log.framework for log in run.logs}
     found: list[Alignment] = []
-    for source in sources:
-        mine = [s for s in run.series if s.source == source]
-        axis = mine[0].axis if mine else GLOBAL
+    # A source's numberings in the order of their points, most first: the report's first
+    # line for a file is about most of its lines.
+    for source, axis in sorted(keys, key=lambda k: (k[0], -points.get(k, 0), k[1].label)):
+        mine = [s for s in run.series if s.source == source and s.axis == axis]
         others = [s for s in reference if s.source != source]
         placed = place(source, axis, mine, others, framework=frameworks.get(source))
         if not placed.aligned:
             saves = [e for e in run.events if e.location.file == source
-                     and e.kind == "checkpoint_save"]
+                     and e.axis == axis and e.kind == "checkpoint_save"]
             placed = by_saves(placed, saves) or placed
         found.append(placed)
-    by_source = {a.source: a for a in found}
-    series = tuple(_moved(s, by_source.get(s.source)) for s in run.series)
-    events = tuple(_moved_event(e, by_source.get(e.location.file)) for e in run.events)
+    by_key = {(a.source, a.axis): a for a in found}
+    series = tuple(_moved(s, by_key.get((s.source, s.axis))) for s in run.series)
+    events = tuple(_moved_event(e, by_key.get((e.location.file, e.axis))) for e in run.events)
     return replace(run, series=series, events=events, alignments=tuple(found))
 
 
@@ -202,7 +217,10 @@ def own_offsets(axis: StepAxis) -> tuple[int, ...]:
 def own_words(axis: StepAxis, framework: str | None) -> str:
     """The method's words for a source's own numbers: ``Megatron's iteration counter (from
     1)``, ``the Trainer's global_step``, ``its own step numbers``."""
-    owner = _OWNERS.get(framework or "")
+    parts = (framework or "").split("+")
+    if len(parts) > 1:
+        parts = [p for p in parts if _COUNTERS.get(p) == axis.label] or parts
+    owner = _OWNERS.get(parts[0])
     if axis.kind == "counter":
         return f"{owner or 'its own'} {axis.label} counter (from {axis.base})"
     if owner is None or axis.label == "step":
@@ -400,15 +418,14 @@ def _moved(series: Series, alignment: Alignment | None) -> Series:
 
 
 def _moved_event(event: Event, alignment: Alignment | None) -> Event:
-    """``event`` on the global step; one whose line named a global step (``step_axis``
-    in its detail) stays where it is."""
-    if alignment is None or not alignment.aligned or (alignment.offset, alignment.stride) == (0, 1):
+    """``event`` on the global step."""
+    if alignment is None or not alignment.aligned:
         return event
-    if event.detail.get(STEP_AXIS_KEY) == "global":
-        return event
+    if (alignment.offset, alignment.stride) == (0, 1):
+        return replace(event, axis=GLOBAL) if event.axis != GLOBAL else event
     detail = dict(event.detail)
     after = detail.get("after_step")
     if isinstance(after, int):
         detail["after_step"] = alignment.to_global(after)
     step = None if event.step is None else alignment.to_global(event.step)
-    return replace(event, step=step, detail=detail)
+    return replace(event, step=step, detail=detail, axis=GLOBAL)

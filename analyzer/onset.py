@@ -154,17 +154,20 @@ def tag_incidents(run: Run, skips: frozenset[int] = frozenset()) -> list[Inciden
     step; on a tie, the file read first.
     """
     best: dict[str, Incident] = {}
-    candidates: Iterable[Incident | None] = (
-        [series_incident(s, skips if run.is_aligned(s.source) else frozenset())
-         for s in run.series]
-        + [histogram_incident(h, skips) for h in run.histograms]
-        + [event_incident(e) for e in run.events]
-        + [_checkpoint_incident(run)]
+    # Each incident is on the numbering of the series or event it came from: one file may
+    # hold lines placed on the global step beside lines that are not.
+    on = [run.is_aligned(s.source, s.axis) for s in run.series]
+    candidates: Iterable[tuple[Incident | None, bool]] = (
+        [(series_incident(s, skips if aligned else frozenset()), aligned)
+         for s, aligned in zip(run.series, on, strict=True)]
+        + [(histogram_incident(h, skips), True) for h in run.histograms]
+        + [(event_incident(e), run.is_aligned(e.location.file, e.axis)) for e in run.events]
+        + [(_checkpoint_incident(run), True)]
     )
-    for inc in candidates:
+    for inc, aligned in candidates:
         if inc is None:
             continue
-        if not run.is_aligned(inc.location.file):
+        if not aligned:
             inc = replace(inc, aligned=False)
         held = best.get(inc.tag)
         if held is None or (not inc.aligned, _step_key(inc)) < (not held.aligned,

@@ -97,7 +97,8 @@ def incident_unit(incident: Incident, run: Run) -> str:
     word (``record``, ``iteration``)."""
     if incident.aligned:
         return "step"
-    found = run.alignment_of(incident.location.file)
+    found = next((a for a in run.alignments
+                  if a.source == incident.location.file and not a.aligned), None)
     return "step" if found is None else found.axis.label
 
 

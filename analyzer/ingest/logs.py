@@ -178,7 +178,7 @@ def _run(chunks: Chunks, rule: PrefixRule, ctx: Context) -> None:
 
 def _result(ctx: Context) -> LogRead:
     series = []
-    for (tag, rank), steps, values, lines in ctx.store.series():
+    for (tag, rank), axis, steps, values, lines in ctx.series():
         series.append(
             Series(
                 tag=tag,
@@ -189,17 +189,18 @@ def _result(ctx: Context) -> LogRead:
                 positions=lines,
                 position_unit="line",
                 rank=rank,
-                axis=ctx.axis,
+                axis=axis,
             )
         )
     framework, confidence = _verdict(ctx)
     notes = list(ctx.notes)
-    overflow = _overflow_note(ctx.events)
+    events = ctx.placed_events()
+    overflow = _overflow_note(events)
     if overflow:
         notes.append(overflow)
     return LogRead(
         series=tuple(series),
-        events=tuple(ctx.events),
+        events=tuple(events),
         issues=tuple(ctx.issues()),
         framework=framework,
         confidence=confidence,

@@ -184,6 +184,9 @@ class Event:
     location: Location
     message: str
     detail: Mapping[str, object] = field(default_factory=dict)
+    axis: StepAxis = field(default=GLOBAL, metadata=json_meta(omit=True))
+    """The numbering ``step`` and ``after_step`` are on (see :attr:`Series.axis`): the
+    axis of the parser whose numbers they are, not always the file's other lines'."""
 
 
 @dataclass(frozen=True)
@@ -218,7 +221,9 @@ class Run:
     capture_metas: tuple[CaptureMeta, ...] = field(default=(), metadata=json_meta(omit=True))
     alignments: tuple[Alignment, ...] = ()
     """How each source that is not an event file was placed on the global step (the
-    ``align`` stage); a source without one is on the global step by its own numbers."""
+    ``align`` stage), one per step axis its lines are on (a file may mix parsers that
+    count differently), the one with the most points first; a source without one is on
+    the global step by its own numbers."""
     """The checked meta.json of each capture whose file could be taken, in that order."""
     env: Mapping[str, Any] | None = field(default=None, metadata=json_meta(omit=True))
     """The run's env.json, or else the environment its earliest capture recorded (what
@@ -226,32 +231,42 @@ class Run:
 
     JSON_EXTRA = (("tags", "tag_points"),)
 
-    def alignment_of(self, source: str) -> Alignment | None:
-        return next((a for a in self.alignments if a.source == source), None)
+    def alignment_of(self, source: str, axis: StepAxis | None = None) -> Alignment | None:
+        """How ``source``'s steps on ``axis`` were placed; without an axis, the source's
+        first alignment (that of the numbering with the most points)."""
+        return next((a for a in self.alignments if a.source == source
+                     and (axis is None or a.axis == axis)), None)
 
-    def is_aligned(self, source: str) -> bool:
-        """Whether ``source``'s steps are on the global step (event files always are)."""
-        found = self.alignment_of(source)
+    def is_aligned(self, source: str, axis: StepAxis | None = None) -> bool:
+        """Whether ``source``'s steps on ``axis`` are on the global step (event files always
+        are; an aligned source's series and events are on :data:`GLOBAL` after the align
+        stage); without an axis, whether all of them are."""
+        if axis is None:
+            return all(a.aligned for a in self.alignments if a.source == source)
+        found = self.alignment_of(source, axis)
         return found is None or found.aligned
 
     @cached_property
-    def _one_numbering(self) -> frozenset[str] | None:
-        """The sources whose steps may be compared with each other: those on the global
-        step; when none is (a run of unaligned logs alone), the one with the most points,
-        which is then the run's only numbering. None when every source is on it. Computed
-        once per run: the rules ask for the run's global series and events many times."""
+    def _one_numbering(self) -> frozenset[tuple[str, StepAxis]] | None:
+        """The (source, axis) numberings whose steps may be compared with each other: those
+        on the global step; when none is (a run of unaligned logs alone), the one with the
+        most points, which is then the run's only numbering. None when every source is on
+        it. Computed once per run: the rules ask for the run's global series and events
+        many times."""
         if not any(not a.aligned for a in self.alignments):
             return None
-        placed = {s.source for s in self.series if self.is_aligned(s.source)} | {
-            e.location.file for e in self.events if self.is_aligned(e.location.file)}
+        placed = {(s.source, s.axis) for s in self.series if self.is_aligned(s.source, s.axis)
+                  } | {(e.location.file, e.axis) for e in self.events
+                       if self.is_aligned(e.location.file, e.axis)}
         if placed:
             return frozenset(placed)
-        points: dict[str, int] = {}
+        points: dict[tuple[str, StepAxis], int] = {}
         for s in self.series:
-            points[s.source] = points.get(s.source, 0) + len(s)
+            points[(s.source, s.axis)] = points.get((s.source, s.axis), 0) + len(s)
         for e in self.events:
-            points.setdefault(e.location.file, 0)
-        return frozenset([max(points, key=lambda k: (points[k], k))]) if points else None
+            points.setdefault((e.location.file, e.axis), 0)
+        return frozenset([max(points, key=lambda k: (points[k], k[0], k[1].label))]
+                         ) if points else None
 
     @cached_property
     def global_series(self) -> tuple[Series, ...]:
@@ -259,13 +274,14 @@ class Run:
         other (a source left unaligned counts in its own numbers)."""
         keep = self._one_numbering
         return self.series if keep is None else tuple(s for s in self.series
-                                                        if s.source in keep)
+                                                        if (s.source, s.axis) in keep)
 
     @cached_property
     def global_events(self) -> tuple[Event, ...]:
         keep = self._one_numbering
         return self.events if keep is None else tuple(e for e in self.events
-                                                        if e.location.file in keep)
+                                                        if (e.location.file, e.axis) in keep)
+
     metadata: RunMetadata | None = field(default=None, metadata=json_meta(drop=("issues",)))
     """The framework metadata files read (hparams.yaml, training_args.bin, ...) and the
     training settings resolved from them; None when the run has none."""

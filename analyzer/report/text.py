@@ -132,8 +132,9 @@ def _log_lines(run: Run) -> list[str]:
     for g in run.logs:
         framework = f"{g.framework} ({g.confidence:.0%})" if g.framework else "unknown format"
         out.append(f"   log: {g.path}: {framework}")
-        placed = run.alignment_of(g.path)
-        if placed is not None:
+        # One line per numbering the log's lines are on (a Trainer's records beside
+        # DeepSpeed's counter), the one with the most points first.
+        for placed in [a for a in run.alignments if a.source == g.path]:
             out.append(f"     steps: {alignment_words(placed)}")
         out += [f"     note: {n}" for n in g.notes]
     return out

@@ -103,6 +103,7 @@ class Dispatcher:
                         batch.text, self.shadowed
                     )
                 if ok:
+                    self.ctx.group = recent.framework  # type: ignore[union-attr]
                     taken = bulk(lines, i, before, self.ctx)
                     if taken > i:
                         i = taken
@@ -136,6 +137,7 @@ class Dispatcher:
             _, holders, fallback = self.shape_of(text)
         recent = self.recent
         for parser in holders:
+            ctx.group = parser.framework
             if parser.parse(text, ctx):
                 if parser is recent:
                     self.run += 1
@@ -147,6 +149,7 @@ class Dispatcher:
                 return
         self.run = 0
         if fallback:
+            ctx.group = self.fallback.framework
             self.fallback.parse(text, ctx)
 
     def shape_of(self, text: str) -> Shape:

@@ -5,7 +5,7 @@ Only metric-like names are taken (loss, norm, lr, scale, ...), and a bare
 ``name value`` pair only for loss and norm names, so prose such as ``improved from
 inf`` is not read as a metric; nor is the argparse ``Namespace(lr=0.1, ...)`` many
 scripts print at start-up. Without a step on the line the record's position
-among such lines stands in for it.
+among such lines stands in for it, on a numbering of its own (:data:`RECORD`).
 """
 
 from __future__ import annotations
@@ -14,6 +14,10 @@ import re
 
 from analyzer.ingest.logformats.context import Context
 from analyzer.ingest.logformats.numbers import NUM, STEP, to_float, to_step
+from analyzer.model import StepAxis
+
+RECORD = StepAxis("record", base=1, label="record")
+"""The position of a metric line that names no step among such lines: not a step."""
 
 _METRIC = re.compile(r"(?i)loss|norm|lr|learning.rate|scale|ppl|perplexity|reward|grad")
 _STEP = re.compile(
@@ -80,15 +84,13 @@ class GenericParser:
         self.records += 1
         s = _STEP.search(text)
         if s is not None:
-            step = to_step(s.group(1))
+            ctx.points_at(to_step(s.group(1)), values)
         else:
-            step = self.records
             ctx.note(
                 "generic-order",
                 "Some metric lines carry no step: their position among such lines "
                 "stands in for it.",
             )
-        for key, value in values:
-            ctx.point(key, step, value)
+            ctx.points_on(RECORD, self.records, values)
         ctx.votes["generic"] += 1
         return True

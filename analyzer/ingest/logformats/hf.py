@@ -198,7 +198,8 @@ class HuggingFaceParser:
                 ctx.axis = EPOCH_STEPS
                 ctx.note("hf-epoch", self._epoch_note())
         elif self.by_epoch:
-            step = ctx.last_step if ctx.last_step is not None else 0
+            own = ctx.own_last_step
+            step = own if own is not None else 0
         else:
             self.by_epoch = False
             step = self.records

@@ -21,6 +21,12 @@ The messages, as their sources print them:
 - fairseq ``trainer.py``/``optim/dynamic_loss_scaler.py``: "NOTE: gradient overflow
   detected, ignoring gradient, setting loss scale to: 64.0" (older: "NOTE: overflow
   detected, setting loss scale to: ..."), and "Minimum loss scale reached (0.0001)".
+
+Steps: DeepSpeed's engine prints ``step={global_steps + 1}`` before it counts the step it
+just took, skipped steps included: a counter from 1 (:data:`DS_STEPS`). The fused
+optimizer's "Grad overflow on iteration N" names its own 0-based ``cur_iter``, the index of
+the step (a global step as a 0-based writer counts it). A message naming no step follows
+the last step line.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from analyzer.ingest.logformats import fast
 from analyzer.ingest.logformats.context import Context
 from analyzer.ingest.logformats.numbers import NUM, STEP, to_float, to_step
 from analyzer.ingest.logformats.store import Block
+from analyzer.model import StepAxis
 
 _DS_RANK = re.compile(r"OVERFLOW! Rank (\d{1,15}+) Skipping step\.")
 _ATTEMPT = re.compile(
@@ -61,6 +68,9 @@ _FAIRSEQ = re.compile(
     + r")"
 )
 _MIN_REACHED = re.compile(r"Minimum loss scale reached \((" + NUM + r")\)")
+
+DS_STEPS = StepAxis("counter", base=1, counts_skipped=True, label="step")
+"""DeepSpeed's ``step=N`` progress counter: from 1, skipped steps counted."""
 
 _PENDING_LINES = 4
 """A 'Grad overflow on iteration N' line names the step of a skip printed this soon after."""
@@ -101,7 +111,8 @@ class MixedPrecisionParser:
             m = _SCALE_CHANGE.search(text)
             if m is not None:
                 detail = {"old_scale": to_float(m.group(2)), "new_scale": to_float(m.group(3))}
-                ctx.event("loss_scale", self._step_hint(ctx), text, detail)
+                hint = self._step_hint(ctx)
+                ctx.event("loss_scale", hint, text, detail, global_step=hint is not None)
                 ctx.votes["deepspeed"] += 1
                 return True
         if _DS_MIN in text:
@@ -122,7 +133,7 @@ class MixedPrecisionParser:
         if not detail:
             return self._others(text, ctx)
         step = self._step_hint(ctx)
-        ctx.event("overflow_skip", step, text, detail)
+        ctx.event("overflow_skip", step, text, detail, global_step=step is not None)
         ctx.votes["deepspeed"] += 1
         self._floor(detail, step, text, ctx)
         return True
@@ -136,7 +147,8 @@ class MixedPrecisionParser:
             self.at_floor, self.floor_said = None, False
             return
         if self.at_floor == old and not self.floor_said:
-            ctx.event("min_loss_scale", step, text, {"min_scale": old})
+            ctx.event("min_loss_scale", step, text, {"min_scale": old},
+                      global_step=step is not None)
             self.floor_said = True
         self.at_floor = old
 
@@ -144,6 +156,7 @@ class MixedPrecisionParser:
         at = text.find("step=")
         if at < 0 or (at > 0 and (text[at - 1].isalnum() or text[at - 1] == "_")):
             return False
+        ctx.axis = DS_STEPS
         if self.fast:
             f = _DS_STEP_FAST.match(text, at)
             if f is not None:

@@ -13,11 +13,17 @@ values (the step counters). Those are converted once per packed block instead of
 once per field. A block of such rows may also have a ``stepper`` that works out the
 steps from the counter columns at packing time, one numpy expression for thousands of
 rows instead of one Python expression per row.
+
+A block also belongs to a group: the parser that wrote it (``PointStore.group`` when the
+block was made). Parsers of one file may count steps differently (the Trainer's dict lines
+by their order, DeepSpeed's ``step=N`` lines by the global step), so each group has its own
+step axis, and a tag two groups write is two series, one per axis (:meth:`PointStore.series`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import numpy as np
 
@@ -25,6 +31,7 @@ PACK_ROWS = 1 << 14
 """Rows held as Python objects before a block packs them into arrays."""
 
 Key = tuple[str, int | None]
+A = TypeVar("A")
 Row = tuple[float, ...] | tuple[str | None, ...]
 Stepper = Callable[[list[tuple[str, ...]]], np.ndarray]
 """Steps (int64) from a block's ``skip`` leading columns of strings. The counters it
@@ -39,7 +46,8 @@ def counter(column: tuple[str, ...]) -> np.ndarray:
 class Block:
     """The rows of one record shape: these tags, this rank."""
 
-    __slots__ = ("lines", "packed", "rank", "rows", "seqs", "skip", "stepper", "steps", "tags")
+    __slots__ = ("group", "lines", "packed", "rank", "rows", "seqs", "skip", "stepper", "steps",
+                 "tags")
 
     def __init__(
         self,
@@ -47,9 +55,12 @@ class Block:
         rank: int | None,
         skip: int | None,
         stepper: Stepper | None = None,
+        group: str = "",
     ) -> None:
         self.tags = tags
         self.rank = rank
+        self.group = group
+        """The parser that wrote the block, whose step axis its steps are on."""
         self.skip = skip
         """None for rows of floats; else rows of strings after this many other groups."""
         self.stepper = stepper
@@ -104,11 +115,14 @@ class PointStore:
 
     def __init__(self) -> None:
         self.blocks: dict[
-            tuple[tuple[str, ...], int | None, int | None, Stepper | None], Block
+            tuple[tuple[str, ...], int | None, int | None, Stepper | None, str], Block
         ] = {}
         self.columns: dict[Key, list[tuple[Block, int]]] = {}
         """Where each series lives, in the order the series first appeared."""
         self.seq = 0
+        self.group = ""
+        """The group new blocks belong to: the parser reading the record (``Context``
+        keeps it)."""
 
     def block(
         self,
@@ -117,10 +131,10 @@ class PointStore:
         skip: int | None = None,
         stepper: Stepper | None = None,
     ) -> Block:
-        key = (tags, rank, skip, stepper)
+        key = (tags, rank, skip, stepper, self.group)
         found = self.blocks.get(key)
         if found is None:
-            found = self.blocks[key] = Block(tags, rank, skip, stepper)
+            found = self.blocks[key] = Block(tags, rank, skip, stepper, self.group)
             for i, tag in enumerate(tags):
                 self.columns.setdefault((tag, rank), []).append((found, i))
         return found
@@ -149,22 +163,38 @@ class PointStore:
 
     def series(self) -> Iterator[tuple[Key, np.ndarray, np.ndarray, np.ndarray]]:
         """(tag, rank), steps, values and line numbers of every series, points in
-        arrival order."""
+        arrival order, whatever group wrote them."""
+        for (key, _), steps, values, lines in self.series_by(lambda group: None):
+            yield key, steps, values, lines
+
+    def series_by(
+        self, axis_of: Callable[[str], A]
+    ) -> Iterator[tuple[tuple[Key, A], np.ndarray, np.ndarray, np.ndarray]]:
+        """((tag, rank), axis), steps, values and line numbers of every series, one per
+        step axis its blocks are on (``axis_of`` a block's group), points in arrival
+        order; a tag's series in the order they first appeared."""
         for key, places in self.columns.items():
-            parts = []
+            by_axis: dict[A, list[tuple[Block, int]]] = {}
             for block, col in places:
-                steps, lines, seqs, values = block.arrays()
-                parts.append((steps, values[:, col], lines, seqs))
-            if len(parts) == 1:
-                steps, values, lines, _ = parts[0]
-                yield key, steps, np.ascontiguousarray(values), lines
-                continue
-            seqs = np.concatenate([p[3] for p in parts])
-            order = np.argsort(seqs, kind="stable")
-            yield (
-                key,
-                np.concatenate([p[0] for p in parts])[order],
-                np.concatenate([p[1] for p in parts])[order],
-                np.concatenate([p[2] for p in parts])[order],
-            )
+                by_axis.setdefault(axis_of(block.group), []).append((block, col))
+            for axis, held in by_axis.items():
+                steps, values, lines = self._assemble(held)
+                yield (key, axis), steps, values, lines
+
+    @staticmethod
+    def _assemble(places: list[tuple[Block, int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        parts = []
+        for block, col in places:
+            steps, lines, seqs, values = block.arrays()
+            parts.append((steps, values[:, col], lines, seqs))
+        if len(parts) == 1:
+            steps, values, lines, _ = parts[0]
+            return steps, np.ascontiguousarray(values), lines
+        seqs = np.concatenate([p[3] for p in parts])
+        order = np.argsort(seqs, kind="stable")
+        return (
+            np.concatenate([p[0] for p in parts])[order],
+            np.concatenate([p[1] for p in parts])[order],
+            np.concatenate([p[2] for p in parts])[order],
+        )
 
