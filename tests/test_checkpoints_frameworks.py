@@ -179,6 +179,40 @@ def test_lightning_weights_gone_nan_are_still_found(lightning_nan: Path) -> None
     assert _snapshot(lightning_nan) == before
 
 
+def test_lightning_fp16_scaler_state_is_read_as_evidence(tmp_path: Path) -> None:
+    """A real "16-mixed" Lightning checkpoint on CPU (the plugin given a CPU GradScaler):
+    the precision plugin files the scaler's state under its class name."""
+    import lightning.pytorch as pl
+    from lightning.pytorch.plugins import MixedPrecision
+    from torch.utils.data import DataLoader, TensorDataset
+
+    class Tiny(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch: Any, _: int) -> torch.Tensor:
+            return torch.nn.functional.mse_loss(self.layer(batch[0]), batch[1])
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    torch.manual_seed(0)
+    x = torch.randn(16, 4)
+    plugin = MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu"))
+    trainer = pl.Trainer(default_root_dir=str(tmp_path), max_epochs=1, accelerator="cpu",
+                         devices=1, plugins=[plugin], enable_progress_bar=False,
+                         enable_model_summary=False, logger=False)
+    trainer.fit(Tiny(), DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=4))
+    (path,) = _ckpts(tmp_path)
+    scan = scan_checkpoint(path)
+    assert scan.scaler is not None and scan.scaler.key == "MixedPrecision"
+    assert scan.scaler.scale is not None and scan.scaler.scale > 0
+    assert scan.meta is not None and scan.meta.sections["MixedPrecision"] == "scaler"
+    assert scan.meta.precision == "MixedPrecision (GradScaler state saved)"
+    assert not scan.has_nonfinite
+
+
 # Hugging Face Trainer and Accelerate ------------------------------------------------------
 
 

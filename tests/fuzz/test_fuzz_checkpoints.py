@@ -125,6 +125,13 @@ def seeds() -> dict[str, bytes]:
         "training.pt": _saved({"model": model, "optimizer": _adam_state(model),
                                "scaler": dict(SCALER), "step": 7}),
         "lightning-epoch=1-step=12.ckpt": _saved(lightning),
+        "mp_rank_00_model_states.pt": _saved({
+            "module": model, "buffer_names": [], "optimizer": None,
+            "param_shapes": [OrderedDict((k, v.shape) for k, v in model.items())],
+            "lr_scheduler": {"_last_lr": [0.5]}, "skipped_steps": 1, "global_steps": 12,
+            "global_samples": 96, "dp_world_size": 2, "mp_world_size": 1,
+            "ds_config": {"fp16": {"enabled": True}, "zero_optimization": {"stage": 2}},
+            "ds_version": "0.16.4"}),
         "transposed.pt": _saved({"w": _values(5, 3, seed=5).t(), "row": _values(4, 4)[2]}),
         "half.pt": _saved({"h": _values(8, dtype=torch.float16),
                            "b": _values(8, dtype=torch.bfloat16),
@@ -422,7 +429,8 @@ def _flat(value: object, prefix: str = "") -> dict[str, torch.Tensor]:
 
 @fuzz_settings(20)
 @given(name=st.sampled_from(["state_dict.pt", "training.pt", "lightning-epoch=1-step=12.ckpt",
-                              "transposed.pt", "half.pt", "legacy.pt", "plain_pickle.pt"]))
+                              "mp_rank_00_model_states.pt", "transposed.pt", "half.pt",
+                              "legacy.pt", "plain_pickle.pt"]))
 def test_undamaged_seeds_agree_with_torch_load(
     tmp_path_factory: pytest.TempPathFactory, name: str
 ) -> None:

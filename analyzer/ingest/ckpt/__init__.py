@@ -11,6 +11,8 @@
     metaleaves       tensors of torch's meta-device reading, read and checked here
     stats            chunked per-tensor statistics and per-layer aggregation
     tree             where model, optimizer, scaler and step sit in a checkpoint
+    roles            what each section means: evidence or the trainer's bookkeeping
+    meta             the bookkeeping read: framework, step, epoch, hyperparameters, callbacks
     optimizer        optimizer tensors and Adam second-moment findings
     build            tree -> CheckpointScan
     scan             one file: which reader, under which safety policy

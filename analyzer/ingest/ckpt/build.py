@@ -120,6 +120,10 @@ class _Unread:
         return None if leaf is None else replace(leaf, chunks=None, note=self.note)
 
 
+MAX_SECTIONS = 200
+MAX_SECTION_NAME = 200
+
+
 def _sections(root: object, parts: Parts) -> dict[str, TensorRole]:
     """Every top-level key with its role."""
     if not isinstance(root, Mapping) or parts.model is root:
@@ -128,7 +132,9 @@ def _sections(root: object, parts: Parts) -> dict[str, TensorRole]:
     roles: dict[str, TensorRole] = {}
     for key, value in root.items():
         name = str(key)
-        roles[name] = (
+        if len(roles) >= MAX_SECTIONS:
+            break
+        roles[name[:MAX_SECTION_NAME]] = (
             "weights" if name == parts.model_key
             else "optimizer" if name in optimizer_keys or name in OPTIMIZER_KEYS
             else section_role(name, value)
@@ -170,7 +176,7 @@ def assemble(root: object, leaves: LeafSource, draft: Draft) -> CheckpointScan:
         skip = {parts.model_key, *OPTIMIZER_KEYS, *(k for k, _ in parts.optimizers)}
         for key, value in root.items():
             if str(key) not in skip:
-                role = roles.get(str(key), "other")
+                role = roles.get(str(key)[:MAX_SECTION_NAME]) or section_role(key, value)
                 records.extend(
                     record(name, "other", leaf, role)
                     for name, leaf in walk(value, str(key), leaves)

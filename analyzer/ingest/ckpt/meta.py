@@ -20,6 +20,8 @@ MAX_ENTRIES = 200
 """Most plain values kept of one section (a config can be large; the report stays small)."""
 MAX_DEPTH = 8
 MAX_TEXT = 200
+MAX_KEY = 120
+"""Longest key part kept: a static reading can give a key that is an object's description."""
 
 
 def scalar(value: object, leaves: LeafSource) -> float | None:
@@ -64,12 +66,13 @@ def _flatten(value: object, key: str, leaves: LeafSource, out: _Flat, depth: int
         out.values[key] = value
     elif isinstance(value, str):
         out.values[key] = value[:MAX_TEXT]
-    elif isinstance(value, Mapping):
-        for name, item in value.items():
-            _flatten(item, f"{key}.{name}" if key else str(name), leaves, out, depth + 1)
-    elif isinstance(value, list | tuple):
-        for index, item in enumerate(value):
-            _flatten(item, f"{key}.{index}" if key else str(index), leaves, out, depth + 1)
+    elif isinstance(value, Mapping | list | tuple):
+        items = value.items() if isinstance(value, Mapping) else enumerate(value)
+        for name, item in items:
+            if len(out.values) >= MAX_ENTRIES:
+                break
+            part = str(name)[:MAX_KEY]
+            _flatten(item, f"{key}.{part}" if key else part, leaves, out, depth + 1)
     elif leaves.leaf(value) is not None:
         number = scalar(value, leaves)
         if number is not None:  # a larger tensor is listed with the others, not here
@@ -83,8 +86,8 @@ def _callback(key: str, state: object, leaves: LeafSource) -> CallbackState:
     monitor: str | None = None
     if isinstance(state, Mapping):
         for name, item in state.items():
-            name = str(name)
-            if name == "monitor":
+            name = str(name)[:MAX_KEY]
+            if name == "monitor" or len(values) >= MAX_ENTRIES:
                 continue
             if name == "best_k_models" and isinstance(item, Mapping):
                 values[name] = len(item)  # paths -> scores: the scores are its tensors
@@ -136,8 +139,9 @@ def _schedulers(root: Mapping[object, object], leaves: LeafSource) -> list[dict[
 
 def _precision(root: Mapping[object, object], hparams: Mapping[str, Primitive]) -> str | None:
     for key, value in root.items():
-        if str(key).endswith("Precision") and isinstance(value, Mapping):
-            return f"{key} (GradScaler state saved)" if is_scaler_state(value) else str(key)
+        name = str(key)[:MAX_KEY]
+        if name.endswith("Precision") and isinstance(value, Mapping):
+            return f"{name} (GradScaler state saved)" if is_scaler_state(value) else name
     for dtype in ("fp16", "bf16"):  # DeepSpeed's config names the one it enables
         if hparams.get(f"{dtype}.enabled") is True:
             return dtype
@@ -160,7 +164,8 @@ def read_meta(
     hparams = _hyperparameters(root, leaves)
     callbacks = root.get("callbacks")
     states = (
-        tuple(_callback(str(k), v, leaves) for k, v in callbacks.items())
+        tuple(_callback(str(k)[:MAX_TEXT], v, leaves)
+              for k, v in list(callbacks.items())[:MAX_ENTRIES])
         if isinstance(callbacks, Mapping) else ()
     )
     framework = framework_of(root)
