@@ -48,10 +48,13 @@ def app_script() -> str:
                      "beside the analyzer package); install the project from its source tree")
 
 
-def command(path: str, *, port: int = 8501, import_paths: Sequence[str] = ()) -> list[str]:
+def command(path: str, *, port: int = 8501, import_paths: Sequence[str] = (),
+            run_roots: Sequence[str] = ()) -> list[str]:
     """The command line that serves the dashboard on ``path``; ``import_paths`` are
-    folders whose code the user trusts for this session's replays."""
+    folders whose code the user trusts for this session's replays, ``run_roots`` folders
+    each taken as one run (``--run-root``)."""
     trusted = [arg for p in import_paths for arg in ("--import-path", os.path.abspath(p))]
+    trusted += [arg for p in run_roots for arg in ("--run-root", os.path.abspath(p))]
     return [sys.executable, "-m", "streamlit", "run", app_script(),
             "--server.address", HOST, "--server.port", str(port),
             "--server.headless", "true", "--browser.gatherUsageStats", "false",
@@ -82,7 +85,7 @@ def wait_until_up(port: int, timeout: float = 60.0,
 
 
 def launch(path: str, *, port: int = 8501, open_browser: bool = False,
-           import_paths: Sequence[str] = ()) -> int:
+           import_paths: Sequence[str] = (), run_roots: Sequence[str] = ()) -> int:
     """Serve the dashboard on ``path`` until the server stops; its exit status.
 
     Ctrl-C or SIGTERM stop the server too. ``open_browser`` opens the page once the server
@@ -93,6 +96,9 @@ def launch(path: str, *, port: int = 8501, open_browser: bool = False,
     for folder in import_paths:
         if not os.path.isdir(folder):
             raise UsageError(f"--import-path {folder}: not a folder")
+    for folder in run_roots:
+        if not os.path.isdir(folder):
+            raise UsageError(f"--run-root {folder}: not a folder")
     if not 0 < port < 65536:
         raise UsageError(f"--port {port}: not a TCP port")
     if importlib.util.find_spec("streamlit") is None:
@@ -100,7 +106,8 @@ def launch(path: str, *, port: int = 8501, open_browser: bool = False,
     env = dict(os.environ, STREAMLIT_BROWSER_GATHER_USAGE_STATS="false")
     print(f"forensics: dashboard on {url(port)} for {os.path.abspath(path)} (Ctrl-C stops it)",
           file=sys.stderr)
-    proc = subprocess.Popen(command(path, port=port, import_paths=import_paths), env=env)
+    proc = subprocess.Popen(command(path, port=port, import_paths=import_paths,
+                                    run_roots=run_roots), env=env)
     if open_browser:
         threading.Thread(target=_open_when_up, args=(port, proc), daemon=True).start()
     previous = _forward_sigterm(proc)

@@ -66,10 +66,12 @@ def tool_version() -> str:
         return "unknown"
 
 
-def discover(paths: str | Sequence[str], logs: Sequence[str] = ()) -> Discovery:
+def discover(paths: str | Sequence[str], logs: Sequence[str] = (),
+             run_roots: Sequence[str] = ()) -> Discovery:
     """The runs below ``paths`` (``logs``: extra text logs whose names do not say they are
-    logs) and what the walk passed over; see :func:`runs_of` for the runs or an error."""
-    return _discover([paths] if isinstance(paths, str) else list(paths), logs)
+    logs; ``run_roots``: folders each of which is one run with everything below it) and
+    what the walk passed over; see :func:`runs_of` for the runs or an error."""
+    return _discover([paths] if isinstance(paths, str) else list(paths), logs, run_roots)
 
 
 def runs_of(found: Discovery, paths: str | Sequence[str]) -> list[RunFiles]:
@@ -169,7 +171,8 @@ def analyze(paths: str | Sequence[str], *, verify: bool = True, jobs: int = 1,
             progress: Progress | None = None, checkpoints: bool = True,
             trust_pickle: bool = False, logs: Sequence[str] = (), replay: bool = True,
             device: str = "cpu", import_paths: Sequence[str] = (), trust_code: bool = False,
-            rules: bool = True, status: Callable[[str], None] | None = None) -> Report:
+            rules: bool = True, status: Callable[[str], None] | None = None,
+            run_roots: Sequence[str] = ()) -> Report:
     """Read every run below ``paths``, locate its first non-finite values, replay its
     captured failing step (when it has one) and rank the root causes: every stage over
     every run, as ``forensics analyze`` runs them.
@@ -179,8 +182,9 @@ def analyze(paths: str | Sequence[str], *, verify: bool = True, jobs: int = 1,
     the tool's own, or wherever they are with ``trust_code``; otherwise the result says
     which code it would have imported (``replay_refused``) and the rest is analysed.
     ``status`` is told, in a few words, what slow step comes next (a replay).
+    ``run_roots`` override how runs are grouped: each is one run with all below it.
     """
-    found = discover(paths, logs)
+    found = discover(paths, logs, run_roots)
     runs = read_runs(runs_of(found, paths), verify=verify, jobs=jobs, progress=progress,
                      checkpoints=checkpoints, trust_pickle=trust_pickle)
     results = [locate(align(r)) for r in runs]

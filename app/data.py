@@ -111,6 +111,14 @@ def import_paths(argv: list[str] | None = None) -> tuple[str, ...]:
     return tuple(known.import_path)
 
 
+def run_roots(argv: list[str] | None = None) -> tuple[str, ...]:
+    """Folders each taken as one run with all below it: ``--run-root DIR`` after ``--``."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--run-root", action="append", default=[])
+    known, _ = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    return tuple(known.run_root)
+
+
 def trust_state() -> str:
     """A digest of the trust in force: this session's import paths and the folders recorded
     with ``forensics trust``."""
@@ -183,7 +191,7 @@ def _discovery(root: str) -> Any:
     from analyzer import pipeline
 
     try:
-        return pipeline.discover(root)
+        return pipeline.discover(root, run_roots=run_roots())
     except ForensicsError as exc:
         return str(exc)
     except OSError as exc:
@@ -227,7 +235,8 @@ def _located(path: str, digest: str) -> Loaded:
     from analyzer import pipeline
 
     try:
-        found = next((f for f in pipeline.discover(path).runs if f.path == path), None)
+        found = next((f for f in pipeline.discover(path, run_roots=run_roots()).runs
+                      if f.path == path), None)
         if found is None:
             return Loaded(None, f"{path}: the analysis found no run in this folder")
         result = pipeline.locate(pipeline.align(pipeline.read_run(found)))

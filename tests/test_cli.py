@@ -26,8 +26,8 @@ def _snapshot(folder: str) -> dict[str, tuple[int, float]]:
 @pytest.fixture
 def runs(tmp_path, summary_run):  # type: ignore[no-untyped-def]
     summary_run({"train/loss": [1.0, 0.5, float("nan")], "grad_norm/fc1.weight": [1, 2, 3]},
-                name="lightning_logs/version_0")
-    summary_run({"train/loss": [1.0, 0.5, 0.25]}, name="lightning_logs/version_1")
+                name="sweep/run_0")
+    summary_run({"train/loss": [1.0, 0.5, 0.25]}, name="sweep/run_1")
     return tmp_path
 
 
@@ -35,13 +35,13 @@ def test_exit_1_when_non_finite_and_nothing_written(runs, capsys) -> None:  # ty
     before = _snapshot(str(runs))
     assert main(["analyze", str(runs)]) == 1
     out = capsys.readouterr().out
-    assert "lightning_logs/version_0" in out and "FAILED" in out
+    assert "sweep/run_0" in out and "FAILED" in out
     assert "step 2  train/loss = nan  (last finite step 1)" in out
     assert _snapshot(str(runs)) == before
 
 
 def test_exit_0_when_finite(runs, capsys) -> None:  # type: ignore[no-untyped-def]
-    assert main(["analyze", str(runs / "lightning_logs" / "version_1")]) == 0
+    assert main(["analyze", str(runs / "sweep" / "run_1")]) == 0
     assert "1 run: 0 with non-finite values" in capsys.readouterr().out
 
 
@@ -58,12 +58,12 @@ def test_json_report(runs, tmp_path, capsys) -> None:  # type: ignore[no-untyped
     report = json.loads(out.read_text())
     assert report["schema_version"] == SCHEMA_VERSION
     by_name = {r["name"]: r for r in report["runs"]}
-    failed = by_name["lightning_logs/version_0"]
+    failed = by_name["sweep/run_0"]
     assert failed["status"] == "failed"
     assert failed["incident"]["step"] == 2 and failed["incident"]["kind"] == "nan"
     assert failed["incident"]["last_finite_step"] == 1
     assert failed["incident"]["location"]["offset"] > 0
-    assert by_name["lightning_logs/version_1"]["incident"] is None
+    assert by_name["sweep/run_1"]["incident"] is None
     capsys.readouterr()
     assert main(["analyze", str(runs), "--json", "-"]) == 1
     assert json.loads(capsys.readouterr().out)["failed"] is True
@@ -77,7 +77,7 @@ def test_jobs_gives_the_same_report(runs, capsys) -> None:  # type: ignore[no-un
 
 
 def test_single_event_file_path(runs, capsys) -> None:  # type: ignore[no-untyped-def]
-    folder = runs / "lightning_logs" / "version_0"
+    folder = runs / "sweep" / "run_0"
     (path,) = [p for p in folder.iterdir() if "tfevents" in p.name]
     assert main(["analyze", str(path)]) == 1
 

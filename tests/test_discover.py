@@ -30,8 +30,11 @@ def test_layouts(tmp_path) -> None:  # type: ignore[no-untyped-def]
     _touch(f"{root}/.hidden/events.out.tfevents.5.a")
     _touch(f"{root}/notes/readme.md")
     runs = {r.name: r for r in find_runs([root])}
-    assert sorted(runs) == ["hf", "lightning_logs/version_0", "lightning_logs/version_1", "rec"]
-    assert [os.path.basename(f) for f in runs["lightning_logs/version_0"].checkpoint_files] == [
+    top = os.path.basename(root)  # Lightning's versions are segments of the training above
+    assert sorted(runs) == sorted(["hf", top, "rec"])
+    assert [s.label for s in runs[top].segments] == ["lightning_logs/version_0",
+                                                     "lightning_logs/version_1"]
+    assert [os.path.basename(f) for f in runs[top].checkpoint_files] == [
         "epoch=0-step=10.ckpt"]
     assert [os.path.basename(f) for f in runs["hf"].checkpoint_files] == ["model.safetensors"]
     assert runs["rec"].checkpoint_files == ()  # a capture's tensors are not checkpoints

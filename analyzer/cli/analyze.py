@@ -25,6 +25,7 @@ def analyze_command(
     trust_code: bool = False,
     checkpoints: bool = True,
     trust_pickle: bool = False,
+    run_roots: Sequence[str] = (),
 ) -> int:
     """Analyse, print the text report (or the JSON one for ``json_file`` '-'), write the
     JSON file, and return the exit status (:mod:`analyzer.cli.exit`)."""
@@ -38,7 +39,7 @@ def analyze_command(
     report = analyze(list(paths), verify=verify, jobs=jobs, progress=progress,
                      checkpoints=checkpoints, trust_pickle=trust_pickle, logs=list(logs),
                      replay=replay, device=device, import_paths=list(import_paths),
-                     trust_code=trust_code,
+                     trust_code=trust_code, run_roots=list(run_roots),
                      status=progress.note if progress is not None else None)
     if progress is not None:
         progress.close()

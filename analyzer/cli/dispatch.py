@@ -59,13 +59,14 @@ def _dispatch(args: argparse.Namespace) -> int:
             args.paths, json_file=args.json, quiet=args.quiet, verify=not args.no_verify,
             jobs=args.jobs, logs=args.log, replay=not args.no_replay, device=args.device,
             import_paths=args.import_path, trust_code=args.trust_code,
-            checkpoints=not args.no_checkpoints, trust_pickle=args.trust_pickle)
+            checkpoints=not args.no_checkpoints, trust_pickle=args.trust_pickle,
+            run_roots=args.run_root)
     if args.command == "replay":
         from analyzer.cli.replay import replay_command
 
         return replay_command(args.path, device=args.device, dtype=args.dtype,
                               json_file=args.json, import_paths=args.import_path,
-                              trust_code=args.trust_code)
+                              trust_code=args.trust_code, run_roots=args.run_root)
     if args.command == "inspect":
         from analyzer.cli.inspect import inspect_command
 
@@ -74,7 +75,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         from analyzer.dashboard import launch  # the app's body: it serves Streamlit in a child
 
         return launch(args.path, port=args.port, open_browser=args.open,
-                      import_paths=args.import_path)
+                      import_paths=args.import_path, run_roots=args.run_root)
     if args.command == "trust":
         from analyzer.cli.trust import trust_command
 

@@ -10,6 +10,8 @@ import argparse
 
 from analyzer.replayer.dtypes import DTYPE_CHOICES
 
+_RUN_ROOT_HELP = ("take DIR and everything below it as one training run, whatever layout "
+                  "its folders have (see docs/discovery.md); may be repeated")
 _TRUST_CODE_HELP = ("import the capture's model and loss factories wherever they are found, "
                     "for this call only; only for runs whose code you trust")
 
@@ -44,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--log", action="append", default=[], metavar="FILE",
                          help="also read FILE as a text log (for logs whose names do not end "
                               "in .log/.txt/.out/.err); may be repeated")
+    analyze.add_argument("--run-root", action="append", default=[], metavar="DIR",
+                         help=_RUN_ROOT_HELP)
     analyze.add_argument("--no-replay", action="store_true",
                          help="do not replay the runs' captured failing steps")
     analyze.add_argument("--device", default="cpu",
@@ -80,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     app.add_argument("--open", action="store_true", help="open the dashboard in a web browser")
     app.add_argument("--import-path", action="append", default=[], metavar="DIR",
                      help="a folder whose code you trust, to replay captures from")
+    app.add_argument("--run-root", action="append", default=[], metavar="DIR",
+                     help=_RUN_ROOT_HELP)
     _trust_parser(sub)
     sub.add_parser("rules", help="list the catalogue of root causes",
                    description="List every rule: its stable code, name and title.")
@@ -109,6 +115,9 @@ def _replay_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
                     help="a folder whose code you trust, to import the capture's model and "
                          "loss factories from (see 'forensics trust')")
     rp.add_argument("--trust-code", action="store_true", help=_TRUST_CODE_HELP)
+    rp.add_argument("--run-root", action="append", default=[], metavar="DIR",
+                    help="with a run folder, " + _RUN_ROOT_HELP + ": its earliest capture, "
+                         "wherever it lies in the run, is replayed")
 
 
 def _trust_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

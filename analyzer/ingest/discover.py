@@ -1,11 +1,20 @@
-"""Finding the runs below the paths a user names.
+"""Finding the runs below the paths a user names: one run per training.
 
-A run is a folder that directly holds event files, text logs or checkpoints (as TensorBoard
-sees it, nested layouts such as ``lightning_logs/version_N/`` give one run per version).
-Folders that only hold a run's side products belong to the folder above them: ``capture/``
-(the flight recorder's saved steps, listed by :mod:`analyzer.capture.folder`, which owns that
-format), ``checkpoints/`` and numbered save folders such as ``checkpoint-500/``. Nothing is
-opened here beyond listing folders and looking at file types.
+Every folder below each path is listed (names and file types only: nothing is opened);
+:mod:`analyzer.ingest.layouts` then says which folders are one training, by the layouts
+frameworks write (Lightning's ``lightning_logs/version_N/``, a Trainer's ``runs/<date>_<host>/``
+and ``checkpoint-N/``, Accelerate's project folder, Keras' ``train/`` and ``validation/``,
+torchrun's ``--log-dir`` tree, rank folders, ``tb/`` and other side folders) and otherwise
+by a folder holding run files of its own; ``run_roots`` (``--run-root``) overrides it: each
+such folder and everything below it is one run. A run's path is its training's root; its
+files keep the folder they were found in, and the folders a framework made per restart
+(``version_N``, ``attempt_N``, a Trainer's logging folder) are its ordered segments, whose
+event files are read one after the other (a later one is a restart), while folders written
+side by side (Keras' ``train/`` and ``validation/``, one per rank) each start a stream of
+their own. From save folders (``checkpoints/``, ``checkpoint-N/`` and the like) only
+checkpoints and metadata files are taken (and the latest ``trainer_state.json``); the
+flight recorder's ``capture/`` folders are listed by :mod:`analyzer.capture.folder`, which
+owns that format.
 
 The walk is iterative and bounded, and says what it passed over, each an
 :class:`IngestIssue` on the run that holds it (or, outside every run, on the discovery):
@@ -24,25 +33,37 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
-from analyzer.capture.folder import is_capture_container, run_step_folders
+from analyzer.capture.folder import ENV_FILE, is_capture_container, run_step_folders, step_of
 from analyzer.errors import UsageError
 from analyzer.ingest.checkpoints import is_checkpoint_file
+from analyzer.ingest.layouts import (
+    Placement,
+    is_save_dir,
+    natural_key,
+    place,
+    rank_files,
+    segment_order,
+)
 from analyzer.ingest.logs import TRAINER_STATE, is_log_file
 from analyzer.ingest.metadata import is_metadata_file
 from analyzer.ingest.safeio import file_kind
 from analyzer.ingest.tb import event_file_order, is_event_file
 from analyzer.model import IngestIssue, IssueKind, Location
+from analyzer.model.runs import FileRole, RunFile, RunLayout, RunSegment
 
 _SKIP_DIRS = {"__pycache__", "node_modules", ".git", ".venv", "venv", ".hg", ".svn"}
-_ATTACHED = re.compile(
-    r"checkpoints?|ckpts?|(checkpoint|ckpt|step|global_step|epoch)[-_=]?\d+", re.IGNORECASE)
 MAX_DEPTH = 64
 """Folder levels walked below each path named; deeper folders are reported, not walked."""
 
 
 @dataclass(frozen=True)
 class RunFiles:
-    """The files of one run, each list in reading order, and what discovery passed over."""
+    """The files of one run, each list in reading order, and what discovery passed over.
+
+    ``folders`` are the folders its files were found in, its root first; ``segments`` the
+    folders a framework made per restart or stream, in order; ``layouts`` the framework
+    layouts recognised; ``stream_starts`` the event files that begin a stream written
+    beside the others rather than after them (not a restart)."""
 
     path: str
     name: str
@@ -52,11 +73,34 @@ class RunFiles:
     capture_dirs: tuple[str, ...] = ()
     metadata_files: tuple[str, ...] = ()
     issues: tuple[IngestIssue, ...] = ()
+    env_file: str | None = None
+    folders: tuple[str, ...] = ()
+    segments: tuple[RunSegment, ...] = ()
+    layouts: tuple[str, ...] = ()
+    stream_starts: tuple[str, ...] = ()
 
     @property
     def empty(self) -> bool:
         return not (self.event_files or self.log_files or self.checkpoint_files
                     or self.capture_dirs)
+
+    def layout(self) -> RunLayout:
+        """The run's files by role, each with the segment it lies in."""
+        roles: list[tuple[FileRole, tuple[str, ...]]] = [
+            ("events", self.event_files), ("log", self.log_files),
+            ("checkpoint", self.checkpoint_files), ("metadata", self.metadata_files),
+            ("capture", self.capture_dirs),
+            ("env", (self.env_file,) if self.env_file else ())]
+        files = tuple(RunFile(path, role, self._segment_of(path))
+                      for role, paths in roles for path in paths)
+        return RunLayout(root=self.path, layouts=self.layouts, segments=self.segments,
+                         files=files)
+
+    def _segment_of(self, path: str) -> int | None:
+        for k, seg in enumerate(self.segments):
+            if path.startswith(seg.folder + os.sep):
+                return k
+        return None
 
 
 @dataclass(frozen=True)
@@ -68,32 +112,41 @@ class Discovery:
 
 
 def is_attached_dir(name: str) -> bool:
-    return is_capture_container(name) or bool(_ATTACHED.fullmatch(name))
+    """A folder that is part of the run above it: a save folder or a capture folder."""
+    return is_capture_container(name) or is_save_dir(name)
 
 
 def is_run_file(name: str) -> bool:
     return is_event_file(name) or is_checkpoint_file(name) or is_log_file(name)
 
 
-def find_runs(paths: list[str], extra_logs: Sequence[str] = ()) -> list[RunFiles]:
+def find_runs(paths: list[str], extra_logs: Sequence[str] = (),
+              run_roots: Sequence[str] = ()) -> list[RunFiles]:
     """Every run below each path, in a stable order. A path that does not exist is an error.
 
     ``extra_logs`` are text logs whose names do not look like logs (``--log FILE``): each
-    joins the run of the folder that holds it, or becomes a run of its own.
+    joins the run of the folder that holds it, or becomes a run of its own. Each of
+    ``run_roots`` is one run with everything below it (one outside every path is walked
+    too).
     """
-    return list(discover(paths, extra_logs).runs)
+    return list(discover(paths, extra_logs, run_roots).runs)
 
 
-def discover(paths: list[str], extra_logs: Sequence[str] = ()) -> Discovery:
+def discover(paths: list[str], extra_logs: Sequence[str] = (),
+             run_roots: Sequence[str] = ()) -> Discovery:
     """Like :func:`find_runs`, with the issues of what was passed over outside every run."""
     runs: dict[str, RunFiles] = {}
     loose: list[IngestIssue] = []
-    for root in [*paths, *extra_logs]:
+    for root in [*paths, *extra_logs, *run_roots]:
         if not os.path.exists(root):
             raise UsageError(f"{root}: no such file or folder")
-    for root in map(os.path.normpath, paths):  # 'runs/a/' and 'runs/a' are one folder
+    for root in run_roots:
+        if not os.path.isdir(root):
+            raise UsageError(f"{root}: --run-root names a folder, not a file")
+    forced = {os.path.abspath(r) for r in run_roots}
+    for root in _walk_roots(paths, run_roots):
         if os.path.isdir(root):
-            found, issues = _walk(root)
+            found, issues = _walk(root, forced)
         else:
             single = _single_file_run(root)
             found, issues = ([single] if single is not None else []), []
@@ -102,13 +155,36 @@ def discover(paths: list[str], extra_logs: Sequence[str] = ()) -> Discovery:
         loose += issues
     for log in extra_logs:
         folder = os.path.dirname(log) or "."
-        key = next((k for k in runs if os.path.samefile(k, folder)), None)
+        key = next((k for k, r in runs.items()
+                    if any(os.path.samefile(f, folder) for f in (r.path, *r.folders))), None)
         if key is None:
-            runs[log] = RunFiles(path=folder, name=os.path.basename(log), log_files=(log,))
+            runs[log] = RunFiles(path=folder, name=os.path.basename(log), log_files=(log,),
+                                 folders=(folder,))
         elif not any(os.path.samefile(f, log) for f in runs[key].log_files):
             held = runs[key]
             runs[key] = replace(held, log_files=(*held.log_files, log))
     return Discovery(tuple(runs.values()), tuple(loose))
+
+
+def _walk_roots(paths: Sequence[str], run_roots: Sequence[str]) -> list[str]:
+    """The folders to walk: each path named once ('runs/a/' and 'runs/a' are one folder),
+    the run roots outside every path, and no folder inside another (its runs are found
+    from the outer one, grouped as there)."""
+    named = list(dict.fromkeys(map(os.path.normpath, paths)))
+    outer = [os.path.abspath(p) for p in named if os.path.isdir(p)]
+    named += [os.path.normpath(r) for r in run_roots
+              if not any(_inside(os.path.abspath(r), o) for o in outer)]
+    folders = [os.path.abspath(p) for p in named if os.path.isdir(p)]
+    keep = []
+    for path in dict.fromkeys(named):
+        here = os.path.abspath(path)
+        if not any(o != here and _inside(here, o) for o in folders):
+            keep.append(path)
+    return keep
+
+
+def _inside(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
 def _single_file_run(path: str) -> RunFiles | None:
@@ -210,26 +286,36 @@ def walk_tree(root: str, descend: Callable[[str], bool]) -> Iterator[Listing]:
         stack += [(os.path.join(folder, d), depth + 1) for d in reversed(dirs)]
 
 
-def _walk(root: str) -> tuple[list[RunFiles], list[IngestIssue]]:
+
+
+def _walk(root: str, forced: set[str]) -> tuple[list[RunFiles], list[IngestIssue]]:
+    tree = {listing.folder: listing for listing in
+            walk_tree(root, lambda d: not is_capture_container(os.path.basename(d)))}
+    roots = {f for f in tree if os.path.abspath(f) in forced} if forced else set()
+    placements = place(tree, root, roots)
+    groups: dict[str, list[str]] = {}
+    for folder, placed in placements.items():
+        groups.setdefault(placed.owner, []).append(folder)
     runs: dict[str, RunFiles] = {}
-    loose: list[IngestIssue] = []
-    for listing in walk_tree(root, lambda d: not is_attached_dir(os.path.basename(d))):
-        run = _run_in(root, listing)
-        own = [i for i in run.issues if i.kind in ("not_regular",) or
-               (i.kind == "unreadable" and is_run_file(i.location.file))]
+    leftover: list[tuple[str, tuple[IngestIssue, ...]]] = []
+    for owner, members in groups.items():
+        run, own = _gather(root, owner, members, tree, placements)
         if not run.empty or own:
-            runs[run.path] = run
-            continue
-        holder = _enclosing(runs, listing.folder)
+            runs[owner] = run
+        elif run.issues:
+            leftover.append((owner, run.issues))
+    loose: list[IngestIssue] = []
+    for owner, issues in leftover:
+        holder = _enclosing(runs, owner)
         if holder is None:
-            loose += run.issues
+            loose += issues
         else:
-            runs[holder] = replace(runs[holder], issues=runs[holder].issues + run.issues)
+            runs[holder] = replace(runs[holder], issues=runs[holder].issues + issues)
     return list(runs.values()), loose
 
 
 def _enclosing(runs: dict[str, RunFiles], folder: str) -> str | None:
-    """The nearest run folder above ``folder``, among those found so far."""
+    """The nearest run folder above ``folder``."""
     here = folder
     while True:
         up = os.path.dirname(here)
@@ -240,54 +326,113 @@ def _enclosing(runs: dict[str, RunFiles], folder: str) -> str | None:
         here = up
 
 
-def _run_in(root: str, listing: Listing) -> RunFiles:
-    folder, files = listing.folder, listing.files
-    issues = list(listing.issues)
-    events = sorted((os.path.join(folder, f) for f in files if is_event_file(f)),
-                    key=event_file_order)
-    checkpoints = [os.path.join(folder, f) for f in files if is_checkpoint_file(f)]
-    logs = [os.path.join(folder, f) for f in files if is_log_file(f)]
-    metadata = [os.path.join(folder, f) for f in files if is_metadata_file(f)]
-    captures, more = run_step_folders(folder, listing.dirs)
-    issues += more
-    states: list[str] = []
-    for d in listing.dirs:
-        if not is_attached_dir(d) or is_capture_container(d):
+@dataclass
+class _Gathered:
+    events: list[tuple[int, tuple[int, str], str]] = field(default_factory=list)
+    logs: list[str] = field(default_factory=list)
+    checkpoints: list[str] = field(default_factory=list)
+    metadata: list[str] = field(default_factory=list)
+    captures: list[str] = field(default_factory=list)
+    states: list[str] = field(default_factory=list)
+    issues: list[IngestIssue] = field(default_factory=list)
+    folders: list[str] = field(default_factory=list)
+    layouts: set[str] = field(default_factory=set)
+
+
+def _gather(root: str, owner: str, members: list[str], tree: dict[str, Listing],
+            placements: dict[str, Placement]) -> tuple[RunFiles, bool]:
+    """The run of the training at ``owner`` from its member folders (walk order), and
+    whether a run file of its own was passed over (a FIFO named like one: still a run)."""
+    segments = _segments(owner, members, tree, placements)
+    rank = {seg.folder: k for k, seg in enumerate(segments)}
+    got = _Gathered()
+    own = False
+    for folder in members:
+        listing, placed = tree[folder], placements[folder]
+        if placed.claim is not None and placed.claim.layout is not None:
+            got.layouts.add(placed.claim.layout)
+        paths = [os.path.join(folder, f) for f in listing.files]
+        if placed.save:
+            _gather_save(got, paths, listing)
             continue
-        sub = os.path.join(folder, d)
-        found, meta, more = _checkpoints_below(sub)
-        checkpoints += found
-        metadata += meta
-        issues += more
-        if os.path.isfile(os.path.join(sub, TRAINER_STATE)):
-            states.append(os.path.join(sub, TRAINER_STATE))
-    if states and not any(os.path.basename(f) == TRAINER_STATE for f in logs):
+        got.events += [(rank.get(placed.segment or "", -1), event_file_order(p), p)
+                       for p in paths if is_event_file(p)]
+        got.logs += [p for p in paths if is_log_file(p)]
+        got.checkpoints += [p for p in paths if is_checkpoint_file(p)]
+        got.metadata += [p for p in paths if is_metadata_file(p)]
+        captures, more = run_step_folders(folder, listing.dirs)
+        got.captures += captures
+        got.issues += listing.issues + more
+        own = own or any(i.kind == "not_regular" or
+                         (i.kind == "unreadable" and is_run_file(i.location.file))
+                         for i in listing.issues)
+        if paths or captures:
+            got.folders.append(folder)
+        if rank_files(listing):
+            got.layouts.add("ranks")
+    if got.states and not any(os.path.basename(f) == TRAINER_STATE for f in got.logs):
         # Each Trainer save holds the whole log history so far: the latest one is enough.
-        logs.append(max(states, key=_save_number))
-    return RunFiles(path=folder, name=_run_name(root, folder), event_files=tuple(events),
-                    log_files=tuple(logs), checkpoint_files=tuple(checkpoints),
-                    capture_dirs=tuple(captures), metadata_files=tuple(metadata),
-                    issues=tuple(issues))
+        got.logs.append(max(got.states, key=_save_number))
+    if placements[owner].forced:
+        got.layouts.add("run-root")
+    events = [p for _, _, p in sorted(got.events)]
+    captures = sorted(got.captures, key=lambda p: (step_of(os.path.basename(p)) or 0, p)) \
+        if len({os.path.dirname(c) for c in got.captures}) > 1 else got.captures
+    env = os.path.join(owner, ENV_FILE) if ENV_FILE in tree[owner].files else None
+    run = RunFiles(path=owner, name=_run_name(root, owner), event_files=tuple(events),
+                   log_files=tuple(got.logs), checkpoint_files=tuple(got.checkpoints),
+                   capture_dirs=tuple(captures), metadata_files=tuple(got.metadata),
+                   issues=tuple(got.issues), env_file=env,
+                   folders=tuple(dict.fromkeys([owner, *got.folders])), segments=segments,
+                   layouts=tuple(sorted(got.layouts)),
+                   stream_starts=_stream_starts(events, segments))
+    return run, own
+
+
+def _gather_save(got: _Gathered, paths: list[str], listing: Listing) -> None:
+    """A save folder's part: its checkpoints, metadata and Trainer state, and what was
+    passed over there (a special file counts only with a checkpoint's name)."""
+    got.checkpoints += [p for p in paths if is_checkpoint_file(p)]
+    got.metadata += [p for p in paths if is_metadata_file(p)]
+    got.states += [p for p in paths if os.path.basename(p) == TRAINER_STATE]
+    got.issues += [i for i in listing.issues
+                   if i.kind != "not_regular" or is_checkpoint_file(i.location.file)]
+    if any(is_checkpoint_file(p) or is_metadata_file(p) for p in paths):
+        got.folders.append(listing.folder)
+
+
+def _segments(owner: str, members: list[str], tree: dict[str, Listing],
+              placements: dict[str, Placement]) -> tuple[RunSegment, ...]:
+    """The run's segments: those written one after the other in order, then those
+    written side by side."""
+    found = {placements[f].segment for f in members} - {None}
+    folders = [f for f in found if f is not None]
+    parallel = {f for f in folders if (c := placements[f].claim) is not None and c.parallel}
+    ordered = segment_order([f for f in folders if f not in parallel], tree) + sorted(
+        parallel, key=natural_key)
+    return tuple(RunSegment(f, os.path.relpath(f, owner).replace(os.sep, "/"), f in parallel)
+                 for f in ordered)
+
+
+def _stream_starts(events: list[str], segments: tuple[RunSegment, ...]) -> tuple[str, ...]:
+    """The first event file of each folder (or segment) outside the run's ordered
+    segments: a writer beside the others, not a restart of one."""
+    seen: set[str] = set()
+    starts: list[str] = []
+    for path in events:
+        seg = next((s for s in segments if path.startswith(s.folder + os.sep)), None)
+        key = seg.folder if seg is not None else os.path.dirname(path)
+        if key in seen:
+            continue
+        seen.add(key)
+        if seg is None or seg.parallel:
+            starts.append(path)
+    return tuple(starts[1:]) if starts and starts[0] == events[0] else tuple(starts)
 
 
 def _save_number(path: str) -> int:
     digits = re.findall(r"\d+", os.path.basename(os.path.dirname(path)))
     return int(digits[-1]) if digits else -1
-
-
-def _checkpoints_below(folder: str) -> tuple[list[str], list[str], list[IngestIssue]]:
-    """The checkpoints and the metadata files below a save folder, and what was passed over."""
-    out: list[str] = []
-    meta: list[str] = []
-    issues: list[IngestIssue] = []
-    for listing in walk_tree(folder, lambda d: True):
-        out += [os.path.join(listing.folder, f) for f in listing.files
-                if is_checkpoint_file(f)]
-        meta += [os.path.join(listing.folder, f) for f in listing.files
-                 if is_metadata_file(f)]
-        issues += [i for i in listing.issues
-                   if i.kind != "not_regular" or is_checkpoint_file(i.location.file)]
-    return out, meta, issues
 
 
 def _run_name(root: str, folder: str) -> str:

@@ -133,7 +133,7 @@ def merge_run(run: RunFiles, files: list[EventFile]) -> Run:
     histograms = tuple(h for f in files for h in f.histograms)
     events: list[Event] = []
     for k, f in enumerate(files):
-        if k > 0 and f.records:
+        if k > 0 and f.records and f.path not in run.stream_starts:  # not beside the others
             first = _first_step(f)
             events.append(Event("restart", first, Location(f.path, offset=0),
                                 "another event file: the writer was started again",
@@ -141,7 +141,8 @@ def merge_run(run: RunFiles, files: list[EventFile]) -> Run:
         events.extend(f.events)
     issues = run.issues + tuple(i for f in files for i in f.issues)
     return Run(path=run.path, name=run.name, files=run.event_files, series=series,
-               histograms=histograms, events=tuple(events), issues=issues)
+               histograms=histograms, events=tuple(events), issues=issues,
+               layout=run.layout())
 
 
 def _first_step(f: EventFile) -> int | None:

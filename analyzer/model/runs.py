@@ -199,6 +199,44 @@ class LogSource:
     notes: tuple[str, ...] = ()
 
 
+FileRole = Literal["events", "log", "checkpoint", "metadata", "capture", "env"]
+
+
+@dataclass(frozen=True)
+class RunSegment:
+    """A folder a framework made for one part of a training: one per restart, in the order
+    they were written (Lightning's ``version_N``, a Trainer's ``runs/<date>_<host>``,
+    torchrun's ``attempt_N``), or written beside the others (``parallel``: Keras'
+    ``train/`` and ``validation/``, one folder per rank). ``label``: relative to the run."""
+
+    folder: str
+    label: str
+    parallel: bool = False
+
+
+@dataclass(frozen=True)
+class RunFile:
+    """One file of a run (a capture: its step folder) and what the analysis reads it as;
+    ``segment`` indexes the run's segments (None: outside every segment)."""
+
+    path: str
+    role: FileRole
+    segment: int | None = None
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """How discovery made one training into a run: its root folder, the framework layouts
+    recognised (``lightning``, ``huggingface``, ``accelerate``, ``keras``, ``torchrun``,
+    ``ranks``, ``tensorboard``; ``run-root`` for a folder named with ``--run-root``), its
+    segments, and its files by role."""
+
+    root: str
+    layouts: tuple[str, ...] = ()
+    segments: tuple[RunSegment, ...] = ()
+    files: tuple[RunFile, ...] = ()
+
+
 @dataclass(frozen=True)
 class Run:
     """Everything read from one run folder."""
@@ -228,6 +266,8 @@ class Run:
     env: Mapping[str, Any] | None = field(default=None, metadata=json_meta(omit=True))
     """The run's env.json, or else the environment its earliest capture recorded (what
     the rules compare with healthy runs beside it)."""
+    layout: RunLayout | None = None
+    """The run's folders and files by role, as discovery grouped them."""
 
     JSON_EXTRA = (("tags", "tag_points"),)
 

@@ -49,7 +49,7 @@ def _run_block(result: RunResult) -> str:
         sources.append(_count(len(run.checkpoints.saves), "checkpoint"))
     if run.captures:
         sources.append(_count(len(run.captures), "capture"))
-    lines = [f"== {run.name}  ({', '.join(sources)})"]
+    lines = [f"== {run.name}  ({', '.join(sources)})", *_file_lines(run)]
     inc = result.incident
     if result.status == "unreadable":
         lines.append("   nothing readable: no value, event or checkpoint tensor could be read "
@@ -248,3 +248,27 @@ def _summary(report: Report) -> str:
     if len(report.issues) > _MAX_LISTED:
         table.append(f"... and {len(report.issues) - _MAX_LISTED} more passed over (see --json)")
     return "\n".join(table)
+
+
+def _file_lines(run: Run) -> list[str]:
+    """The run's files by role, relative to its root, where discovery grouped more than
+    one folder's run files (a layout, segments, events or logs below the root): a run of
+    one folder with its save and capture folders says nothing more than its header."""
+    lay = run.layout
+    if lay is None or not (lay.layouts or lay.segments or any(
+            f.role in ("events", "log") and os.path.dirname(f.path) != lay.root
+            for f in lay.files)):
+        return []
+    head = ", ".join(lay.layouts) or "plain folders"
+    if lay.segments:
+        labels = [s.label for s in lay.segments]
+        more = f" and {len(labels) - _MAX_LISTED} more" if len(labels) > _MAX_LISTED else ""
+        head += f"; segments {', '.join(labels[:_MAX_LISTED])}{more}"
+    by_role: dict[str, list[str]] = {}
+    for f in lay.files:
+        by_role.setdefault(f.role, []).append(os.path.relpath(f.path, lay.root))
+    lines = [f"   files: {head}"]
+    for role, paths in by_role.items():
+        more = f" and {len(paths) - 3} more" if len(paths) > 3 else ""
+        lines.append(f"     {role}: {', '.join(paths[:3])}{more}")
+    return lines

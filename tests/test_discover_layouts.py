@@ -1,0 +1,385 @@
+"""One training is one run: discovery groups the folders frameworks write by their layouts.
+
+The trees come from the real libraries: the corpus of tests/frameworks (Lightning, the
+Hugging Face Trainer, tensorboardX, torchrun) and, for layouts it lacks, the libraries'
+own loggers, trackers and folder-naming functions writing into tmp_path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from analyzer.api import analyze
+from analyzer.cli import main
+from analyzer.ingest.discover import RunFiles, discover, find_runs
+from analyzer.ingest.layouts import is_save_dir
+from tests.frameworks import corpus
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning",
+                                        "ignore::UserWarning")
+
+
+def _snapshot(root: Path) -> dict[str, tuple[int, str]]:
+    out = {}
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            out[str(path)] = (path.stat().st_size, hashlib.sha256(path.read_bytes()).hexdigest())
+    return out
+
+
+def _by_name(root: Path) -> dict[str, RunFiles]:
+    return {r.name: r for r in find_runs([str(root)])}
+
+
+def _rel(run: RunFiles, paths: tuple[str, ...]) -> list[str]:
+    return [os.path.relpath(p, run.path) for p in paths]
+
+
+@pytest.fixture(scope="module")
+def lightning_family(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return corpus.get("lightning_nan", tmp_path_factory).parent
+
+
+def test_regression_root_log_and_lightning_version_folder_are_one_run(
+        lightning_family: Path) -> None:
+    runs = _by_name(lightning_family)
+    run = runs["lightning_nan"]
+    assert "lightning_nan/lightning_logs/version_0" not in runs
+    assert run.layouts == ("lightning",)
+    assert _rel(run, run.log_files) == ["train.log"]
+    assert [os.path.basename(os.path.dirname(f)) for f in run.event_files] == ["version_0"]
+    assert {os.path.dirname(p) for p in _rel(run, run.checkpoint_files)} == {
+        "lightning_logs/version_0/checkpoints"}
+    assert _rel(run, run.metadata_files) == ["lightning_logs/version_0/hparams.yaml"]
+
+
+def test_regression_folder_of_trainings_gives_one_run_per_training(
+        lightning_family: Path) -> None:
+    before = _snapshot(lightning_family)
+    assert sorted(_by_name(lightning_family)) == sorted(corpus.FAMILIES["lightning"])
+    assert _snapshot(lightning_family) == before
+
+
+def test_regression_lightning_restart_versions_are_one_runs_segments(
+        lightning_family: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = lightning_family / "lightning_restart"
+    (run,) = find_runs([str(folder)])
+    assert [s.label for s in run.segments] == ["lightning_logs/version_0",
+                                               "lightning_logs/version_1"]
+    assert [Path(f).parent.name for f in run.event_files] == ["version_0", "version_1"]
+    assert main(["analyze", str(folder), "--json", "-", "--no-replay"]) == 1
+    (result,) = json.loads(capsys.readouterr().out)["runs"]
+    assert result["incident"]["step"] == 35 and result["incident"]["tag"] == "train_loss"
+    assert "version_1" in result["incident"]["location"]["file"]
+    restarts = [e for e in result["events"] if e["kind"] == "restart"]
+    assert [Path(e["location"]["file"]).parent.name for e in restarts] == ["version_1"]
+    layout = result["layout"]
+    assert layout["root"] == str(folder) and layout["layouts"] == ["lightning"]
+    roles = {(Path(f["path"]).name, f["role"], f["segment"]) for f in layout["files"]}
+    assert ("train.log", "log", None) in roles
+    assert ("hparams.yaml", "metadata", 1) in roles
+    assert ("last.ckpt", "checkpoint", 0) in roles and ("last.ckpt", "checkpoint", 1) in roles
+
+
+def test_regression_trainer_runs_folder_and_checkpoints_are_one_run(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    family = corpus.get("hf_nan", tmp_path_factory).parent
+    runs = _by_name(family)
+    assert sorted(runs) == ["hf_healthy", "hf_nan"]
+    run = runs["hf_nan"]
+    assert run.layouts == ("huggingface",)
+    (segment,) = run.segments
+    assert segment.label.startswith("runs/") and not segment.parallel
+    assert [os.path.dirname(p) for p in _rel(run, run.event_files)] == [segment.label]
+    # the root log, and the history of the latest save only
+    assert _rel(run, run.log_files) == ["train.log", "checkpoint-24/trainer_state.json"]
+    assert {os.path.dirname(p) for p in _rel(run, run.checkpoint_files)} == {
+        "checkpoint-8", "checkpoint-16", "checkpoint-24"}
+    names = {os.path.basename(p) for p in run.metadata_files}
+    assert {"training_args.bin", "trainer_state.json"} - names == {"trainer_state.json"}
+    assert {"config.json", "scheduler.pt", "rng_state.pth"} <= names
+
+
+def test_regression_tb_subfolder_joins_the_root_log(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    folder = corpus.get("amp_benign", tmp_path_factory)
+    (run,) = find_runs([str(folder)])
+    assert _rel(run, run.event_files)[0].startswith("tb/")
+    assert _rel(run, run.log_files) == ["train.log"]
+    # the skips the event file shows are the same training's as the log's grad_norm nan
+    assert analyze(str(folder), replay=False).failed is False
+
+
+def test_regression_torchrun_log_dir_joins_the_training(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    folder = corpus.get("ddp_gloo", tmp_path_factory)
+    (run,) = find_runs([str(folder)])
+    assert run.layouts == ("torchrun",)
+    (attempt,) = run.segments
+    assert attempt.label.startswith("torchrun_logs/") and attempt.label.endswith("/attempt_0")
+    logs = _rel(run, run.log_files)
+    assert logs[0] == "train.log"
+    assert sorted(os.path.relpath(p, attempt.label) for p in logs[1:]) == [
+        "0/stderr.log", "0/stdout.log", "1/stderr.log", "1/stdout.log"]
+    assert _rel(run, run.event_files)[0].startswith("tb/")
+
+
+def test_regression_runs_subfolder_of_a_plain_loop_joins_its_log(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    folder = corpus.get("tbx_nan", tmp_path_factory)
+    (run,) = find_runs([str(folder)])
+    assert [s.label for s in run.segments] == ["runs/tbx"]
+    assert _rel(run, run.log_files) == ["train.log"]
+
+
+def test_regression_model_epoch0_checkpoint_is_not_a_run_of_its_own(tmp_path: Path) -> None:
+    import torch
+    from torch.utils.tensorboard import SummaryWriter
+
+    model = torch.nn.Linear(3, 2)
+    writer = SummaryWriter(str(tmp_path / "tb"))
+    with open(tmp_path / "train.log", "w") as log:
+        for step in range(3):
+            writer.add_scalar("train/loss", 1.0 / (step + 1), step)
+            log.write(f"step {step} loss {1.0 / (step + 1):.4f}\n")
+    writer.close()
+    (tmp_path / "saved").mkdir()
+    torch.save(model.state_dict(), tmp_path / "saved" / "model_epoch0.pt")
+    (run,) = find_runs([str(tmp_path)])
+    assert _rel(run, run.checkpoint_files) == ["saved/model_epoch0.pt"]
+    report = analyze(str(tmp_path), replay=False)
+    assert [r.run.name for r in report.results] == [tmp_path.name]
+    assert not report.failed
+
+
+def _tb_logger(save_dir: Path, **kwargs: Any) -> Any:
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    logger = TensorBoardLogger(save_dir=str(save_dir), **kwargs)
+    logger.log_hyperparams({"lr": 0.1})
+    for step in range(3):
+        logger.log_metrics({"train_loss": 1.0 / (step + 1)}, step=step)
+    logger.finalize("success")
+    return logger
+
+
+def test_lightning_logger_variants(tmp_path: Path) -> None:
+    warnings.simplefilter("ignore")
+    _tb_logger(tmp_path / "plain")
+    _tb_logger(tmp_path / "plain")  # a second fit: version_1
+    _tb_logger(tmp_path / "nameless", name="")
+    sub = _tb_logger(tmp_path / "sub", sub_dir="tb")
+    _tb_logger(tmp_path / "shared", name="exp_a")
+    _tb_logger(tmp_path / "shared", name="exp_b")
+    (tmp_path / "plain" / "train.log").write_text("started\n")
+    runs = _by_name(tmp_path)
+    assert sorted(runs) == ["nameless", "plain", "shared/exp_a", "shared/exp_b", "sub"]
+    assert [s.label for s in runs["plain"].segments] == ["lightning_logs/version_0",
+                                                         "lightning_logs/version_1"]
+    assert [s.label for s in runs["nameless"].segments] == ["version_0"]
+    assert [os.path.dirname(f) for f in runs["sub"].event_files] == [sub.log_dir]
+    assert [s.label for s in runs["shared/exp_a"].segments] == ["version_0"]
+
+
+def test_lightning_versions_in_their_numbers_order(tmp_path: Path) -> None:
+    warnings.simplefilter("ignore")
+    for _ in range(11):
+        _tb_logger(tmp_path)
+    (run,) = find_runs([str(tmp_path)])
+    assert [s.label for s in run.segments] == [f"lightning_logs/version_{n}" for n in range(11)]
+    assert [Path(f).parent.name for f in run.event_files] == [f"version_{n}" for n in range(11)]
+
+
+def test_trainer_logging_dir_default_and_checkpoint_names(tmp_path: Path) -> None:
+    import torch
+    from torch.utils.tensorboard import SummaryWriter
+    from transformers import TrainingArguments
+    from transformers.integrations.integration_utils import default_logdir
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+    out = tmp_path / "out"
+    args = TrainingArguments(output_dir=str(out), report_to=["tensorboard"], use_cpu=True)
+    writer = SummaryWriter(os.path.join(args.output_dir, default_logdir()))
+    writer.add_scalar("train/loss", 1.0, 1)
+    writer.close()
+    save = out / f"{PREFIX_CHECKPOINT_DIR}-1"
+    save.mkdir()
+    torch.save(args, save / "training_args.bin")
+    torch.save({"w": torch.ones(2)}, save / "optimizer.pt")
+    (run,) = find_runs([str(tmp_path)])
+    assert run.path == str(out) and run.layouts == ("huggingface",)
+    assert [os.path.basename(f) for f in run.metadata_files] == ["training_args.bin"]
+
+
+def test_accelerate_project_dir(tmp_path: Path) -> None:
+    from accelerate import Accelerator
+    from accelerate.utils import ProjectConfiguration
+
+    project = tmp_path / "project"
+    acc = Accelerator(cpu=True, log_with="tensorboard", project_config=ProjectConfiguration(
+        project_dir=str(project), automatic_checkpoint_naming=True))
+    acc.init_trackers("tiny")
+    acc.log({"train/loss": 1.0}, step=0)
+    acc.save_state()
+    acc.end_training()
+    runs = find_runs([str(tmp_path)])
+    assert [r.path for r in runs] == [str(project)], [r.name for r in runs]
+    (run,) = runs
+    assert "accelerate" in run.layouts
+    assert [os.path.relpath(os.path.dirname(f), project) for f in run.event_files] == ["tiny"]
+    assert any("random_states_0.pkl" in f for f in run.metadata_files)
+
+
+def test_keras_train_and_validation_streams_are_not_restarts(tmp_path: Path) -> None:
+    # Keras' TensorBoard callback writes log_dir/train and log_dir/validation.
+    from torch.utils.tensorboard import SummaryWriter
+
+    for stream, values in (("train", [1.0, 0.5]), ("validation", [1.2, 0.7])):
+        writer = SummaryWriter(str(tmp_path / "logs" / stream))
+        for epoch, value in enumerate(values):
+            writer.add_scalar("epoch_loss", value, epoch)
+        writer.close()
+    (run,) = find_runs([str(tmp_path / "logs")])
+    assert [(s.label, s.parallel) for s in run.segments] == [("train", True),
+                                                             ("validation", True)]
+    (result,) = analyze(str(tmp_path / "logs"), replay=False).results
+    assert [e for e in result.run.events if e.kind == "restart"] == []
+
+
+def test_torchrun_attempts_are_ordered_segments(tmp_path: Path) -> None:
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+
+    specs = DefaultLogsSpecs(log_dir=str(tmp_path / "elastic"), redirects=Std.ALL)
+    for attempt in range(2):
+        envs = {r: {"TORCHELASTIC_RUN_ID": "job", "TORCHELASTIC_RESTART_COUNT": str(attempt)}
+                for r in range(2)}
+        dest = specs.reify(envs)
+        for rank, path in dest.stdouts.items():
+            Path(path).write_text(f"[rank {rank}] step {attempt} loss 1.0\n")
+    (run,) = find_runs([str(tmp_path / "elastic")])
+    assert [s.label.rsplit("/", 1)[-1] for s in run.segments] == ["attempt_0", "attempt_1"]
+    assert len(run.log_files) == 4 and run.layouts == ("torchrun",)
+
+
+def test_rank_logs_of_one_folder(tmp_path: Path) -> None:
+    for name in ("rank0.log", "log_rank_1.txt"):
+        (tmp_path / name).write_text("step 1 loss 1.0\n")
+    (run,) = find_runs([str(tmp_path)])
+    assert run.layouts == ("ranks",) and len(run.log_files) == 2
+
+
+# --run-root
+
+
+def test_run_root_takes_everything_below_as_one_run(
+        tmp_path: Path, summary_run: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    summary_run({"train/loss": [1.0, float("nan")]}, name="exp/a")
+    summary_run({"train/loss": [1.0, 0.5]}, name="exp/b")
+    summary_run({"train/loss": [1.0, 0.5]}, name="other")
+    assert sorted(_by_name(tmp_path)) == ["exp/a", "exp/b", "other"]
+    runs = {r.name: r for r in find_runs([str(tmp_path)], run_roots=[str(tmp_path / "exp")])}
+    assert sorted(runs) == ["exp", "other"] and runs["exp"].layouts == ("run-root",)
+    assert len(runs["exp"].event_files) == 2
+    assert main(["analyze", str(tmp_path), "--run-root", str(tmp_path / "exp"), "-q"]) == 1
+    table = capsys.readouterr().out
+    assert "\nexp " in table and "exp/a" not in table
+
+
+def test_run_root_splits_lightning_versions(lightning_family: Path) -> None:
+    folder = lightning_family / "lightning_restart"
+    versions = [str(folder / "lightning_logs" / v) for v in ("version_0", "version_1")]
+    runs = find_runs([str(folder)], run_roots=versions)
+    assert sorted(r.name for r in runs) == ["lightning_logs/version_0",
+                                            "lightning_logs/version_1", "lightning_restart"]
+
+
+def test_run_root_outside_the_paths_is_walked_too(tmp_path: Path, summary_run: Any) -> None:
+    summary_run({"train/loss": [1.0]}, name="a")
+    summary_run({"train/loss": [1.0]}, name="b/c")
+    runs = find_runs([str(tmp_path / "a")], run_roots=[str(tmp_path / "b")])
+    assert [r.path for r in runs] == [str(tmp_path / "a"), str(tmp_path / "b")]
+
+
+def test_run_root_must_be_a_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["analyze", str(tmp_path), "--run-root", str(tmp_path / "nope")]) == 2
+    assert "no such file or folder" in capsys.readouterr().err
+    (tmp_path / "f.log").write_text("x\n")
+    assert main(["analyze", str(tmp_path), "--run-root", str(tmp_path / "f.log")]) == 2
+    assert "names a folder" in capsys.readouterr().err
+
+
+def test_text_report_lists_files_by_role(lightning_family: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    main(["analyze", str(lightning_family / "lightning_restart"), "--no-replay",
+          "--no-checkpoints"])
+    out = capsys.readouterr().out
+    assert "   files: lightning; segments lightning_logs/version_0, lightning_logs/version_1" \
+        in out
+    assert "     log: train.log" in out
+
+
+# Renaming a training's folder never changes how the trees below are grouped.
+
+_TRAININGS = ("lightning_restart", "hf_nan", "ddp_gloo", "amp_benign", "tbx_nan")
+_TRICKY = ["logs", "tb", "train", "validation", "runs", "version_3", "lightning_logs",
+           "attempt_0", "0", "rank_1", "events", "exp", "run-1", "ümlaut"]
+
+
+def _reserved(name: str) -> bool:
+    from analyzer.capture.folder import is_capture_container
+
+    return is_save_dir(name) or is_capture_container(name) or name.startswith(".") or \
+        name in {"__pycache__", "node_modules", "venv"}
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("sweep")
+    for name in _TRAININGS:
+        shutil.copytree(corpus.get(name, tmp_path_factory), folder / name)
+    return folder
+
+
+def _partition(root: Path, renamed: dict[str, str]) -> set[frozenset[str]]:
+    """Each run's files relative to ``root``, with renamed folders given their first name."""
+    back = {new: old for old, new in renamed.items()}
+    found = discover([str(root)])
+    out = set()
+    for run in found.runs:
+        files = set()
+        for f in (*run.event_files, *run.log_files, *run.checkpoint_files,
+                  *run.metadata_files, *run.capture_dirs):
+            top, _, rest = os.path.relpath(f, root).partition(os.sep)
+            files.add(os.path.join(back.get(top, top), rest))
+        out.add(frozenset(files))
+    return out
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[
+    HealthCheck.function_scoped_fixture])
+@given(which=st.sampled_from(_TRAININGS),
+       name=st.one_of(st.sampled_from(_TRICKY),
+                      st.text(st.characters(codec="utf-8", exclude_characters="/\0"),
+                              min_size=1, max_size=12)))
+def test_renaming_a_training_never_changes_the_grouping(sweep: Path, which: str,
+                                                        name: str) -> None:
+    if _reserved(name) or name in (".", "..") or name in _TRAININGS or len(
+            name.encode()) > 200:
+        return
+    expected = _partition(sweep, {})
+    assert len(expected) == len(_TRAININGS)
+    os.rename(sweep / which, sweep / name)
+    try:
+        assert _partition(sweep, {which: name}) == expected
+    finally:
+        os.rename(sweep / name, sweep / which)
