@@ -76,7 +76,7 @@ FloatArray = npt.NDArray[np.float64]
 _OWNERS = {"megatron": "Megatron's", "mmengine": "mmengine's", "lightning": "Lightning's",
            "tqdm": "the tqdm bar's", "keras": "Keras'", "nanogpt": "nanoGPT's",
            "transformers": "the Trainer's", "deepspeed": "DeepSpeed's",
-           "fairseq": "fairseq's", "detectron2": "detectron2's"}
+           "fairseq": "fairseq's", "detectron2": "detectron2's", "timm": "timm's"}
 """How the report names a framework whose numbers placed a source."""
 _COUNTERS = {"megatron": "iteration", "mmengine": "iter", "nanogpt": "iter",
              "lightning": "batch", "tqdm": "batch", "keras": "batch", "deepspeed": "step",

@@ -5,6 +5,11 @@ loss_cls: 0.8  time: 0.5  data_time: 0.01  lr: 0.0002  max_mem: 1234M``
 
 ``FloatingPointError: Loss became infinite or NaN at iteration=N!`` comes from
 ``_write_metrics``; its ``loss_dict = {...}`` (same or next line) names the losses.
+
+Steps are the trainer's ``iter`` (:data:`ITER`): ``for self.iter in range(start_iter,
+max_iter)``, from 0, copied into the event storage before each step; the printer shows the
+storage's ``iter`` and detectron2's TensorBoard writer writes each scalar at the iteration
+it was put at, so both count as a 0-based loop does.
 """
 
 from __future__ import annotations
@@ -14,12 +19,15 @@ import re
 from analyzer.ingest.logformats.base import colon_pairs
 from analyzer.ingest.logformats.context import Context
 from analyzer.ingest.logformats.numbers import NUM, STEP, to_float, to_step
+from analyzer.model import StepAxis
 
 _ITER = re.compile(r"iter: (" + STEP + r")(?![\d/])")
 _FPE = re.compile(r"Loss became infinite or NaN at iteration=(" + STEP + r")")
 _LOSS_DICT = re.compile(r"loss_dict ?+= ?+\{")
 _ITEM = re.compile(r"'([^'\\]*+)': ++(?:tensor\()?+(" + NUM + r")")
 _SKIP = frozenset({"eta", "iter", "max_mem"})
+ITER = StepAxis("counter", base=0, counts_skipped=True, label="iter")
+"""detectron2's trainer iteration, from 0."""
 
 
 class Detectron2Parser:
@@ -35,6 +43,7 @@ class Detectron2Parser:
         m = _FPE.search(text)
         if m is not None:
             self.error_step, self.error_line = to_step(m.group(1)), ctx.line
+            ctx.axis = ITER
             ctx.nonfinite("total_loss", "nan-or-inf", self.error_step, text)
             self._loss_dict(text, ctx)
             ctx.votes["detectron2"] += 1
@@ -48,6 +57,7 @@ class Detectron2Parser:
         m = _ITER.match(text, at)
         if m is None:
             return False
+        ctx.axis = ITER
         ctx.points_at(to_step(m.group(1)), colon_pairs(text[m.end() :], _SKIP))
         ctx.votes["detectron2"] += 1
         return True

@@ -6,7 +6,11 @@
   (also the tqdm bar ``epoch 001:  10%|...| 100/1000 [..., loss=9.5, ...]``)
 - end of epoch (older releases): ``| epoch 001 | loss 9.5 | nll_loss 8.3 | ... |``
 
-The step is ``num_updates``. ``FloatingPointError: gradients are Nan/Inf`` is the
+The step is ``num_updates`` (:data:`NUM_UPDATES`): the trainer counts an update only once
+it is applied (``set_num_updates(get_num_updates() + 1)`` after a step without overflow),
+so it starts at 1 and does not count the steps the loss scaler skipped; its TensorBoard
+logging writes at that number. A line without it is numbered by its batch count over the
+epochs (a numbering of its own). ``FloatingPointError: gradients are Nan/Inf`` is the
 trainer refusing a non-finite gradient norm.
 """
 
@@ -18,6 +22,7 @@ import re
 from analyzer.ingest.logformats.base import equals_pairs
 from analyzer.ingest.logformats.context import Context
 from analyzer.ingest.logformats.numbers import number_value
+from analyzer.model import StepAxis
 
 _JSON = re.compile(r"\| (train_inner|train|valid\w*+) \| \{")
 _JSON_ITEM = re.compile(r'"([^"\\]*+)": "?+([^",}]*+)')
@@ -27,6 +32,10 @@ _COUNT = re.compile(r"(\d{1,15}+) ?+/ ?+(\d{1,15}+)")
 _RENAME = {"gnorm": "grad_norm"}
 _STEP_KEYS = ("num_updates", "valid_num_updates", "train_num_updates")
 _SKIP = frozenset({"epoch", "update", *_STEP_KEYS})
+NUM_UPDATES = StepAxis("counter", base=1, counts_skipped=False, label="num_updates")
+"""fairseq's ``num_updates``: applied updates, from 1, overflow-skipped ones not counted."""
+BATCHES = StepAxis("counter", base=1, counts_skipped=True, label="batch")
+"""The progress bar's batch count over the epochs, for lines that print no num_updates."""
 
 
 class FairseqParser:
@@ -70,14 +79,15 @@ class FairseqParser:
 
     def _emit(self, values: dict[str, float], fallback: int | None, ctx: Context) -> bool:
         step_value = next((values[k] for k in _STEP_KEYS if k in values), None)
-        if step_value is not None and math.isfinite(step_value):
-            step: int | None = int(step_value)
-        else:
-            step = fallback
+        counted = step_value is not None and math.isfinite(step_value)
+        step = int(step_value) if counted and step_value is not None else fallback
         if step is None or not values:
             return False
-        for key, value in values.items():
-            if key not in _SKIP:
-                ctx.point(_RENAME.get(key, key), step, value)
+        items = [(_RENAME.get(k, k), v) for k, v in values.items() if k not in _SKIP]
+        if counted:
+            ctx.axis = NUM_UPDATES
+            ctx.points_at(step, items)
+        else:
+            ctx.points_on(BATCHES, step, items)
         ctx.votes["fairseq"] += 1
         return True

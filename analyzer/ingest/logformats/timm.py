@@ -7,7 +7,9 @@ Acc@5: 97.266 (97.070)``, and ``Test (EMA): [...]`` for the EMA weights.
 
 Each meter prints its current value, then its running average in brackets: the
 current value is kept. timm trains on through a NaN loss, so the first non-finite
-``Loss`` is where it went. Training steps are ``epoch * updates_per_epoch + index``;
+``Loss`` is where it went. Training steps are ``epoch * updates_per_epoch + index``
+(:data:`UPDATE`): epochs from 0 and the update's index within its epoch from 0, so the
+count is a 0-based loop's, the global step a script's SummaryWriter writes at;
 evaluation lines sit at the last training step read, their tags prefixed ``test/``
 (``test_ema/`` for the EMA weights).
 """
@@ -18,6 +20,7 @@ import re
 
 from analyzer.ingest.logformats.base import colon_pairs
 from analyzer.ingest.logformats.context import Context
+from analyzer.model import StepAxis
 
 _TRAIN = re.compile(
     r"(?<![\w])Train: (\d{1,9}+) \[ {0,12}+(\d{1,12}+)/(\d{1,12}+) \( {0,3}+[\d.]{1,8}+%\)\]"
@@ -25,6 +28,8 @@ _TRAIN = re.compile(
 _TEST = re.compile(r"(?<![\w])Test( \(EMA\))?+: \[ {0,12}+(\d{1,12}+)/(\d{1,12}+)\]")
 _SKIP = frozenset({"Time", "Data"})
 _RENAME = {"Loss": "loss", "LR": "lr", "Acc@1": "acc1", "Acc@5": "acc5"}
+UPDATE = StepAxis("counter", base=0, counts_skipped=True, label="update")
+"""``epoch * updates_per_epoch + index``: timm's updates over the epochs, from 0."""
 
 
 class TimmParser:
@@ -54,6 +59,7 @@ class TimmParser:
             assert test is not None
             prefix = "test_ema/" if test.group(1) else "test/"
             step = self.train_step if self.train_step is not None else int(test.group(2))
+        ctx.axis = UPDATE
         ctx.points_at(step, [(prefix + _RENAME.get(name, name), value) for name, value in pairs])
         ctx.votes["timm"] += 1
         return True
