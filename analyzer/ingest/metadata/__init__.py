@@ -2,6 +2,14 @@
 they are. Reading them is this package's modules' work; discovery only asks
 :func:`is_metadata_file` to list them on the run that holds them.
 
+    read         a run's metadata files into one RunMetadata, settings resolved
+                 (``read_run_metadata``; ``with_checkpoints`` adds a Lightning
+                 checkpoint's hyperparameters once the checkpoints are scanned)
+    hparams      hparams.yaml, by PyYAML's safe loader
+    hfjson       config.json, generation_config.json, trainer_state.json's top level
+    torchsaved   training_args.bin and scheduler states, their pickles walked statically
+    keys         which key names which setting, and the types settings take
+
     hparams.yaml             Lightning's logger: the module's and datamodule's hyperparameters
     config.json              Hugging Face model config (architecture, dtype, eps, sizes)
     generation_config.json   Hugging Face generation defaults
