@@ -14,6 +14,7 @@ at the start of a line becomes an ``error`` event.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from analyzer.ingest.logformats.context import Context
 
@@ -23,6 +24,25 @@ _RETURNED = re.compile(r"Function '(\w++)' returned (nan|inf) values in its (\d{
 _CLIP = re.compile(r"The total norm of order \S++ for gradients from `parameters` is non-finite")
 _ERROR = re.compile(r"(?:\w++\.)*+(\w*?(?:Error|Exception)): ?+(.*+)")
 _LIBRARY = ("site-packages", "dist-packages", "/torch/", "\\torch\\", "<frozen", "/lib/python")
+
+
+def nonfinite_report(text: str) -> tuple[str, str, dict[str, Any]] | None:
+    """The tag, kind and detail of an error message that reports a non-finite value
+    (autograd's anomaly error, ``clip_grad_norm_``'s), or None."""
+    m = _RETURNED.search(text)
+    if m is not None:
+        function = m.group(1)
+        return f"autograd:{function}", m.group(2), {"function": function,
+                                                    "output": int(m.group(3))}
+    if _CLIP.search(text) is not None:
+        return "grad_norm", "nan-or-inf", {}
+    return None
+
+
+def error_type(text: str) -> str | None:
+    """The exception type a ``SomethingError: message`` line starts with, or None."""
+    m = _ERROR.match(text)
+    return m.group(1) if m is not None and text[:1].isalpha() else None
 
 
 class AnomalyParser:
@@ -62,15 +82,8 @@ class AnomalyParser:
         if m is not None:
             function = m.group(1)
             frames = self.frames if function == self.function else []
-            ctx.nonfinite(
-                f"autograd:{function}",
-                m.group(2),
-                None,
-                text,
-                function=function,
-                output=int(m.group(3)),
-                user_frames=list(frames),
-            )
+            tag, kind, extra = nonfinite_report(text) or ("", "", {})
+            ctx.nonfinite(tag, kind, None, text, **extra, user_frames=list(frames))
             ctx.votes["pytorch"] += 1
             self.collecting = False
             return True

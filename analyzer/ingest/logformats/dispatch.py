@@ -19,7 +19,7 @@ import re
 
 from analyzer.ingest.logformats import FALLBACK, PARSERS, LineParser, reader
 from analyzer.ingest.logformats.context import Context
-from analyzer.ingest.logformats.prefixes import TAGGED, PrefixRule
+from analyzer.ingest.logformats.prefixes import EMBEDDED_MARKS, TAGGED, PrefixRule
 from analyzer.ingest.logformats.reader import Lines, line_records
 
 _PREFIX_START = frozenset(" \t>[0123456789")
@@ -170,7 +170,8 @@ class Dispatcher:
             if found is not None:
                 return found
         found = (
-            text[0] in _PREFIX_START and (self.numbered or TAGGED.match(text) is not None),
+            (text[0] in _PREFIX_START and (self.numbered or TAGGED.match(text) is not None))
+            or _holds_any(text, _EMBEDDED),
             tuple(p for p in self.parsers if _holds_any(text, self.own[id(p)])),
             self.fallback.wants(text),
         )
@@ -188,7 +189,10 @@ MEMO_ENTRIES = 4096
 """Shapes remembered per file; the memo starts again empty when it is full."""
 _ZERO_DIGITS = bytes(48 if 48 <= b <= 57 else b for b in range(256))
 
-_TAG_MARKS = _needles((">", "[rank", "[Rank", "[RANK", "[default", "]<std"))
+_TAG_MARKS = _needles((">", "[rank", "[Rank", "[RANK", "[default", "]<std", "]:"))
+_EMBEDDED = _needles(EMBEDDED_MARKS)
+"""Rank marks that ``PrefixRule.strip`` takes out after a logging header, not only at the
+start of a record."""
 
 
 def _untagged(text: str) -> bool:
@@ -196,4 +200,4 @@ def _untagged(text: str) -> bool:
     Substring tests rule most text out faster than the line-start search."""
     if not _holds_any(text, _TAG_MARKS):
         return True
-    return _TAGGED_LINE.search(text) is None
+    return _TAGGED_LINE.search(text) is None and not _holds_any(text, _EMBEDDED)

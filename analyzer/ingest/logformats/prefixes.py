@@ -1,7 +1,14 @@
 """Prefixes put in front of a log line by launchers or by pasting.
 
-Always recognised: quote marks (``> ``), torchrun's ``[rank3]:`` and
-``[default3]:``, Open MPI's ``[1,3]<stdout>:``. A bare leading number
+Always recognised: quote marks (``> ``); torch's ``[rank3]:`` (its logging's rank
+prefix); the elastic agent's ``[default3]:`` (``torchrun --tee``, and the console copy
+of every worker's output: ``[{role}{local_rank}]:``, the role ``default`` unless
+``--role`` names another, or ``[3]:`` from a ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE``
+of ``[${rank}]:``); Lightning's ``[rank: 3]`` (``rank_prefixed_message``); Open MPI's
+``[1,3]<stdout>:``. Accelerate's logger with ``main_process_only=False`` puts
+``[RANK 3]`` at the start of the message, after the logging header
+(``12/01/2024 10:00:00 - INFO - __main__ - [RANK 3] ...``): that mark is taken out
+wherever it is in the first :data:`EMBEDDED_CHARS` characters. A bare leading number
 (``3: text`` from ``srun --label``, ``12\ttext`` from ``cat -n``) is ambiguous, so
 the head of the file decides: numbers that keep increasing are pasted line numbers,
 numbers that repeat are ranks.
@@ -17,11 +24,16 @@ from typing import Literal
 TAGGED = re.compile(
     r"[ \t]*+(?:"
     r"(?:>[ \t]?+)++"
-    r"|\[(?:rank|Rank|RANK)[ _]?+(?P<r1>\d{1,9}+)\]:?+[ \t]?+"
-    r"|\[default(?P<r2>\d{1,9}+)\]:[ \t]?+"
+    r"|\[(?:rank|Rank|RANK)(?:: |[ _])?+(?P<r1>\d{1,9}+)\]:?+[ \t]?+"
+    r"|\[[A-Za-z][A-Za-z_\-]{0,31}+(?P<r2>\d{1,9}+)\]:[ \t]?+"
+    r"|\[(?P<r4>\d{1,9}+)\]:[ \t]?+"
     r"|\[\d++,(?P<r3>\d{1,9}+)\]<std(?:out|err)>:[ \t]?+"
     r")"
 )
+EMBEDDED = re.compile(r"\[(?:RANK (?P<a>\d{1,9}+)|rank: (?P<b>\d{1,9}+))\] ?+")
+"""Accelerate's ``[RANK 3]`` and Lightning's ``[rank: 3]`` inside a logging header."""
+EMBEDDED_MARKS = ("[RANK ", "[rank: ")
+EMBEDDED_CHARS = 256
 _NUMBERED = re.compile(r"[ \t]*+(\d{1,9}+)(?::[ \t]|\t|[ \t]?+\|[ \t])")
 
 NumberMode = Literal["none", "rank", "line"]
@@ -43,7 +55,7 @@ class PrefixRule:
                 break
             m = TAGGED.match(text)
             if m is not None:
-                found = m.group("r1") or m.group("r2") or m.group("r3")
+                found = m.group("r1") or m.group("r2") or m.group("r3") or m.group("r4")
                 if found is not None:
                     rank = int(found)
                 text = text[m.end() :]
@@ -56,6 +68,11 @@ class PrefixRule:
                     text = text[n.end() :]
                     continue
             break
+        if rank is None and ("[RANK " in text or "[rank: " in text):
+            e = EMBEDDED.search(text, 0, EMBEDDED_CHARS)
+            if e is not None:
+                rank = int(e.group("a") or e.group("b"))
+                text = text[: e.start()] + text[e.end() :]
         return text, rank
 
 

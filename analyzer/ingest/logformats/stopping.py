@@ -12,6 +12,11 @@ DETR and the torchvision detection references then print the reduced loss dict,
 it names the term that went non-finite. Read within a few lines of the stop message,
 each non-finite term becomes a ``nonfinite`` event of its own, at the same step, with
 every term's value in ``detail["terms"]``.
+
+Lightning's ``EarlyStopping(check_finite=True, verbose=True)`` stops on a non-finite
+monitored metric with ``Monitored metric val_loss = nan is not finite. Previous best
+value was 0.123. Signaling Trainer to stop.``: a ``nonfinite`` event for that metric,
+after the last step logged.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ _STEP = re.compile(
 """``numbers.STEP`` refuses ``1,200,`` (the comma could start another group); here the
 step is followed by ``, stopping training``."""
 _TERM = re.compile(r"'([^'\\]{1,200}+)': tensor\(\[?+(" + NUM + r")(?![\w.])")
+_MONITORED = re.compile(r"Monitored metric (\S{1,200}+) = (" + NUM + r") is not finite\.")
 _DICT_LINES = 3
 """The loss dict is read this many lines after the stop message at most."""
 
@@ -39,13 +45,17 @@ _DICT_LINES = 3
 class StoppingParser:
     framework = "pytorch"
     repeats = False  # a one-off message; nothing follows it in the same shape
-    triggers: tuple[str, ...] = ("stopping training", "Stopping training", "': tensor(")
+    triggers: tuple[str, ...] = (
+        "stopping training", "Stopping training", "': tensor(", "is not finite."
+    )
 
     def __init__(self) -> None:
         self.stop: tuple[int, int | None] | None = None
         """Line and step of the last stop message."""
 
     def parse(self, text: str, ctx: Context) -> bool:
+        if "is not finite." in text:
+            return self._monitored(text, ctx)
         m = _LOSS.search(text)
         if m is None:
             return self._terms(text, ctx)
@@ -60,6 +70,16 @@ class StoppingParser:
         ctx.nonfinite("loss", kind, step, text, global_step=True)
         ctx.votes["pytorch"] += 1
         self.stop = (ctx.line, step)
+        return True
+
+    def _monitored(self, text: str, ctx: Context) -> bool:
+        m = _MONITORED.search(text)
+        value = None if m is None else to_float(m.group(2))
+        if m is None or value is None or math.isfinite(value):
+            return False
+        kind = "nan" if math.isnan(value) else ("+inf" if value > 0 else "-inf")
+        ctx.nonfinite(m.group(1), kind, None, text, monitor="EarlyStopping")
+        ctx.votes["lightning"] += 1
         return True
 
     def _terms(self, text: str, ctx: Context) -> bool:

@@ -1,0 +1,186 @@
+"""The failure report of torch.distributed's elastic agent (``torchrun``).
+
+When a worker dies, the agent raises ``ChildFailedError``, whose message
+(``torch.distributed.elastic.multiprocessing.errors``) is a table of the failures::
+
+    ============================================================
+    train.py FAILED
+    ------------------------------------------------------------
+    Failures:
+      <NO_OTHER_FAILURES>
+    ------------------------------------------------------------
+    Root Cause (first observed failure):
+    [0]:
+      time      : 2024-05-01_10:00:00
+      host      : node1
+      rank      : 1 (local_rank: 1)
+      exitcode  : 1 (pid: 1234)
+      error_file: /tmp/torchelastic_x/.../attempt_0/1/error.json
+      traceback : Traceback (most recent call last):
+        File "train.py", line 17, in main
+          loss.backward()
+      RuntimeError: Function 'LogBackward0' returned nan values in its 0th output.
+    ============================================================
+
+The traceback is the worker's own, from the error file ``@record`` wrote
+(``To enable traceback see: ...`` without it, ``Signal 9 (SIGKILL) received by PID
+...`` for a signal). Each failure becomes an ``error`` event at its exception line (the
+last ``SomethingError: message`` of its traceback, else the traceback field), with the
+global ``rank``, ``local_rank``, ``exitcode``, ``error_file`` and ``root_cause`` (True
+for the first observed failure); a root cause whose message reports a non-finite value
+(autograd's anomaly error, ``clip_grad_norm_``'s) is also a ``nonfinite`` event of that
+rank, as the worker's own lines may not be in the log (``--local-ranks-filter``, or
+redirected to files). The lines of the report are this parser's, so the traceback in it
+is not read a second time as the run's own.
+
+:func:`error_file_report` reads the error file itself (``error.json`` in the agent's
+``attempt_N/<local_rank>/`` folder): ``{"message": {"message": "RuntimeError: ...",
+"extraInfo": {"py_callstack": "...", "timestamp": "..."}}}``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from analyzer.ingest.logformats.anomaly import error_type, nonfinite_report
+from analyzer.ingest.logformats.context import Context
+
+_FIELDS = {"time      : ": "time", "rank      : ": "rank", "exitcode  : ": "exitcode",
+           "error_file: ": "error_file", "traceback : ": "traceback", "host      : ": "host"}
+_RANK = re.compile(r"(\d{1,9}+) \(local_rank: (\d{1,9}+)\)")
+_EXIT = re.compile(r"(-?+\d{1,9}+)")
+ROOT = "Root Cause (first observed failure):"
+_NO_ERROR_FILE = "<N/A>"
+
+
+@dataclass
+class _Failure:
+    root: bool
+    fields: dict[str, str] = field(default_factory=dict)
+    error: tuple[int, str] | None = None
+    """The line and text of the last exception line of its traceback."""
+    line: int = 0
+
+
+class ElasticParser:
+    framework = "torchelastic"
+    repeats = False
+    triggers: tuple[str, ...] = (
+        "Failures:", ROOT, *_FIELDS, "=====", "-----", "Error", "Exception", 'File "',
+    )
+
+    def __init__(self) -> None:
+        self.section: str | None = None
+        self.failure: _Failure | None = None
+
+    def parse(self, text: str, ctx: Context) -> bool:
+        body = text.strip()
+        if body == "Failures:" or body == ROOT:
+            self._flush(ctx)
+            self.section = "root" if body == ROOT else "failures"
+            return True
+        if self.section is None:
+            return False
+        if body.startswith(("=====", "-----")) and body.strip("=-") == "":
+            self._flush(ctx)
+            if body[0] == "=":
+                self.section = None
+            return True
+        for key, name in _FIELDS.items():
+            if body.startswith(key):
+                if name == "time":
+                    self._flush(ctx)
+                    self.failure = _Failure(root=self.section == "root", line=ctx.line)
+                if self.failure is not None:
+                    value = body[len(key) :].strip()
+                    self.failure.fields[name] = value
+                    if name == "traceback":
+                        self.failure.line = ctx.line
+                        if error_type(value) is not None:
+                            self.failure.error = (ctx.line, value)
+                return True
+        if self.failure is not None and error_type(body) is not None:
+            self.failure.error = (ctx.line, body)
+        return self.failure is not None or body == "<NO_OTHER_FAILURES>"
+
+    def _flush(self, ctx: Context) -> None:
+        failure, self.failure = self.failure, None
+        if failure is None or not failure.fields:
+            return
+        detail = failure_detail(failure.fields)
+        detail["root_cause"] = failure.root
+        line, message = failure.error or (failure.line, failure.fields.get("traceback", ""))
+        kind = error_type(message)
+        if kind is not None:
+            detail["type"] = kind
+        here = ctx.line
+        ctx.line = line  # the event is where its message is, not where the table ends
+        ctx.event("error", None, message, detail)
+        report = nonfinite_report(message) if failure.root else None
+        if report is not None:
+            tag, nf_kind, extra = report
+            if "rank" in detail:
+                extra = {**extra, "rank": detail["rank"]}
+            ctx.nonfinite(tag, nf_kind, None, message, **extra, reported_by="torchelastic")
+        ctx.line = here
+        ctx.votes["torchelastic"] += 1
+
+
+def failure_detail(fields: dict[str, str]) -> dict[str, Any]:
+    """The numbers of a failure entry: global and local rank, exit code, error file."""
+    detail: dict[str, Any] = {}
+    m = _RANK.match(fields.get("rank", ""))
+    if m is not None:
+        detail["rank"], detail["local_rank"] = int(m.group(1)), int(m.group(2))
+    e = _EXIT.match(fields.get("exitcode", ""))
+    if e is not None:
+        detail["exitcode"] = int(e.group(1))
+    where = fields.get("error_file")
+    if where and where != _NO_ERROR_FILE:
+        detail["error_file"] = where
+    if "time" in fields:
+        detail["failure_time"] = fields["time"]
+    return detail
+
+
+ERROR_FILE = "error.json"
+ERROR_FILE_CAP = 1 << 24
+"""An error file larger than this is not an error file the agent wrote."""
+
+
+@dataclass(frozen=True)
+class ErrorFileReport:
+    """What a worker's ``error.json`` says: its exception line, the traceback, when."""
+
+    message: str
+    type: str | None
+    traceback: str | None
+    timestamp: int | None
+
+
+def error_file_report(data: bytes) -> ErrorFileReport | None:
+    """The report of an error file's bytes, or None when they are not one (not JSON,
+    another shape). Never raises for content."""
+    if len(data) > ERROR_FILE_CAP:
+        return None
+    try:
+        doc = json.loads(data.decode("utf-8", errors="replace"))
+    except (ValueError, RecursionError):
+        return None
+    outer = doc.get("message") if isinstance(doc, dict) else None
+    if isinstance(outer, str):  # a message without a traceback
+        return ErrorFileReport(outer[:10_000], error_type(outer), None, None)
+    if not isinstance(outer, dict) or not isinstance(outer.get("message"), str):
+        return None
+    message: str = outer["message"]
+    extra = outer.get("extraInfo")
+    extra = extra if isinstance(extra, dict) else {}
+    stack = extra.get("py_callstack")
+    stamp = extra.get("timestamp")
+    timestamp = int(stamp) if isinstance(stamp, str) and stamp.isdecimal() and len(
+        stamp) <= 15 else None
+    return ErrorFileReport(message[:10_000], error_type(message),
+                           stack[:100_000] if isinstance(stack, str) else None, timestamp)
