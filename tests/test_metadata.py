@@ -490,3 +490,29 @@ def test_healthy_hf_run_with_metadata_is_not_a_failure(tmp_path_factory: pytest.
     assert not any(r.failed for r in report.results)
     assert not any(i.location.file.endswith((".bin", ".json", ".pt", ".pth"))
                    for r in report.results for i in r.run.issues)
+
+
+def test_regression_yaml_integer_of_thousands_of_digits_is_an_issue_not_a_traceback(
+        tmp_path: Path) -> None:
+    """Before: PyYAML's int() of a 5,000-digit scalar raised ValueError out of the reader."""
+    path = tmp_path / "hparams.yaml"
+    path.write_text("seed: " + "7" * 5000 + "\nlr: 0.1\n")
+    got = read_hparams(str(path))
+    assert [(i.kind, i.location.line) for i in got.issues] == [("bad_record", 1)]
+    assert got.settings == {"learning_rate": ("lr", 0.1)}
+
+
+def test_regression_pickled_integer_too_long_to_print_is_not_kept(tmp_path: Path) -> None:
+    """Before: a 6,000-digit int in training_args.bin was kept as a field, and writing the
+    JSON or text report then failed (Python refuses to turn it into text)."""
+    path = tmp_path / "training_args.bin"
+    _closed_zip_with_pickle(path, pickle.dumps({"learning_rate": 0.5, "seed": 10**6000},
+                                               protocol=2))
+    got = read_training_args(str(path))
+    assert got.fields == {"learning_rate": 0.5}
+    meta = read_run_metadata([str(path)])
+    assert meta is not None
+    json.dumps(encode(meta))
+    config = tmp_path / "config.json"
+    config.write_text('{"model_type": "gpt2", "n_layer": ' + "1" * 5000 + "}")
+    assert [i.kind for i in read_model_config(str(config)).issues] == ["bad_json"]

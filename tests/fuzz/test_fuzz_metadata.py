@@ -158,7 +158,7 @@ def test_training_args_reader_survives_damage(
 HPARAMS = {"lr": 0.02, "betas": (0.9, 0.95), "warmup_steps": 100, "batch_size": 64,
            "optimizer": {"name": "AdamW", "eps": 1e-7}, "precision": "16-mixed"}
 TAGS = ["!!python/object/apply:os.system ['touch {marker}']", "!!python/name:os.system ''",
-        "!!python/tuple [1, 2]", "!custom 3", "&a [1, *a]", "*nowhere", "{{lr: 5e-3}}"]
+        "!!python/tuple [1, 2]", "!custom 3", "&a [1, *a]", "*nowhere", "{{lr: 5e-3}}", "9" * 5000]
 
 
 @fuzz_settings(ci_examples=200)

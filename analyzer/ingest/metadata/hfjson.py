@@ -29,6 +29,7 @@ from analyzer.ingest.metadata.keys import (
     MODEL_CONFIG_EXTRA,
     TRAINER_STATE,
     TRAINER_STATE_EXTRA,
+    plain,
 )
 from analyzer.ingest.safeio import NotRegularFile, open_regular
 from analyzer.model import IngestIssue, IssueKind, Location, MetaValue
@@ -54,13 +55,9 @@ def _issue(path: str, kind: IssueKind, message: str, line: int | None = None) ->
 
 
 def _plain(value: object) -> MetaValue | None:
-    if isinstance(value, bool | int | float) or value is None:
-        return value
-    if isinstance(value, str):
-        return value[:200]
     if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
-        return ", ".join(value)[:200]  # architectures: ["GPT2LMHeadModel"]
-    return None
+        return plain(", ".join(value))  # architectures: ["GPT2LMHeadModel"]
+    return plain(value)
 
 
 def _pick(document: Mapping[str, object], names: tuple[str, ...]) -> dict[str, MetaValue]:
@@ -101,6 +98,8 @@ def _parse(path: str, data: bytes, out: JsonRead) -> object:
         return json.loads(data.decode("utf-8", "replace"))
     except json.JSONDecodeError as exc:
         out.issues.append(_issue(path, "bad_json", f"not valid JSON ({exc.msg})", exc.lineno))
+    except ValueError:  # an integer of thousands of digits, which Python refuses to build
+        out.issues.append(_issue(path, "bad_json", "a number too long to read"))
     except RecursionError:
         out.issues.append(_issue(path, "bad_json", "JSON nested too deeply to parse"))
     return None

@@ -7,9 +7,10 @@ read as a sequence. Every other tag (``!!python/object``, ``!!python/name``, a c
 file's other keys are kept. Issues, by kind:
 
     too_large    the file is over MAX_BYTES: not parsed (hyperparameters are a few KiB)
-    bad_record   a tag that is not plain data (its line: its key is left out, the rest
-                 kept), or YAML that does not parse (the line where it stops; no key is
-                 kept, since the loader builds the document whole)
+    bad_record   a tag that is not plain data, or an integer of more than MAX_INT_DIGITS
+                 digits (its line: its key is left out, the rest kept); YAML that does not
+                 parse (the line where it stops; no key is kept, since the loader builds
+                 the document whole)
     read_limit   the document holds more than MAX_NODES values (aliases repeating one
                  structure count each time): the keys walked before are kept
     unreadable   the file cannot be opened
@@ -24,12 +25,13 @@ from typing import Any
 
 import yaml
 
-from analyzer.ingest.metadata.keys import coerce, hparam_setting
+from analyzer.ingest.metadata.keys import coerce, hparam_setting, plain
 from analyzer.ingest.safeio import NotRegularFile, read_regular
 from analyzer.model import IngestIssue, IssueKind, Location, MetaValue
 
 MAX_BYTES = 1 << 20
 MAX_NODES = 100_000
+MAX_INT_DIGITS = 40
 MAX_DEPTH = 32
 """Nested sub-configs walked; keys deeper than this are not looked at."""
 
@@ -63,10 +65,21 @@ def _loader_class() -> type[yaml.SafeLoader]:
             else _REFUSED
 
     def other(loader: Any, node: yaml.Node) -> object:
-        loader.refused.append((str(node.tag), node.start_mark.line + 1))
+        loader.refused.append((f"tag {_tag(str(node.tag))} is not plain data (it names Python "
+                               "code, a class or a custom type): not constructed, its key "
+                               "left out", node.start_mark.line + 1))
         return _REFUSED
 
+    def int_(loader: Any, node: yaml.Node) -> object:
+        # YAML's int() of a scalar of thousands of digits raises ValueError mid-document.
+        if isinstance(node, yaml.ScalarNode) and len(str(node.value)) > MAX_INT_DIGITS:
+            loader.refused.append((f"an integer of more than {MAX_INT_DIGITS} digits: not "
+                                   "read, its key left out", node.start_mark.line + 1))
+            return _REFUSED
+        return yaml.SafeLoader.construct_yaml_int(loader, node)
+
     Loader.add_constructor("tag:yaml.org,2002:python/tuple", tuple_)
+    Loader.add_constructor("tag:yaml.org,2002:int", int_)
     Loader.add_constructor(None, other)  # every tag the safe loader does not know
     return Loader
 
@@ -110,10 +123,8 @@ def read_hparams(path: str) -> HparamsRead:
         return out
     finally:
         loader.dispose()
-    for tag, line in loader.refused[:8]:
-        out.issues.append(_issue(path, "bad_record", f"tag {_tag(tag)} is not plain data "
-                                 "(it names Python code, a class or a custom type): not "
-                                 "constructed, its key left out", line))
+    for message, line in loader.refused[:8]:
+        out.issues.append(_issue(path, "bad_record", message, line))
     out.parsed = True
     if not isinstance(document, dict):
         return out
@@ -131,7 +142,7 @@ def _collect(path: str, document: dict[Any, Any], out: HparamsRead) -> None:
     found: dict[str, tuple[int, str, MetaValue]] = {}
     walk = _Walk()
     for keys, leaf in walk.leaves(document):
-        value = _plain(leaf)
+        value = plain(leaf)
         setting = hparam_setting(keys)
         if setting is None:
             continue
@@ -144,12 +155,6 @@ def _collect(path: str, document: dict[Any, Any], out: HparamsRead) -> None:
         out.issues.append(_issue(path, "read_limit", f"more than {MAX_NODES} values "
                                  "(aliases repeating a structure?): the rest not walked"))
     out.settings = {s: (key, value) for s, (_, key, value) in found.items()}
-
-
-def _plain(value: object) -> MetaValue:
-    if value is None or isinstance(value, bool | int | float | str):
-        return value if not isinstance(value, str) else value[:200]
-    return None
 
 
 class _Walk:

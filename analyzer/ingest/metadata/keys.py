@@ -88,6 +88,24 @@ MODEL_CONFIG_EXTRA = ("architectures", "hidden_size", "n_embd", "d_model", "num_
                       "vocab_size", "max_position_embeddings", "n_positions",
                       "transformers_version")
 
+MAX_INT = 2**63
+"""Integers beyond int64 are no setting, and Python cannot even write those of thousands of
+digits as text (the JSON report would fail): they are dropped where they are read."""
+MAX_TEXT = 200
+
+
+def plain(value: object) -> MetaValue | None:
+    """``value`` when it is a plain value a report can hold (strings cut to MAX_TEXT), else
+    None (so a None read is told from a value refused by ``value is None``)."""
+    if isinstance(value, bool) or value is None or isinstance(value, float):
+        return value
+    if isinstance(value, int):
+        return value if -MAX_INT <= value < MAX_INT else None
+    if isinstance(value, str):
+        return value[:MAX_TEXT]
+    return None
+
+
 _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
 

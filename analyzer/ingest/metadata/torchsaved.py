@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from analyzer.ingest.ckpt.archive import read_archive
 from analyzer.ingest.ckpt.ranges import FileRanges
 from analyzer.ingest.ckpt.staticpickle import Call, Obj, StaticResult, read_pickle
-from analyzer.ingest.metadata.keys import TRAINING_ARGS, TRAINING_ARGS_EXTRA
+from analyzer.ingest.metadata.keys import TRAINING_ARGS, TRAINING_ARGS_EXTRA, plain
 from analyzer.ingest.safeio import NotRegularFile
 from analyzer.model import IngestIssue, IssueKind, Location, MetaValue
 
@@ -146,13 +146,9 @@ def _state(root: object) -> Mapping[object, object] | None:
 
 
 def _plain(value: object) -> MetaValue | None:
-    if value is None or isinstance(value, bool | int | float):
-        return value
-    if isinstance(value, str):
-        return value[:200]
     if isinstance(value, Call) and len(value.args) == 1 and isinstance(value.args[0], str):
-        return value.args[0][:200]  # an enum member, rebuilt from its value
-    return None
+        return plain(value.args[0])  # an enum member, rebuilt from its value
+    return plain(value)
 
 
 def _walked(path: str, got: _Pickle, out: SavedRead) -> Mapping[object, object]:
@@ -209,7 +205,7 @@ def read_scheduler(path: str) -> SavedRead:
         out.fields["param_groups"] = len(base)
     if last:
         out.fields["last_lr"] = max(last)
-    epoch = state.get("last_epoch")
+    epoch = plain(state.get("last_epoch"))
     if isinstance(epoch, int) and not isinstance(epoch, bool):
         out.fields["last_epoch"] = epoch
     out.found = bool(out.fields)
@@ -223,5 +219,5 @@ def read_scheduler(path: str) -> SavedRead:
 def _rates(value: object) -> list[float]:
     if not isinstance(value, list | tuple):
         return []
-    return [float(v) for v in value[:4096]
-            if isinstance(v, int | float) and not isinstance(v, bool)]
+    return [float(v) for v in value[:4096] if isinstance(v, float)
+            or (isinstance(v, int) and not isinstance(v, bool) and plain(v) is not None)]
