@@ -35,9 +35,10 @@ _made: dict[str, Path] = {}
 def generate(out: Path, names: tuple[str, ...]) -> None:
     """Write each named run into ``out/<name>`` (a fresh interpreter, console captured)."""
     env = {**os.environ, **OFFLINE, "PYTHONPATH": str(REPO)}
-    subprocess.run([sys.executable, "-m", "tests.frameworks.generate", str(out), *names],
-                   cwd=REPO, env=env, check=True, timeout=300,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    done = subprocess.run([sys.executable, "-m", "tests.frameworks.generate", str(out), *names],
+                          cwd=REPO, env=env, timeout=300, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"generating {names} failed:\n{done.stderr[-4000:]}")
 
 
 def family(name: str) -> str:

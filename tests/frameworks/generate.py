@@ -3,7 +3,8 @@
 ``python -m tests.frameworks.generate OUT NAME...`` writes each run into ``OUT/NAME``. The
 console is redirected at the file-descriptor level, as a shell's ``> train.log 2>&1``
 would, so progress bars, logging handlers made at import time and tracebacks all land
-in the file. A generator that raises (a run that dies) leaves its traceback there.
+in the file. A run that dies (``DIES``) leaves its traceback there, as Python would; any
+other generator that raises makes the command fail.
 """
 
 from __future__ import annotations
@@ -23,7 +24,11 @@ GENERATORS: dict[str, Callable[[Path], Path]] = {
 }
 
 
-def _run_logged(make: Callable[[Path], Path], root: Path) -> None:
+DIES = frozenset({"lightning_anomaly"})
+"""Runs whose training ends with an uncaught exception, as the user's script would."""
+
+
+def _run_logged(make: Callable[[Path], Path], root: Path) -> BaseException | None:
     root.mkdir(parents=True, exist_ok=True)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -31,10 +36,12 @@ def _run_logged(make: Callable[[Path], Path], root: Path) -> None:
     with open(root / "train.log", "ab") as log:
         os.dup2(log.fileno(), 1)
         os.dup2(log.fileno(), 2)
+        died: BaseException | None = None
         try:
             make(root)
-        except BaseException:  # the run died: Python would print this and exit 1
+        except BaseException as exc:  # the run died: Python prints this and exits 1
             traceback.print_exc()
+            died = exc
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
@@ -42,12 +49,17 @@ def _run_logged(make: Callable[[Path], Path], root: Path) -> None:
             os.dup2(saved[1], 2)
             os.close(saved[0])
             os.close(saved[1])
+    return died
 
 
 def main(argv: list[str]) -> int:
     out, names = Path(argv[0]), argv[1:]
     for name in names:
-        _run_logged(GENERATORS[name], out / name)
+        died = _run_logged(GENERATORS[name], out / name)
+        if (died is not None) != (name in DIES):
+            print(f"{name}: expected {'a death' if name in DIES else 'no exception'}, "
+                  f"got {died!r}", file=sys.stderr)
+            return 1
     return 0
 
 

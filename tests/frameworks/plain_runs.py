@@ -102,5 +102,7 @@ def make_ddp_gloo(root: Path) -> Path:
            str(worker), str(root)]
     root.mkdir(parents=True, exist_ok=True)
     # torchrun's own console is the run's console: pass it through unchanged.
-    subprocess.run(cmd, env=env, check=False, timeout=120)
+    done = subprocess.run(cmd, env=env, check=False, timeout=120)
+    if done.returncode == 0:
+        raise RuntimeError("torchrun exited 0: rank 1 was meant to fail")
     return root
