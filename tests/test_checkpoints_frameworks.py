@@ -1,9 +1,9 @@
 """Checkpoints as the frameworks write them, read by meaning (issue #15).
 
 Lightning, Hugging Face Trainer and Accelerate checkpoints come from tiny CPU trainings
-with the real libraries in tmp_path; DeepSpeed's (not installed) from torch.save of dicts
-with the key names its engine writes. Each test checks that nothing is written into the
-analysed folder.
+with the real libraries in tmp_path (the shared corpus of tests/frameworks where it has
+the run); DeepSpeed's (not installed) from torch.save of dicts with the key names its
+engine writes. The tests that read a folder check that nothing is written into it.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import os
 import sys
 import types
 from collections import OrderedDict
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +31,7 @@ from analyzer.ingest.checkpoints import (
 )
 from analyzer.model import CheckpointScan
 from analyzer.report.checkpoints import format_scan
-
-OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_DISABLED": "true",
-           "TOKENIZERS_PARALLELISM": "false"}
+from tests.frameworks import corpus
 
 
 def _snapshot(folder: Path) -> dict[str, tuple[int, str]]:
@@ -209,57 +206,72 @@ def test_lightning_fp16_scaler_state_is_read_as_evidence(tmp_path: Path) -> None
     assert scan.scaler is not None and scan.scaler.key == "MixedPrecision"
     assert scan.scaler.scale is not None and scan.scaler.scale > 0
     assert scan.meta is not None and scan.meta.sections["MixedPrecision"] == "scaler"
-    assert scan.meta.precision == "MixedPrecision (GradScaler state saved)"
+    assert scan.meta.precision == "16-mixed"
     assert not scan.has_nonfinite
 
 
 # Hugging Face Trainer and Accelerate ------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def hf_trainer_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    root = tmp_path_factory.mktemp("hf")
-    with pytest.MonkeyPatch.context() as patch:
-        for key, value in OFFLINE.items():
-            patch.setenv(key, value)
-        import transformers
-        from torch.utils.data import Dataset
-
-        class Tokens(Dataset[dict[str, torch.Tensor]]):
-            def __len__(self) -> int:
-                return 16
-
-            def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-                ids = (torch.arange(8) + i) % 10
-                return {"input_ids": ids, "labels": ids}
-
-        torch.manual_seed(0)
-        config = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=10,
-                                         n_positions=8)
-        args = transformers.TrainingArguments(
-            output_dir=str(root), max_steps=4, save_steps=2, logging_steps=1,
-            per_device_train_batch_size=4, report_to=["tensorboard"], use_cpu=True,
-            disable_tqdm=True)
-        model = transformers.GPT2LMHeadModel(config)
-        transformers.Trainer(model=model, args=args, train_dataset=Tokens()).train()
-    yield root
-
-
-def test_hf_trainer_checkpoint_n_steps_from_their_folders(hf_trainer_run: Path) -> None:
-    before = _snapshot(hf_trainer_run)
-    paths = _ckpts(hf_trainer_run)
+def test_hf_trainer_checkpoint_n_steps_from_their_folders(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    run = corpus.get("hf_healthy", tmp_path_factory)
+    before = _snapshot(run)
+    paths = _ckpts(run)
     # scheduler.pt, rng_state.pth and training_args.bin are run metadata, not checkpoints.
-    assert [os.path.relpath(p, hf_trainer_run) for p in paths] == [
-        "checkpoint-2/model.safetensors", "checkpoint-2/optimizer.pt",
-        "checkpoint-4/model.safetensors", "checkpoint-4/optimizer.pt"]
+    assert [os.path.relpath(p, run) for p in paths] == [
+        "checkpoint-10/model.safetensors", "checkpoint-10/optimizer.pt",
+        "checkpoint-20/model.safetensors", "checkpoint-20/optimizer.pt"]
     history = scan_run_checkpoints(paths)
-    assert [(s.step, s.step_source) for s in history.scans] == [(2, "folder name")] * 2 + \
-        [(4, "folder name")] * 2
+    assert [(s.step, s.step_source) for s in history.scans] == [(10, "folder name")] * 2 + \
+        [(20, "folder name")] * 2
     assert [s.format for s in history.scans] == ["safetensors", "optimizer"] * 2
     assert {t.role for t in history.scans[0].tensors} == {"weights"}
     assert {t.role for t in history.scans[1].tensors} == {"optimizer"}
     assert history.first_nonfinite is None
-    assert _snapshot(hf_trainer_run) == before
+    assert _snapshot(run) == before
+
+
+def test_hf_trainer_first_nan_save_by_its_folder(tmp_path_factory: pytest.TempPathFactory) -> None:
+    run = corpus.get("hf_nan", tmp_path_factory)
+    history = scan_run_checkpoints(_ckpts(run))
+    assert [s.step for s in history.saves] == [8, 8, 16, 16, 24, 24]
+    assert history.first_nonfinite is not None
+    first = history.scans[history.first_nonfinite]
+    assert (first.step, first.step_source) == (16, "folder name")
+    assert all(t.role in ("weights", "optimizer") for t in first.nonfinite_tensors)
+    assert not any(s.has_nonfinite for s in history.scans[: history.first_nonfinite])
+
+
+# Lightning runs of the shared corpus ------------------------------------------------------
+
+
+def test_corpus_lightning_healthy_inf_only_in_bookkeeping(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Every save of the corpus' healthy run holds kth_value = inf (a second ModelCheckpoint
+    without a monitor keeps it so): none is a finding."""
+    run = corpus.get("lightning_healthy", tmp_path_factory)
+    paths = _ckpts(run)
+    assert len(paths) == 4
+    for scan in (scan_checkpoint(p) for p in paths):
+        assert not scan.has_nonfinite, scan.path
+        assert any(t.name.endswith(".kth_value") for t in scan.nonfinite_metadata), scan.path
+        assert scan.meta is not None and scan.meta.framework == "lightning"
+    assert inspect_command(paths, stream=io.StringIO()) == 0
+
+
+def test_corpus_lightning_restart_steps_from_global_step(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    run = corpus.get("lightning_restart", tmp_path_factory)
+    scans = {os.path.relpath(p, run): scan_checkpoint(p) for p in _ckpts(run)}
+    last0 = scans["lightning_logs/version_0/checkpoints/last.ckpt"]
+    last1 = scans["lightning_logs/version_1/checkpoints/last.ckpt"]
+    assert (last0.step, last0.step_source) == (16, "'global_step' key")
+    assert (last1.step, last1.step_source) == (40, "'global_step' key")
+    assert last1.meta is not None and last1.meta.epoch == 4
 
 
 def test_accelerate_save_state_counts_saves_not_steps(tmp_path: Path) -> None:
@@ -447,7 +459,7 @@ def test_scaler_state_under_a_plugin_name_is_evidence(tmp_path: Path) -> None:
     assert [(t.name, t.role) for t in scan.nonfinite_tensors] == [("MixedPrecision.scale",
                                                                    "scaler")]
     assert scan.meta is not None
-    assert scan.meta.precision == "MixedPrecision (GradScaler state saved)"
+    assert scan.meta.precision == "16-mixed"
 
 
 @pytest.mark.parametrize(("name", "step", "source", "epoch"), [
@@ -473,3 +485,23 @@ def test_epoch_named_saves_keep_their_order(tmp_path: Path) -> None:
     history = scan_run_checkpoints([str(p) for p in tmp_path.iterdir()])
     assert [os.path.basename(s.path) for s in history.scans] == [
         "model_epoch1.pt", "model_epoch2.pt", "model_epoch10.pt"]
+
+
+def test_regression_epoch_in_a_file_name_is_not_step_0(tmp_path: Path) -> None:
+    # model_epoch0.pt was "the failure at step 0": its epoch was read as a step.
+    path = tmp_path / "model_epoch0.pt"
+    torch.save({"model": {"w": torch.tensor([float("nan")])}, "epoch": 0}, path)
+    history = scan_run_checkpoints([str(path)])
+    incident = checkpoint_incident(history)
+    assert incident is not None and incident.step is None
+    assert "epoch 0 but no step" in incident.decided_by
+    assert history.scans[0].meta is not None and history.scans[0].meta.epoch == 0
+
+
+def test_regression_accelerate_checkpoint_folder_number_is_not_a_step(tmp_path: Path) -> None:
+    # Accelerate's checkpoints/checkpoint_1/ is its second save, which was read as step 1.
+    folder = tmp_path / "checkpoints" / "checkpoint_1"
+    folder.mkdir(parents=True)
+    torch.save({"w": torch.ones(2)}, folder / "pytorch_model.bin")
+    scan = scan_checkpoint(str(folder / "pytorch_model.bin"))
+    assert (scan.step, scan.step_source) == (None, None)

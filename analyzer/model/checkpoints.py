@@ -206,11 +206,12 @@ class CheckpointMeta:
     ``hyperparameters``: the plain values of Lightning's ``hyper_parameters`` (and
     ``datamodule_hyper_parameters``, prefixed ``datamodule.``) or DeepSpeed's
     ``ds_config``, nested keys dotted (``opt.betas.0``); ``hyperparameters_other`` the keys
-    whose value is an object, named but never built. ``precision``: the mixed-precision
-    plugin whose state was saved (``MixedPrecision``) or the dtype DeepSpeed's config
-    enables. ``callbacks``, ``counters`` (loop progress, DeepSpeed's skipped steps and
-    samples) and ``schedulers`` (each scheduler's plain state: ``_last_lr.0``, ...).
-    ``sections``: every top-level key of the file with its role."""
+    whose value is an object, named but never built. ``precision``: ``"16-mixed"`` where a
+    Lightning precision plugin saved its GradScaler (``MixedPrecision``), or the dtype
+    DeepSpeed's config enables (``"fp16"``, ``"bf16"``). ``callbacks``, ``counters`` (loop
+    progress, DeepSpeed's skipped steps and samples) and ``schedulers`` (each scheduler's
+    plain state: ``_last_lr.0``, ...). ``sections``: every top-level key of the file with
+    its role."""
 
     framework: str | None = None
     framework_version: str | None = None

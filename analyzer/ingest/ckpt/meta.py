@@ -139,9 +139,10 @@ def _schedulers(root: Mapping[object, object], leaves: LeafSource) -> list[dict[
 
 def _precision(root: Mapping[object, object], hparams: Mapping[str, Primitive]) -> str | None:
     for key, value in root.items():
-        name = str(key)[:MAX_KEY]
-        if name.endswith("Precision") and isinstance(value, Mapping):
-            return f"{name} (GradScaler state saved)" if is_scaler_state(value) else name
+        # Lightning files a precision plugin's state under its class name; MixedPrecision
+        # (and FSDPPrecision) save one only for a GradScaler, which only "16-mixed" has.
+        if str(key)[:MAX_KEY].endswith("Precision") and is_scaler_state(value):
+            return "16-mixed"
     for dtype in ("fp16", "bf16"):  # DeepSpeed's config names the one it enables
         if hparams.get(f"{dtype}.enabled") is True:
             return dtype
