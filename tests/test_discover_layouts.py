@@ -383,3 +383,29 @@ def test_renaming_a_training_never_changes_the_grouping(sweep: Path, which: str,
         assert _partition(sweep, {which: name}) == expected
     finally:
         os.rename(sweep / name, sweep / which)
+
+
+def test_run_root_reaches_the_dashboard(tmp_path: Path) -> None:
+    from analyzer.dashboard import command
+    from app.data import run_roots
+
+    cmd = command(str(tmp_path), run_roots=[str(tmp_path / "a"), str(tmp_path / "b")])
+    after = cmd[cmd.index("--") + 1:]
+    assert run_roots(after) == (str(tmp_path / "a"), str(tmp_path / "b"))
+    assert run_roots([]) == ()
+
+
+def test_replay_of_a_training_root_finds_the_capture_in_its_segment(tmp_path: Path) -> None:
+    from analyzer.cli.replay import run_capture
+
+    sample = Path(__file__).resolve().parent.parent / "sample_runs" / "nan_in_batch"
+    version = tmp_path / "exp" / "lightning_logs" / "version_0"
+    shutil.copytree(sample / "capture", version / "capture")
+    for event in sample.glob("events.out.tfevents.*"):
+        shutil.copy(event, version / event.name)
+    (tmp_path / "exp" / "train.log").write_text("started\n")
+    (step,) = (version / "capture").iterdir()
+    assert run_capture(str(tmp_path / "exp")) == str(step)
+    assert run_capture(str(version)) == str(version)  # holds capture/ itself: as before
+    assert run_capture(str(tmp_path / "exp"), [str(tmp_path / "exp" / "lightning_logs")]) \
+        == str(tmp_path / "exp")  # the captures are another run's now

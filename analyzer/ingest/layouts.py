@@ -169,16 +169,16 @@ def place(tree: Mapping[str, Listed], root: str,
 def segment_order(segments: Collection[str], tree: Mapping[str, Listed]) -> list[str]:
     """Segments in the order they were written: a ``runs/`` folder's by the earliest
     writer start its event files' names carry, the others by the numbers in their names."""
-    def key(folder: str) -> tuple[float, tuple[tuple[int, str], ...]]:
-        started = math.inf
-        if os.path.basename(os.path.dirname(folder)) == "runs":
-            stamps = [event_file_order(f)[0] for d, listing in tree.items()
-                      if d == folder or d.startswith(folder + os.sep)
-                      for f in listing.files if is_event_file(f)]
-            started = min(stamps, default=math.inf)
-        return started, natural_key(folder)
-
-    return sorted(segments, key=key)
+    timed = {f for f in segments if os.path.basename(os.path.dirname(f)) == "runs"}
+    started = dict.fromkeys(timed, math.inf)
+    for folder, listing in tree.items() if timed else ():  # for the segment above it
+        here = folder
+        while here not in started and os.path.dirname(here) != here and here in tree:
+            here = os.path.dirname(here)
+        if here in started:
+            stamps = [event_file_order(f)[0] for f in listing.files if is_event_file(f)]
+            started[here] = min([started[here], *stamps])
+    return sorted(segments, key=lambda f: (started.get(f, math.inf), natural_key(f)))
 
 
 def natural_key(text: str) -> tuple[tuple[int, str], ...]:
