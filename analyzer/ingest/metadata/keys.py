@@ -128,10 +128,11 @@ def coerce(setting: str, value: MetaValue) -> MetaValue:
         if setting == "max_steps" and isinstance(value, int | float) and value < 0:
             return None  # the Trainer's -1: no step limit, the epochs decide
         if isinstance(value, int | float):
-            return value
+            return plain(value)
         if isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
             number = float(value)
-            return int(number) if number.is_integer() and "." not in value else number
+            whole = number.is_integer() and "." not in value and abs(number) < MAX_INT
+            return int(number) if whole else number
         return None
     if setting in FLAGS:
         return value if isinstance(value, bool) else None

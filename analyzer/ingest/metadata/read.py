@@ -26,6 +26,7 @@ from analyzer.ingest.metadata.keys import (
     coerce,
     hparam_setting,
     mapped,
+    plain,
 )
 from analyzer.ingest.metadata.torchsaved import read_scheduler, read_training_args
 from analyzer.model import (
@@ -150,9 +151,10 @@ def _checkpoint_settings(scan: CheckpointScan) -> tuple[MetadataFile, dict[str, 
                                                                                    MetaValue]]]:
     meta = scan.meta
     assert meta is not None
-    fields: dict[str, MetaValue] = dict(meta.hyperparameters)
+    fields = {key: plain(value) for key, value in meta.hyperparameters.items()
+              if value is None or plain(value) is not None}
     if meta.precision is not None:
-        fields["precision"] = meta.precision
+        fields["precision"] = plain(meta.precision)
     found: dict[str, tuple[int, str, MetaValue]] = {}
     for key, value in fields.items():
         path = tuple(key.split("."))
