@@ -516,3 +516,48 @@ def test_regression_pickled_integer_too_long_to_print_is_not_kept(tmp_path: Path
     config = tmp_path / "config.json"
     config.write_text('{"model_type": "gpt2", "n_layer": ' + "1" * 5000 + "}")
     assert [i.kind for i in read_model_config(str(config)).issues] == ["bad_json"]
+
+
+def test_accelerate_save_state_scheduler_read_and_rng_states_never_opened(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Accelerate's save_state: scheduler.bin read (statically), random_states_0.pkl (a
+    plain pickle) listed and never opened."""
+    import torch
+    from accelerate import Accelerator
+    from accelerate.utils import ProjectConfiguration
+
+    from analyzer.ingest import safeio
+    from analyzer.ingest.discover import find_runs
+
+    acc = Accelerator(cpu=True, project_config=ProjectConfiguration(
+        project_dir=str(tmp_path), automatic_checkpoint_naming=True))
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-3)
+    sched = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.1, total_iters=10)
+    model, opt, sched = acc.prepare(model, opt, sched)
+    for _ in range(3):
+        acc.backward(model(torch.randn(2, 4)).sum())
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+    acc.save_state()
+    (run,) = find_runs([str(tmp_path)])
+    opened: list[str] = []
+    real_open = safeio.open_regular
+
+    def spy(path: str) -> Any:
+        opened.append(path)
+        return real_open(path)
+
+    monkeypatch.setattr(safeio, "open_regular", spy)
+    import analyzer.ingest.ckpt.ranges as ranges
+
+    monkeypatch.setattr(ranges, "open_regular", spy)
+    meta = read_run_metadata(run.metadata_files)
+    assert meta is not None
+    by_kind = {f.kind: f for f in meta.files}
+    assert by_kind["rng_state"].framework == "accelerate"
+    assert by_kind["rng_state"].status == "listed"
+    assert by_kind["scheduler"].fields["base_lr"] == pytest.approx(2e-3)
+    assert meta.settings["learning_rate"].key == "base_lrs"
+    assert opened and not any("random_states" in p for p in opened)
