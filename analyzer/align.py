@@ -104,6 +104,7 @@ def align(run: Run) -> Run:
             if axis != GLOBAL or (source, axis) in points or source not in numbered}
     reference = [s for s in run.series if is_reference(s.source)]
     frameworks = {log.path: log.framework for log in run.logs}
+    accumulation = _accumulation(run)
     found: list[Alignment] = []
     # A source's numberings in the order of their points, most first: the report's first
     # line for a file is about most of its lines.
@@ -111,6 +112,8 @@ def align(run: Run) -> Run:
         mine = [s for s in run.series if s.source == source and s.axis == axis]
         others = [s for s in reference if s.source != source]
         placed = place(source, axis, mine, others, framework=frameworks.get(source))
+        if placed.aligned and placed.agreement is None and others:
+            placed = by_batches(placed, mine, others, accumulation) or placed
         if not placed.aligned:
             saves = [e for e in run.events if e.location.file == source
                      and e.axis == axis and e.kind == "checkpoint_save"]
@@ -176,6 +179,63 @@ def place(source: str, axis: StepAxis, mine: Sequence[Series],
                                                 if theirs == "the event files"
                                                 else f"{ref_tag} in {theirs}"), offset=off,
                      stride=stride, agreement=agree, points=points)
+
+
+DIVISORS = (2, 4, 8, 16, 3, 5, 6, 10, 12, 32)
+"""Batches per optimizer step tried where the run's metadata names none."""
+
+
+def _accumulation(run: Run) -> tuple[tuple[int, ...], str | None]:
+    """The batches per optimizer step to try, and where they were read: the run's
+    ``gradient_accumulation_steps`` (``accumulate_grad_batches``) when its metadata gives
+    one above 1, else the usual factors, for the values to decide."""
+    metadata = getattr(run, "metadata", None)
+    setting = None if metadata is None else metadata.setting("gradient_accumulation_steps")
+    k = None if metadata is None else metadata.gradient_accumulation_steps
+    if isinstance(k, int) and k > 1 and setting is not None:
+        where = os.path.basename(setting.source)
+        return (k,), f"{setting.key} = {k} in {where}"
+    return DIVISORS, None
+
+
+def by_batches(own: Alignment, mine: Sequence[Series], reference: Sequence[Series],
+               accumulation: tuple[tuple[int, ...], str | None]) -> Alignment | None:
+    """A counter of batches placed on optimizer steps: with gradient accumulation the run
+    steps its optimizer once every ``k`` batches, and the event files log the step's value
+    once (the last batch's), so ``step = (counter - base) // k``. Tried on a source whose
+    own numbers the values could not check; taken where the values agree."""
+    if own.axis.kind != "counter":
+        return None
+    divisors, said = accumulation
+    for wanted in MATCHED_ROLES:
+        src, ref = _curve(mine, wanted), _curve(reference, wanted)
+        if src is None or ref is None:
+            continue
+        atol = printed_atol(src[2])
+        fits = [(got[0], got[1], offset, k) for k in divisors for offset in own_offsets(own.axis)
+                if (got := _agreement_by(src[1], src[2], ref[1], ref[2], offset, k, atol))
+                is not None and got[0] >= AGREEMENT]
+        if len(fits) != 1:
+            continue  # none, or values that several factors fit alike (a constant rate)
+        ((agreement, compared, offset, k),) = fits
+        source = said or f"{k} batches per step, found by the values"
+        return replace(own, offset=offset, divisor=k, agreement=agreement, points=compared,
+                       method=f"{own.method}, {k} batches per optimizer step ({source}), "
+                              f"which {src[0]} agrees with {ref[0]} on")
+    return None
+
+
+def _agreement_by(steps: IntArray, values: FloatArray, ref_steps: IntArray,
+                  ref_values: FloatArray, offset: int, k: int, atol: float
+                  ) -> tuple[float, int] | None:
+    """:func:`agreement_at` of the batches ``steps`` mapped to ``(offset + step) // k``,
+    each optimizer step's last batch compared (what its writer logged)."""
+    mapped = (offset + steps) // k
+    last = np.ones(mapped.shape, dtype=bool)
+    last[:-1] = mapped[1:] != mapped[:-1]
+    if int(last.sum()) * 2 > mapped.size:
+        return None  # fewer than two batches per step: not accumulation
+    return agreement_at(mapped[last], values[last], ref_steps, ref_values, 0, 1, atol)
 
 
 def by_saves(unplaced: Alignment, saves: Sequence[Event]) -> Alignment | None:
@@ -411,9 +471,9 @@ def _offsets(steps: IntArray, hits: list[tuple[int, IntArray]], stride: int) -> 
 def _moved(series: Series, alignment: Alignment | None) -> Series:
     if alignment is None or not alignment.aligned:
         return series
-    if (alignment.offset, alignment.stride) == (0, 1):
+    if (alignment.offset, alignment.stride, alignment.divisor) == (0, 1, 1):
         return replace(series, axis=GLOBAL) if series.axis != GLOBAL else series
-    steps = alignment.offset + alignment.stride * series.steps
+    steps = (alignment.offset + alignment.stride * series.steps) // alignment.divisor
     return replace(series, steps=steps.astype(np.int64), axis=GLOBAL)
 
 
@@ -421,7 +481,7 @@ def _moved_event(event: Event, alignment: Alignment | None) -> Event:
     """``event`` on the global step."""
     if alignment is None or not alignment.aligned:
         return event
-    if (alignment.offset, alignment.stride) == (0, 1):
+    if (alignment.offset, alignment.stride, alignment.divisor) == (0, 1, 1):
         return replace(event, axis=GLOBAL) if event.axis != GLOBAL else event
     detail = dict(event.detail)
     after = detail.get("after_step")

@@ -117,7 +117,11 @@ def alignment_words(alignment: Alignment) -> str:
     if not alignment.aligned:
         return f"unaligned: its {label}s are its own ({alignment.method})"
     scaled = label if alignment.stride == 1 else f"{alignment.stride} x {label}"
-    if not alignment.offset:
+    if alignment.divisor > 1:
+        shifted = scaled if not alignment.offset else (
+            f"({scaled} {'+' if alignment.offset > 0 else '-'} {abs(alignment.offset)})")
+        mapping = f"step = {shifted} // {alignment.divisor}, "
+    elif not alignment.offset:
         same = scaled == "step" or (alignment.axis.kind == "global" and alignment.stride == 1)
         mapping = "" if same else f"step = {scaled}, "
     else:

@@ -67,8 +67,9 @@ AlignConfidence = Literal["exact", "inferred", "unaligned"]
 
 @dataclass(frozen=True)
 class Alignment:
-    """How one source's steps were placed on the run's global step: ``global = offset +
-    stride * own``.
+    """How one source's steps were placed on the run's global step: ``global = (offset +
+    stride * own) // divisor``; ``divisor`` above 1 for a log that counts batches of a run
+    that accumulates ``divisor`` of them per optimizer step.
 
     ``exact``: by the source's own numbers (a global step, or a counter whose relation to
     the global step is known); ``inferred``: by matching values it shares with the run's
@@ -84,17 +85,19 @@ class Alignment:
     stride: int = 1
     agreement: float | None = None
     points: int = 0
+    divisor: int = 1
 
     @property
     def aligned(self) -> bool:
         return self.confidence != "unaligned"
 
     def to_global(self, step: int) -> int:
-        return self.offset + self.stride * step
+        return (self.offset + self.stride * step) // self.divisor
 
     def to_own(self, step: int) -> int | None:
-        """The source's own number for a global ``step``, or None where none maps to it."""
-        own, rest = divmod(step - self.offset, self.stride)
+        """The source's own number for a global ``step`` (the first, where several batches
+        make one step), or None where none maps to it."""
+        own, rest = divmod(step * self.divisor - self.offset, self.stride)
         return None if rest else own
 
 

@@ -45,11 +45,13 @@ class Context:
         self.source = source
         self.line = 0
         self.rank: int | None = None
-        self._group = ""
+        self.group = ""
+        """The parser reading the record (its framework): what the points and events it
+        writes are grouped by, each group on its own step axis."""
         self._axes: dict[str, StepAxis] = {}
         self._last: dict[str, int] = {}
         self._latest: tuple[int, str] | None = None
-        self.store = PointStore()
+        self.store = PointStore(self)
         self.events: list[Event] = []
         self._event_groups: list[str] = []
         self.notes: list[str] = []
@@ -60,24 +62,14 @@ class Context:
         self._noted: set[str] = set()
 
     @property
-    def group(self) -> str:
-        """The parser reading the record: what the points and events it writes are
-        grouped by, each group on its own step axis."""
-        return self._group
-
-    @group.setter
-    def group(self, group: str) -> None:
-        self._group = self.store.group = group
-
-    @property
     def axis(self) -> StepAxis:
         """The numbering the current group's steps are on; a parser whose steps are not
         global steps (record positions, a framework's counter) says so here."""
-        return self._axes.get(self._group, GLOBAL)
+        return self._axes.get(self.group, GLOBAL)
 
     @axis.setter
     def axis(self, axis: StepAxis) -> None:
-        self._axes[self._group] = axis
+        self._axes[self.group] = axis
 
     def axis_of(self, group: str) -> StepAxis:
         """The step axis of a group's points and events."""
@@ -92,15 +84,15 @@ class Context:
     def last_step(self, step: int | None) -> None:
         if step is None:
             self._latest = None
-            self._last.pop(self._group, None)
+            self._last.pop(self.group, None)
             return
-        self._last[self._group] = step
-        self._latest = (step, self._group)
+        self._last[self.group] = step
+        self._latest = (step, self.group)
 
     @property
     def own_last_step(self) -> int | None:
         """The latest step the current group reported."""
-        return self._last.get(self._group)
+        return self._last.get(self.group)
 
     def _bad_step(self, step: int) -> bool:
         if STEP_MIN <= step <= STEP_MAX:
@@ -118,16 +110,16 @@ class Context:
         tags, values = zip(*items, strict=True)
         store = self.store
         store.add(store.block(tags, self.rank), step, self.line, values)
-        self._last[self._group] = step
-        self._latest = (step, self._group)
+        self._last[self.group] = step
+        self._latest = (step, self.group)
 
     def points_on(self, axis: StepAxis, step: int, items: list[tuple[str, float]]) -> None:
         """Points of one record on a numbering other than the current group's (a line
         without a step numbered by its position among such lines): kept apart from the
         group's other points, on ``axis``."""
-        group = self._group
+        group = self.group
         self.group = f"{group}:{axis.kind}:{axis.label}"
-        self._axes[self._group] = axis
+        self._axes[self.group] = axis
         try:
             self.points_at(step, items)
         finally:
@@ -145,7 +137,7 @@ class Context:
             info["step_text"], step = str(step)[:30], None
         if self.rank is not None:
             info.setdefault("rank", self.rank)
-        group = NAMED if global_step and step is not None else self._group
+        group = NAMED if global_step and step is not None else self.group
         if step is None:
             # The message names no step; the last one its group logged before it bounds
             # it, else the last one any group logged, on that group's axis.

@@ -14,7 +14,7 @@ once per field. A block of such rows may also have a ``stepper`` that works out 
 steps from the counter columns at packing time, one numpy expression for thousands of
 rows instead of one Python expression per row.
 
-A block also belongs to a group: the parser that wrote it (``PointStore.group`` when the
+A block also belongs to a group: the parser that wrote it (its owner's ``group`` when the
 block was made). Parsers of one file may count steps differently (the Trainer's dict lines
 by their order, DeepSpeed's ``step=N`` lines by the global step), so each group has its own
 step axis, and a tag two groups write is two series, one per axis (:meth:`PointStore.series`).
@@ -23,7 +23,7 @@ step axis, and a tag two groups write is two series, one per axis (:meth:`PointS
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import numpy as np
 
@@ -110,19 +110,23 @@ class Block:
 _EMPTY_INT = np.empty(0, dtype=np.int64)
 
 
+class Grouped(Protocol):
+    group: str
+
+
 class PointStore:
     """Every point of one file, grouped by record shape."""
 
-    def __init__(self) -> None:
+    def __init__(self, owner: Grouped | None = None) -> None:
         self.blocks: dict[
             tuple[tuple[str, ...], int | None, int | None, Stepper | None, str], Block
         ] = {}
         self.columns: dict[Key, list[tuple[Block, int]]] = {}
         """Where each series lives, in the order the series first appeared."""
         self.seq = 0
-        self.group = ""
-        """The group new blocks belong to: the parser reading the record (``Context``
-        keeps it)."""
+        self.owner = owner
+        """What names the group new blocks belong to: the ``Context`` reading the file,
+        whose ``group`` is the parser reading the record."""
 
     def block(
         self,
@@ -131,10 +135,11 @@ class PointStore:
         skip: int | None = None,
         stepper: Stepper | None = None,
     ) -> Block:
-        key = (tags, rank, skip, stepper, self.group)
+        group = "" if self.owner is None else self.owner.group
+        key = (tags, rank, skip, stepper, group)
         found = self.blocks.get(key)
         if found is None:
-            found = self.blocks[key] = Block(tags, rank, skip, stepper, self.group)
+            found = self.blocks[key] = Block(tags, rank, skip, stepper, group)
             for i, tag in enumerate(tags):
                 self.columns.setdefault((tag, rank), []).append((found, i))
         return found
