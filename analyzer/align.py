@@ -242,9 +242,12 @@ def by_saves(unplaced: Alignment, saves: Sequence[Event]) -> Alignment | None:
     """A source placed by the checkpoints it announced saving (the Trainer saves
     ``checkpoint-N`` right after logging step N): each save pairs the record before it with
     global step N; two saves or more that one offset and stride fit place the records."""
+    # Lightning saves after the batch whose values its loggers wrote one step lower
+    # (``last_logged_step``); the Trainer's checkpoint-N right after logging step N.
     pairs = sorted({(after, step) for e in saves
                     if isinstance(after := e.detail.get("after_step"), int)
-                    and isinstance(step := e.detail.get("global_step"), int)})
+                    and isinstance(step := e.detail.get("last_logged_step",
+                                                        e.detail.get("global_step")), int)})
     if len(pairs) < 2:
         return None
     (own_a, glob_a), (own_b, glob_b) = pairs[0], pairs[-1]
@@ -255,7 +258,9 @@ def by_saves(unplaced: Alignment, saves: Sequence[Event]) -> Alignment | None:
     if rest or stride < 1 or any(offset + stride * own != glob for own, glob in pairs):
         return None
     label = unplaced.axis.label
-    shown = ", ".join(f"checkpoint-{glob} after {label} {own}" for own, glob in pairs[:3])
+    lightning = any("last_logged_step" in e.detail for e in saves)
+    shown = ", ".join((f"global step {glob + 1} after {label} {own}" if lightning else
+                       f"checkpoint-{glob} after {label} {own}") for own, glob in pairs[:3])
     more = f" and {len(pairs) - 3} more" if len(pairs) > 3 else ""
     return Alignment(unplaced.source, unplaced.axis, "inferred",
                      f"the checkpoints it saved ({shown}{more})", offset=offset,

@@ -9,7 +9,9 @@ record's ``epoch`` places it when the log's training header gave the steps per e
 (``Num update steps per epoch = N``, or ``Total optimization steps = S`` over ``Num
 Epochs = E`` when E divides S) and the epoch is printed finely enough to name one step:
 ``epoch * N`` is the Trainer's ``global_step`` (:data:`EPOCH_STEPS`). Otherwise the
-order of the records stands in for it (:data:`RECORD`). With ``logging_nan_inf_filter`` (on by
+order of the training records stands in for it (:data:`RECORD`): an evaluation's dict
+(``eval_`` keys) and the summary ``train()`` ends with are logged at the step of the
+training record before them, and take its number, so that the records keep one stride. With ``logging_nan_inf_filter`` (on by
 default) the Trainer replaces a NaN/Inf loss by the running average before logging
 it, so a finite ``loss`` next to a non-finite ``grad_norm`` is the signature of a
 hidden NaN.
@@ -187,7 +189,9 @@ class HuggingFaceParser:
             # A dict of tensors only is a loss dict printed by the script (DETR's, after
             # its stop message), not the Trainer's log, which always holds plain numbers.
             return False
-        self.records += 1
+        side = _beside_training(values)
+        if not side:
+            self.records += 1
         ctx.votes["transformers"] += 1
         if self.bar_step is not None:
             step = self.bar_step
@@ -202,6 +206,8 @@ class HuggingFaceParser:
             step = own if own is not None else 0
         else:
             self.by_epoch = False
+            # An evaluation or the end-of-training summary is logged at the step of the
+            # training record before it: it takes that record's number, not one of its own.
             step = self.records
             ctx.axis = RECORD
             ctx.note(
@@ -236,6 +242,18 @@ class HuggingFaceParser:
         return ("Hugging Face Trainer lines carry no step and no progress bar was found: "
                 f"each is placed at its epoch x {per_epoch} steps per epoch (from {source}), "
                 "the Trainer's global_step.")
+
+
+_BESIDE = ("eval_", "test_", "predict_")
+_SUMMARY = frozenset({"train_runtime", "train_samples_per_second", "train_steps_per_second",
+                      "train_loss"})
+
+
+def _beside_training(values: dict[str, float]) -> bool:
+    """Whether a dict is not a training step's log: an evaluation's metrics (``eval_``
+    keys, ``evaluate`` logging them at the current global step, right after that step's
+    training log) or the summary ``train()`` logs at its end (``train_runtime``, ...)."""
+    return all(k.startswith(_BESIDE) or k in _SUMMARY or k == "total_flos" for k in values)
 
 
 _Shape = tuple[re.Pattern[str], Block]
