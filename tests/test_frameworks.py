@@ -28,10 +28,6 @@ from tests.frameworks.truth import FirstBad, first_nonfinite
 
 pytestmark = pytest.mark.slow
 
-GROUPING = "issue 15: discovery groups one training into one run"
-AMP_SKIPS = "issue 15: AMP skips in the events clear the root log's grad_norm nan"
-RICH_BAR = "issue 15: rich progress bar's epoch and batch"
-TAGS = "issue 15: the first tag is the event file's, as EventAccumulator reads it"
 BAR_STEP = ("issue 15: a Lightning bar's `Epoch e ... b/n` is global step e * n + b - 1 "
             "(batches counted from 1)")
 LOG_SKIPS = "issue 15: 'gradient overflow, skipping step, loss scale X -> Y' lines are skips"
@@ -214,15 +210,13 @@ def test_corpus_console_steps_agree_with_the_events(
 # -- one training, one run --------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", _params(corpus.NAMES, dict.fromkeys(corpus.NAMES, GROUPING)))
+@pytest.mark.parametrize("name", corpus.NAMES)
 def test_one_training_is_one_run(name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     a = analysed(name, tmp_path_factory)
     assert [Path(r["path"]).resolve() for r in a.report["runs"]] == [a.root.resolve()]
 
 
-@pytest.mark.parametrize("family", _params(("lightning", "hf", "plain"),
-                                           dict.fromkeys(("lightning", "hf", "plain"),
-                                                         GROUPING)))
+@pytest.mark.parametrize("family", ["lightning", "hf", "plain"])
 def test_a_folder_of_trainings_gives_one_run_each(
         family: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     names = corpus.FAMILIES[family]
@@ -235,17 +229,13 @@ def test_a_folder_of_trainings_gives_one_run_each(
 # -- exit code and the first step -------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", _params(corpus.NAMES, {"amp_benign": AMP_SKIPS}))
+@pytest.mark.parametrize("name", corpus.NAMES)
 def test_exit_code_is_1_when_failing_and_0_when_healthy(
         name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     a = analysed(name, tmp_path_factory)
     assert a.code == (1 if name in corpus.FAILING else 0)
 
 
-# Apart from its event folder, the root train.log's run reads no NaN in the TQDM bar
-# (lightning_nan) or places the rich bar's NaN at step 2 (lightning_restart).
-FIRST_STEP_FAILS = {"lightning_nan": GROUPING, "lightning_restart": f"{GROUPING}; {RICH_BAR}"}
-FIRST_TAG_FAILS = {**FIRST_STEP_FAILS, "hf_nan": TAGS, "ddp_gloo": TAGS}
 WITH_EVENTS = ("lightning_nan", "lightning_restart", "hf_nan", "tbx_nan", "ddp_gloo")
 
 
@@ -255,7 +245,7 @@ def _truth(name: str, factory: pytest.TempPathFactory) -> FirstBad:
     return found
 
 
-@pytest.mark.parametrize("name", _params(WITH_EVENTS, FIRST_STEP_FAILS))
+@pytest.mark.parametrize("name", WITH_EVENTS)
 def test_first_step_is_the_one_event_accumulator_reads(
         name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     run = training_run(analysed(name, tmp_path_factory))
@@ -263,7 +253,7 @@ def test_first_step_is_the_one_event_accumulator_reads(
     assert run["incident"]["step"] == _truth(name, tmp_path_factory).step
 
 
-@pytest.mark.parametrize("name", _params(WITH_EVENTS, FIRST_TAG_FAILS))
+@pytest.mark.parametrize("name", WITH_EVENTS)
 def test_first_tag_and_kind_are_the_ones_event_accumulator_reads(
         name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     run = training_run(analysed(name, tmp_path_factory))
@@ -271,7 +261,6 @@ def test_first_tag_and_kind_are_the_ones_event_accumulator_reads(
     assert (run["incident"]["tag"], run["incident"]["kind"]) == (truth.tag, _kind(truth.value))
 
 
-@_xfail("issue 15: a Lightning bar's batch counter on the event file's step axis")
 def test_anomaly_run_fails_in_the_step_that_raised(
         tmp_path_factory: pytest.TempPathFactory) -> None:
     """No event holds a non-finite value: the traceback in train.log is the evidence. It
@@ -285,7 +274,7 @@ def test_anomaly_run_fails_in_the_step_that_raised(
     assert "MseLossBackward0" in incident["tag"]
 
 
-@pytest.mark.parametrize("name", _params(corpus.HEALTHY, {"amp_benign": AMP_SKIPS}))
+@pytest.mark.parametrize("name", corpus.HEALTHY)
 def test_healthy_run_raises_no_alarm(name: str,
                                      tmp_path_factory: pytest.TempPathFactory) -> None:
     a = analysed(name, tmp_path_factory)
@@ -302,7 +291,7 @@ def test_nothing_is_written_into_the_run_folder(
     assert a.after == a.before
 
 
-@pytest.mark.parametrize("name", _params(corpus.NAMES, dict.fromkeys(corpus.NAMES, FILES)))
+@pytest.mark.parametrize("name", _params(corpus.NAMES, {"hf_nan": FILES, "hf_healthy": FILES}))
 def test_every_file_of_the_training_is_in_its_run(
         name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     """Each file is a value of its own in the run's JSON (a path quoted in a note or a
@@ -314,8 +303,7 @@ def test_every_file_of_the_training_is_in_its_run(
     assert missing == []
 
 
-@pytest.mark.parametrize("name", _params(tuple(CONFIGURED_LR), {
-    "lightning_nan": GROUPING, "lightning_healthy": GROUPING}))
+@pytest.mark.parametrize("name", tuple(CONFIGURED_LR))
 def test_configured_learning_rate_is_in_the_json(
         name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     """Lightning's hparams.yaml (``lr``), the Trainer's training_args.bin (read without
@@ -330,7 +318,7 @@ def test_configured_learning_rate_is_in_the_json(
 
 
 @pytest.mark.parametrize("name", _params(tuple(CONSOLE_FIRST), {
-    "lightning_nan": BAR_STEP, "lightning_restart": f"{RICH_BAR}; {BAR_STEP}"}))
+    "lightning_nan": BAR_STEP, "lightning_restart": BAR_STEP}))
 def test_the_console_log_alone_gives_the_first_step(
         name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     code, report = console_only(name, tmp_path_factory)
