@@ -195,7 +195,30 @@ def _accumulation(run: Run) -> tuple[tuple[int, ...], str | None]:
     if isinstance(k, int) and k > 1 and setting is not None:
         where = os.path.basename(setting.source)
         return (k,), f"{setting.key} = {k} in {where}"
-    return DIVISORS, None
+    return _saved_accumulation(run) or (DIVISORS, None)
+
+
+_BATCHES_DONE = "fit_loop.epoch_loop.batch_progress.total.completed"
+"""Lightning's count of training batches completed, in a checkpoint's loop state."""
+
+
+def _saved_accumulation(run: Run) -> tuple[tuple[int, ...], str] | None:
+    """Batches per optimizer step from a Lightning checkpoint: the batches its fit loop
+    had completed over its ``global_step`` (optimizer steps), where they divide."""
+    scans = run.checkpoints.scans if run.checkpoints is not None else ()
+    for scan in scans:
+        meta = getattr(scan, "meta", None)
+        if meta is None or not meta.global_step:
+            continue
+        done = next((v for key, v in meta.counters.items() if key.endswith(_BATCHES_DONE)),
+                    None)
+        if done is None:
+            continue
+        k, rest = divmod(done, meta.global_step)
+        if k > 1 and not rest:
+            return (k,), (f"{done} batches over global_step {meta.global_step} in "
+                          f"{os.path.basename(scan.path)}")
+    return None
 
 
 def by_batches(own: Alignment, mine: Sequence[Series], reference: Sequence[Series],

@@ -116,3 +116,28 @@ def test_a_bar_without_accumulation_gets_no_divisor(tmp_path: Path) -> None:
     _bar_log(run, k=1)
     placed = _placed(_result(run))
     assert placed.divisor == 1
+
+
+def test_accumulation_from_a_lightning_checkpoint_loop_state(tmp_path: Path) -> None:
+    # A Lightning checkpoint's fit loop counts the batches it completed, and global_step the
+    # optimizer steps: 40 over 10 is 4 batches per step.
+    import torch
+
+    run = tmp_path / "run"
+    _events(run)
+    _bar_log(run)
+    (run / "checkpoints").mkdir()
+    torch.save({"epoch": 1, "global_step": 10, "pytorch-lightning_version": "2.6.6",
+                "state_dict": {"layer.weight": torch.ones(2, 2)},
+                "loops": {"fit_loop": {
+                    "epoch_loop.batch_progress": {
+                        "total": {"ready": 40, "started": 40, "processed": 40, "completed": 40},
+                        "current": {"ready": 8, "started": 8, "processed": 8, "completed": 8}},
+                    "epoch_loop.state_dict": {"_batches_that_stepped": 10}}}},
+               run / "checkpoints" / "epoch=1-step=10.ckpt")
+    result = _result(run)
+    placed = _placed(result)
+    assert placed.divisor == K
+    scans = result.run.checkpoints.scans if result.run.checkpoints else ()
+    if any(getattr(s, "meta", None) is not None and s.meta.counters for s in scans):
+        assert "40 batches over global_step 10 in epoch=1-step=10.ckpt" in placed.method
