@@ -150,6 +150,7 @@ def test_lightning_checkpoint_sections_and_metadata(lightning_healthy: Path) -> 
     checkpoint = by_name["ModelCheckpoint"]
     assert checkpoint.monitor == "val_loss" and checkpoint.values["kth_value"] == float("inf")
     assert by_name["EarlyStopping"].values["wait_count"] == 0
+    assert by_name["EarlyStopping"].monitor == "val_loss"  # from its state key
     assert meta.counters["loops.fit_loop.epoch_loop.batch_progress.total.completed"] == 4
     assert meta.schedulers[0]["_last_lr.0"] == pytest.approx(0.001)
     roles = {t.role for t in scan.tensors}

@@ -9,6 +9,7 @@ floats, an infinity kept as it is: these are scores, not evidence.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -16,6 +17,7 @@ from analyzer.ingest.ckpt.roles import framework_of, is_scaler_state, section_ro
 from analyzer.ingest.ckpt.tree import LeafSource, epoch_from_name
 from analyzer.model.checkpoints import CallbackState, CheckpointMeta, Primitive, TensorRole
 
+_MONITOR_IN_KEY = re.compile(r"'monitor': '([^']*)'")
 MAX_ENTRIES = 200
 """Most plain values kept of one section (a config can be large; the report stays small)."""
 MAX_DEPTH = 8
@@ -96,6 +98,9 @@ def _callback(key: str, state: object, leaves: LeafSource) -> CallbackState:
             values.update(flat.values)
         found = state.get("monitor")
         monitor = found[:MAX_TEXT] if isinstance(found, str) else None
+    if monitor is None:  # EarlyStopping keeps it in its state key only
+        named = _MONITOR_IN_KEY.search(key)
+        monitor = named.group(1)[:MAX_TEXT] if named else None
     return CallbackState(key=key[:MAX_TEXT], callback=key.split("{", 1)[0].strip()[:MAX_TEXT],
                          monitor=monitor, values=values)
 
