@@ -561,3 +561,23 @@ def test_accelerate_save_state_scheduler_read_and_rng_states_never_opened(
     assert by_kind["scheduler"].fields["base_lr"] == pytest.approx(2e-3)
     assert meta.settings["learning_rate"].key == "base_lrs"
     assert opened and not any("random_states" in p for p in opened)
+
+
+def test_regression_scheduled_learning_rate_is_not_called_steady(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """hf_nan warms up to 30 and decays linearly. Before: the evidence said "learning rate
+    1.5, steady until the failure", the rate logged at the last step, 15 steps after the
+    failure. Now the rate at the failure, and the range it moved in before."""
+    from analyzer import pipeline
+    from tests.frameworks import corpus
+
+    run = corpus.get("hf_nan", tmp_path_factory)
+    report = pipeline.analyze([str(run)], replay=False)
+    result = next(r for r in report.results if r.failed)
+    inc = result.incident
+    assert inc is not None
+    said = [e for f in result.findings if f.name == "learning-rate-too-high"
+            for e in f.evidence if e.subject == "lr"]
+    assert said and "steady" not in said[0].text
+    assert said[0].step is not None and said[0].step <= inc.earliest_step
+    assert said[0].value is not None and 1.5 < said[0].value < 30.0

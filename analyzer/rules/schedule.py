@@ -55,7 +55,8 @@ def learning_rate_too_high(r: Rule, ev: RunEvidence) -> list[Finding]:
     Fast exponential growth of the gradient norm (or loss) before the failure, doubling
     within ten steps; a learning-rate series that did not jump (else learning-rate-jump
     applies); a first gradient norm below the bad-initialisation threshold; weight norms
-    growing in several layers; the optimizer's learning rate from the capture. The rate the
+    growing in several layers; the optimizer's learning rate from the capture, else the
+    logged rate at the failure (and the range a schedule moved it in before). The rate the
     run's metadata says it was configured with (training_args.bin, hparams.yaml, a
     checkpoint's hyperparameters, a scheduler's base rate), against the ceiling of its
     optimizer's family: 1e-2 for adaptive optimizers (Adam, AdamW, RMSprop, Lion, ...; ten
@@ -96,10 +97,9 @@ def learning_rate_too_high(r: Rule, ev: RunEvidence) -> list[Finding]:
         return []
     if configured is not None and configured.high:
         evidence += configured.evidence()
-    lr = _lr_value(ev)
-    if lr is not None:
-        evidence.append(Evidence(f"learning rate {lr:g}, steady until the failure",
-                                 subject="lr", value=lr))
+    said = _lr_evidence(ev)
+    if said is not None:
+        evidence.append(said)
     grow = _weights_growing(ev)
     if grow:
         evidence.append(Evidence(f"weight norms of {grow} layers grew before the failure",
@@ -282,13 +282,33 @@ def _jump(ev: RunEvidence) -> tuple[int, float, float] | None:
     return int(before.steps[k + 1]), float(v[k]), float(v[k + 1])
 
 
-def _lr_value(ev: RunEvidence) -> float | None:
+STEADY = 1.1
+"""A logged rate whose largest and smallest values before the failure are within this
+factor of each other was steady."""
+
+
+def _lr_evidence(ev: RunEvidence) -> Evidence | None:
+    """The learning rate the failing steps ran at: the capture's, else the logged rate's
+    last value before the failure (a schedule that moved is said to have)."""
     meta = ev.capture_meta
     if meta is not None and meta.lr is not None:
-        return meta.lr
-    if ev.lr is not None and len(ev.lr):
-        return float(ev.lr.values[-1])
-    return None
+        return Evidence(f"learning rate {meta.lr:g}, steady until the failure", subject="lr",
+                        value=meta.lr)
+    if ev.lr is None or ev.failure_step is None:
+        return None
+    before = ev.lr.before(ev.failure_step + 1)
+    keep = np.isfinite(before.values) & (before.values > 0)
+    values, steps = before.values[keep], before.steps[keep]
+    if not values.size:
+        return None
+    last, low, high = float(values[-1]), float(values.min()), float(values.max())
+    if high <= STEADY * low:
+        return Evidence(f"learning rate {last:g}, steady until the failure", subject="lr",
+                        value=last)
+    step = int(steps[-1])
+    return Evidence(f"learning rate {last:g} at step {step}, the last logged up to the "
+                    f"failure (it went from {low:g} to {high:g} before)",
+                    location=ev.lr.location_at(step), step=step, subject="lr", value=last)
 
 
 def _weights_growing(ev: RunEvidence) -> int:
