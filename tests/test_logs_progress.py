@@ -389,3 +389,49 @@ def test_elastic_error_file_is_read(tmp_path: Path) -> None:
     assert got.timestamp is not None
     for damaged in (b"", b"{", b"[]", json.dumps({"message": 3}).encode(), b"\xff" * 40):
         assert error_file_report(damaged) is None
+
+
+def test_regression_a_scripts_nan_error_names_its_step_and_rank(tmp_path: Path) -> None:
+    """'FloatingPointError: loss is nan at step 5', a script's own check, was only an
+    error event: no non-finite report, no step, and in the agent's table no rank."""
+    log = tmp_path / "train.log"
+    log.write_text("[rank1]: step 4 loss 2.2\n"
+                   "[rank1]: FloatingPointError: rank 1: loss is nan at step 5\n")
+    (event,) = [e for e in read_log(str(log)).events if e.kind == "nonfinite"]
+    assert (event.step, event.detail["tag"], event.detail["kind"], event.detail["rank"]) \
+        == (5, "loss", "nan", 1)
+
+
+def test_ddp_corpus_names_the_rank_that_went_nan(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The corpus' 2-rank gloo run under torchrun: rank 1 raises on a NaN loss at step 5,
+    rank 0 dies of the closed connection; the console's table and rank 1's error.json."""
+    from tests.frameworks import corpus
+
+    run = corpus.get("ddp_gloo", tmp_path_factory)
+    read = read_log(str(run / "train.log"))
+    table = [e for e in read.events if e.kind == "error" and "root_cause" in e.detail]
+    assert sorted(str(e.detail["rank"]) for e in table) == ["0", "1"]
+    by_rank = {e.detail["rank"]: e for e in table}
+    assert by_rank[1].detail["type"] == "FloatingPointError"
+    assert by_rank[1].detail["exitcode"] == 1
+    nan = [(e.step, e.detail["rank"]) for e in read.events
+           if e.kind == "nonfinite" and e.detail.get("reported_by") == "torchelastic"]
+    assert nan == [(5, 1)]
+    assert {s.rank for s in read.series} == {0, 1}
+    report = error_file_report(Path(str(by_rank[1].detail["error_file"])).read_bytes())
+    assert report is not None and report.type == "FloatingPointError"
+    assert "loss is nan at step 5" in report.message
+
+
+def test_corpus_amp_loop_skip_lines(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The corpus' GradScaler loop prints its own skip line for each halving."""
+    from tests.frameworks import corpus
+
+    run = corpus.get("amp_benign", tmp_path_factory)
+    read = read_log(str(run / "train.log"))
+    skips = [e for e in read.events if e.kind == "overflow_skip"]
+    assert len(skips) == 7
+    scales = [(float(str(e.detail["attempted_scale"])), float(str(e.detail["new_scale"])))
+              for e in skips]
+    assert all(after == before / 2 for before, after in scales[1:])
+    assert scales[-1][1] == 8192.0

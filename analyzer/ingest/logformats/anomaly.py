@@ -8,15 +8,20 @@ the user's own (not inside torch or site-packages): that is where the NaN was ma
 
 ``clip_grad_norm_(..., error_if_nonfinite=True)`` raises ``The total norm of order
 2.0 for gradients from `parameters` is non-finite``. Any other ``SomethingError: ...``
-at the start of a line becomes an ``error`` event.
+at the start of a line becomes an ``error`` event; one whose message says the loss is
+non-finite (a script's own check, ``FloatingPointError: loss is nan at step 5``) is also a
+``nonfinite`` event for ``loss``, at the step it names.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
 from analyzer.ingest.logformats.context import Context
+from analyzer.ingest.logformats.numbers import to_float, to_step
+from analyzer.ingest.logformats.stopping import LOSS_IS, STEP_NAMED
 
 _DETECTED = re.compile(r"Error detected in (\w++)\. Traceback of forward call")
 _FRAME = re.compile(r'\s*+File "([^"]++)", line (\d{1,15}+)')
@@ -26,17 +31,29 @@ _ERROR = re.compile(r"(?:\w++\.)*+(\w*?(?:Error|Exception)): ?+(.*+)")
 _LIBRARY = ("site-packages", "dist-packages", "/torch/", "\\torch\\", "<frozen", "/lib/python")
 
 
-def nonfinite_report(text: str) -> tuple[str, str, dict[str, Any]] | None:
-    """The tag, kind and detail of an error message that reports a non-finite value
-    (autograd's anomaly error, ``clip_grad_norm_``'s), or None."""
+Report = tuple[str, str, dict[str, Any], int | None]
+"""A non-finite value an error message reports: tag, kind, detail, and the step it names."""
+
+
+def nonfinite_report(text: str) -> Report | None:
+    """What an error message says was non-finite: autograd's anomaly error,
+    ``clip_grad_norm_``'s, or a script's own ``loss is nan at step 5`` (``raise
+    FloatingPointError(f"loss is {loss} at step {step}")``); None when it says nothing of
+    the kind."""
     m = _RETURNED.search(text)
     if m is not None:
         function = m.group(1)
         return f"autograd:{function}", m.group(2), {"function": function,
-                                                    "output": int(m.group(3))}
+                                                    "output": int(m.group(3))}, None
     if _CLIP.search(text) is not None:
-        return "grad_norm", "nan-or-inf", {}
-    return None
+        return "grad_norm", "nan-or-inf", {}, None
+    loss = LOSS_IS.search(text)
+    value = None if loss is None else to_float(loss.group(1))
+    if value is None or math.isfinite(value):
+        return None
+    kind = "nan" if math.isnan(value) else ("+inf" if value > 0 else "-inf")
+    step = STEP_NAMED.search(text)
+    return "loss", kind, {}, to_step(step.group(1)) if step is not None else None
 
 
 def error_type(text: str) -> str | None:
@@ -82,7 +99,7 @@ class AnomalyParser:
         if m is not None:
             function = m.group(1)
             frames = self.frames if function == self.function else []
-            tag, kind, extra = nonfinite_report(text) or ("", "", {})
+            tag, kind, extra, _ = nonfinite_report(text) or ("", "", {}, None)
             ctx.nonfinite(tag, kind, None, text, **extra, user_frames=list(frames))
             ctx.votes["pytorch"] += 1
             self.collecting = False
@@ -94,5 +111,9 @@ class AnomalyParser:
         m = _ERROR.match(text)
         if m is not None and text[:1].isalpha():
             ctx.event("error", None, text, {"type": m.group(1)})
+            report = nonfinite_report(text)
+            if report is not None:  # the script's own check raised on a non-finite loss
+                tag, kind, extra, step = report
+                ctx.nonfinite(tag, kind, step, text, global_step=True, **extra)
             return True
         return False

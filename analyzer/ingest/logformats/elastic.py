@@ -27,10 +27,11 @@ The traceback is the worker's own, from the error file ``@record`` wrote
 ...`` for a signal). Each failure becomes an ``error`` event at its exception line (the
 last ``SomethingError: message`` of its traceback, else the traceback field), with the
 global ``rank``, ``local_rank``, ``exitcode``, ``error_file`` and ``root_cause`` (True
-for the first observed failure); a root cause whose message reports a non-finite value
-(autograd's anomaly error, ``clip_grad_norm_``'s) is also a ``nonfinite`` event of that
-rank, as the worker's own lines may not be in the log (``--local-ranks-filter``, or
-redirected to files). The lines of the report are this parser's, so the traceback in it
+for the first observed failure, which the agent picks by the time each failure was
+recorded: a rank stopped by the fault of another may come first). A failure whose message
+reports a non-finite value (autograd's anomaly error, ``clip_grad_norm_``'s, a script's
+``loss is nan at step 5``) is also a ``nonfinite`` event of that rank, as the worker's
+own lines may not be in the log (``--local-ranks-filter``, or redirected to files). The lines of the report are this parser's, so the traceback in it
 is not read a second time as the run's own.
 
 :func:`error_file_report` reads the error file itself (``error.json`` in the agent's
@@ -119,12 +120,13 @@ class ElasticParser:
         here = ctx.line
         ctx.line = line  # the event is where its message is, not where the table ends
         ctx.event("error", None, message, detail)
-        report = nonfinite_report(message) if failure.root else None
+        report = nonfinite_report(message)
         if report is not None:
-            tag, nf_kind, extra = report
+            tag, nf_kind, extra, step = report
             if "rank" in detail:
                 extra = {**extra, "rank": detail["rank"]}
-            ctx.nonfinite(tag, nf_kind, None, message, **extra, reported_by="torchelastic")
+            ctx.nonfinite(tag, nf_kind, step, message, global_step=step is not None, **extra,
+                          reported_by="torchelastic")
         ctx.line = here
         ctx.votes["torchelastic"] += 1
 

@@ -27,10 +27,10 @@ import re
 from analyzer.ingest.logformats.context import Context
 from analyzer.ingest.logformats.numbers import NUM, to_float, to_step
 
-_LOSS = re.compile(
+LOSS_IS = re.compile(
     r"(?i)(?<![\w.])loss(?:_value)?+ is:?+ ++(?:tensor\(\[?+)?+(" + NUM + r")(?![\w.])"
 )
-_STEP = re.compile(
+STEP_NAMED = re.compile(
     r"(?i)(?<![\w.])(?:global[ _])?+(?:step|iteration|iter|update)"
     r"[ \t]*+[:=#]?+[ \t]*+(\d{1,3}+(?:,\d{3}){1,4}+|\d{1,15}+)(?!,?+\d)(?![\w.])"
 )
@@ -56,7 +56,7 @@ class StoppingParser:
     def parse(self, text: str, ctx: Context) -> bool:
         if "is not finite." in text:
             return self._monitored(text, ctx)
-        m = _LOSS.search(text)
+        m = LOSS_IS.search(text)
         if m is None:
             return self._terms(text, ctx)
         value = to_float(m.group(1))
@@ -65,7 +65,7 @@ class StoppingParser:
             # this message.
             return False
         kind = "nan" if math.isnan(value) else ("+inf" if value > 0 else "-inf")
-        s = _STEP.search(text)
+        s = STEP_NAMED.search(text)
         step = to_step(s.group(1)) if s is not None else None
         ctx.nonfinite("loss", kind, step, text, global_step=True)
         ctx.votes["pytorch"] += 1
