@@ -103,6 +103,11 @@ def test_regression_trainer_runs_folder_and_checkpoints_are_one_run(
     assert [os.path.dirname(p) for p in _rel(run, run.event_files)] == [segment.label]
     # the root log, and the history of the latest save only
     assert _rel(run, run.log_files) == ["train.log", "checkpoint-24/trainer_state.json"]
+    assert _rel(run, run.listed_files) == ["checkpoint-8/trainer_state.json",
+                                           "checkpoint-16/trainer_state.json"]
+    roles = {os.path.relpath(f.path, run.path): f.role for f in run.layout().files}
+    assert roles["checkpoint-8/trainer_state.json"] == "listed"
+    assert roles["checkpoint-24/trainer_state.json"] == "log"
     assert {os.path.dirname(p) for p in _rel(run, run.checkpoint_files)} == {
         "checkpoint-8", "checkpoint-16", "checkpoint-24"}
     names = {os.path.basename(p) for p in run.metadata_files}
@@ -365,7 +370,7 @@ def _partition(root: Path, renamed: dict[str, str]) -> set[frozenset[str]]:
     return out
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[
+@settings(max_examples=60, deadline=None, suppress_health_check=[
     HealthCheck.function_scoped_fixture])
 @given(which=st.sampled_from(_TRAININGS),
        name=st.one_of(st.sampled_from(_TRICKY),

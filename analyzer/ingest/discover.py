@@ -78,6 +78,9 @@ class RunFiles:
     segments: tuple[RunSegment, ...] = ()
     layouts: tuple[str, ...] = ()
     stream_starts: tuple[str, ...] = ()
+    listed_files: tuple[str, ...] = ()
+    """Files of the training listed and not read: the ``trainer_state.json`` of a Trainer's
+    earlier saves, whose history the latest one holds too."""
 
     @property
     def empty(self) -> bool:
@@ -90,7 +93,8 @@ class RunFiles:
             ("events", self.event_files), ("log", self.log_files),
             ("checkpoint", self.checkpoint_files), ("metadata", self.metadata_files),
             ("capture", self.capture_dirs),
-            ("env", (self.env_file,) if self.env_file else ())]
+            ("env", (self.env_file,) if self.env_file else ()),
+            ("listed", self.listed_files)]
         files = tuple(RunFile(path, role, self._segment_of(path))
                       for role, paths in roles for path in paths)
         return RunLayout(root=self.path, layouts=self.layouts, segments=self.segments,
@@ -370,9 +374,12 @@ def _gather(root: str, owner: str, members: list[str], tree: dict[str, Listing],
             got.folders.append(folder)
         if rank_files(listing):
             got.layouts.add("ranks")
+    listed = got.states
     if got.states and not any(os.path.basename(f) == TRAINER_STATE for f in got.logs):
         # Each Trainer save holds the whole log history so far: the latest one is enough.
-        got.logs.append(max(got.states, key=_save_number))
+        latest = max(got.states, key=_save_number)
+        got.logs.append(latest)
+        listed = sorted((f for f in got.states if f != latest), key=_save_number)
     if placements[owner].forced:
         got.layouts.add("run-root")
     events = [p for _, _, p in sorted(got.events)]
@@ -385,7 +392,8 @@ def _gather(root: str, owner: str, members: list[str], tree: dict[str, Listing],
                    issues=tuple(got.issues), env_file=env,
                    folders=tuple(dict.fromkeys([owner, *got.folders])), segments=segments,
                    layouts=tuple(sorted(got.layouts)),
-                   stream_starts=_stream_starts(events, segments))
+                   stream_starts=_stream_starts(events, segments),
+                   listed_files=tuple(listed))
     return run, own
 
 

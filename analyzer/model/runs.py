@@ -202,7 +202,9 @@ class LogSource:
     notes: tuple[str, ...] = ()
 
 
-FileRole = Literal["events", "log", "checkpoint", "metadata", "capture", "env"]
+FileRole = Literal["events", "log", "checkpoint", "metadata", "capture", "env", "listed"]
+"""``listed``: a file of the training that is not read (an earlier save's trainer_state.json,
+whose history the latest one holds)."""
 
 
 @dataclass(frozen=True)
