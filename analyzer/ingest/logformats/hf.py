@@ -189,8 +189,9 @@ class HuggingFaceParser:
             # A dict of tensors only is a loss dict printed by the script (DETR's, after
             # its stop message), not the Trainer's log, which always holds plain numbers.
             return False
-        side = _beside_training(values)
-        if not side:
+        # Beside a training record already read, an evaluation takes its number; a log of
+        # evaluations alone numbers them in order.
+        if not (self.records and _beside_training(values)):
             self.records += 1
         ctx.votes["transformers"] += 1
         if self.bar_step is not None:
