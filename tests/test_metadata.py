@@ -581,3 +581,22 @@ def test_regression_scheduled_learning_rate_is_not_called_steady(
     assert said and "steady" not in said[0].text
     assert said[0].step is not None and said[0].step <= inc.earliest_step
     assert said[0].value is not None and 1.5 < said[0].value < 30.0
+
+
+def test_regression_cut_trainer_state_reported_once(tmp_path: Path, tmp_path_factory: pytest.
+                                                    TempPathFactory) -> None:
+    """Before: a trainer_state.json cut short gave two issues, the log reader's and the
+    metadata reader's, for one damage."""
+    from analyzer import pipeline
+    from tests.frameworks import corpus
+
+    source = corpus.get("hf_nan", tmp_path_factory) / "checkpoint-24" / "trainer_state.json"
+    save = tmp_path / "run" / "checkpoint-24"
+    save.mkdir(parents=True)
+    (save / "trainer_state.json").write_bytes(source.read_bytes()[:3000])
+    report = pipeline.analyze([str(tmp_path / "run")], replay=False)
+    (result,) = report.results
+    assert [i.location.file for i in result.run.issues] == [str(save / "trainer_state.json")]
+    meta = result.run.metadata
+    assert meta is not None and meta.files[0].status == "partial"
+    assert meta.integer("global_step") == 24  # its top-level fields before the log history

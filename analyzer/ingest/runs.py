@@ -74,7 +74,10 @@ def _with_metadata(run: Run, files: RunFiles) -> Run:
     found = read_run_metadata(files.metadata_files, files.log_files)
     if found is None:
         return run
-    return replace(run, metadata=found, issues=run.issues + found.issues)
+    # trainer_state.json is a log too: its damage is the log reader's to report, once.
+    reported = {i.location.file for i in run.issues}
+    return replace(run, metadata=found, issues=run.issues + tuple(
+        i for i in found.issues if i.location.file not in reported))
 
 
 def _with_captures(run: Run, files: RunFiles) -> Run:
