@@ -64,6 +64,8 @@ class HuggingFaceParser:
     def __init__(self) -> None:
         self.bar_step: int | None = None
         self.records = 0
+        self.trained = False
+        """Whether a training step's record was read (evaluations then take its number)."""
         self.header: dict[str, int] = {}
         self.by_epoch: bool | None = None
         """Whether the records are placed by their epoch; decided at the first record
@@ -191,8 +193,9 @@ class HuggingFaceParser:
             return False
         # Beside a training record already read, an evaluation takes its number; a log of
         # evaluations alone numbers them in order.
-        if not (self.records and _beside_training(values)):
+        if not (self.trained and _beside_training(values)):
             self.records += 1
+            self.trained = self.trained or not _beside_training(values)
         ctx.votes["transformers"] += 1
         if self.bar_step is not None:
             step = self.bar_step
