@@ -48,7 +48,7 @@ def _ckpts(folder: Path) -> list[str]:
 # Lightning --------------------------------------------------------------------------------
 
 
-def _lightning(root: Path, *, epochs: int, nan_from: int = -1, top_k: int = 3) -> Path:
+def _lightning(root: Path, *, epochs: int) -> Path:
     """A Lightning 2.6 fit with ModelCheckpoint(monitor="val_loss", save_top_k=3) and
     EarlyStopping: until three saves exist ModelCheckpoint's ``kth_value`` is +inf."""
     import lightning.pytorch as pl
@@ -58,7 +58,7 @@ def _lightning(root: Path, *, epochs: int, nan_from: int = -1, top_k: int = 3) -
 
     class Regressor(pl.LightningModule):
         def __init__(self, lr: float = 0.01, hidden: int = 8, name: str = "tiny",
-                     data_dir: Path | None = None, nan_from: int = -1) -> None:
+                     data_dir: Path | None = None) -> None:
             super().__init__()
             self.save_hyperparameters()
             self.net = nn.Sequential(nn.Linear(4, hidden), nn.Tanh(), nn.Linear(hidden, 1))
@@ -68,9 +68,6 @@ def _lightning(root: Path, *, epochs: int, nan_from: int = -1, top_k: int = 3) -
 
         def training_step(self, batch: Any, _: int) -> torch.Tensor:
             loss = nn.functional.mse_loss(self(batch[0]), batch[1])
-            if 0 <= self.hparams.nan_from <= self.global_step:
-                # The bug: a square root of a negative number; SGD then writes NaN weights.
-                loss = loss * torch.sqrt(loss.detach() - loss.detach() - 1)
             self.log("train_loss", loss)
             return loss
 
@@ -84,27 +81,20 @@ def _lightning(root: Path, *, epochs: int, nan_from: int = -1, top_k: int = 3) -
     torch.manual_seed(0)
     x = torch.randn(32, 4)
     data = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8)
-    callbacks = [ModelCheckpoint(monitor="val_loss", save_top_k=top_k, filename="{epoch}-{step}"),
+    callbacks = [ModelCheckpoint(monitor="val_loss", save_top_k=3, filename="{epoch}-{step}"),
                  EarlyStopping(monitor="val_loss", patience=5, check_finite=False)]
     trainer = pl.Trainer(default_root_dir=str(root), max_epochs=epochs, accelerator="cpu",
                          devices=1, callbacks=callbacks, enable_progress_bar=False,
                          enable_model_summary=False, log_every_n_steps=1)
     # A Path among the hyperparameters makes weights_only refuse the file: it is read
     # statically, as many real checkpoints must be.
-    trainer.fit(Regressor(data_dir=root / "data", nan_from=nan_from), data, data)
+    trainer.fit(Regressor(data_dir=root / "data"), data, data)
     return root
 
 
 @pytest.fixture(scope="module")
 def lightning_healthy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _lightning(tmp_path_factory.mktemp("lightning_healthy"), epochs=3)
-
-
-@pytest.fixture(scope="module")
-def lightning_nan(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    # From step 6 the loss is NaN and so are the weights. Every epoch is kept: a NaN
-    # val_loss is never among the top k.
-    return _lightning(tmp_path_factory.mktemp("lightning_nan"), epochs=3, nan_from=6, top_k=-1)
 
 
 def test_regression_lightning_kth_value_inf_is_not_a_failure(lightning_healthy: Path) -> None:
@@ -138,7 +128,7 @@ def test_lightning_checkpoint_sections_and_metadata(lightning_healthy: Path) -> 
     import lightning
 
     assert meta.framework_version == lightning.__version__
-    assert meta.hyperparameters == {"lr": 0.01, "hidden": 8, "name": "tiny", "nan_from": -1}
+    assert meta.hyperparameters == {"lr": 0.01, "hidden": 8, "name": "tiny"}
     assert meta.hyperparameters_other == ("data_dir",)
     assert meta.sections["state_dict"] == "weights"
     assert meta.sections["optimizer_states"] == "optimizer"
@@ -164,17 +154,27 @@ def test_lightning_checkpoint_sections_and_metadata(lightning_healthy: Path) -> 
     assert encoded["meta"]["callbacks"][1]["values"]["kth_value"] == "inf"
 
 
-def test_lightning_weights_gone_nan_are_still_found(lightning_nan: Path) -> None:
-    before = _snapshot(lightning_nan)
-    history = scan_run_checkpoints(_ckpts(lightning_nan))
-    assert history.first_nonfinite is not None
-    bad = history.scans[history.first_nonfinite].nonfinite_tensors
-    assert bad and all(t.evidence for t in bad)
-    assert {t.role for t in bad} <= {"weights", "optimizer"}
+def test_lightning_weights_gone_nan_are_still_found(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """The corpus' diverging Lightning run: its saves also hold kth_value = inf (a
+    ModelCheckpoint without a monitor), and the NaN weights are still the finding."""
+    run = corpus.get("lightning_nan", tmp_path_factory)
+    before = _snapshot(run)
+    history = scan_run_checkpoints(_ckpts(run))
+    assert [s.step for s in history.saves] == [8, 16, 24, 32, 40]
+    assert history.first_nonfinite == 3 and history.nonfinite_layers == ("net.0", "net.2")
+    first = history.scans[3]
+    assert first.nonfinite_tensors and all(t.role == "weights" for t in first.nonfinite_tensors
+                                           if t.group == "model")
+    assert {t.role for t in first.nonfinite_tensors} <= {"weights", "optimizer"}
+    assert all(any(t.name.endswith(".kth_value") for t in s.nonfinite_metadata)
+               for s in history.scans)
     incident = checkpoint_incident(history)
     assert incident is not None and incident.tag.startswith("checkpoint/net.")
-    assert main(["analyze", str(lightning_nan), "-q"]) == 1
-    assert _snapshot(lightning_nan) == before
+    assert (incident.step, incident.last_finite_step) == (32, 24)
+    assert main(["analyze", str(run), "-q"]) == 1
+    assert _snapshot(run) == before
 
 
 def test_lightning_fp16_scaler_state_is_read_as_evidence(tmp_path: Path) -> None:
