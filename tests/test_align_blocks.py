@@ -60,8 +60,8 @@ def _mixed_log(run: Path, shift: int = 0) -> None:
     (``shift`` added to it), and one overflow message after step OVERFLOW_AFTER."""
     lines = []
     for index in range(EVERY, STEPS, EVERY):
-        lines.append("{'loss': %s, 'learning_rate': %r, 'epoch': %.2f}"
-                     % (_hf(_loss(index)), _lr(index), index / STEPS))
+        lines.append(f"{{'loss': {_hf(_loss(index))}, 'learning_rate': {_lr(index)!r}, "
+                     f"'epoch': {index / STEPS:.2f}}}")
         lines.append(f"{_DS}step={index + 1 + shift}, skipped=0, lr=[{_lr(index):.6e}], "
                      "mom=[(0.9, 0.999)]")
         if index == OVERFLOW_AFTER:
@@ -120,8 +120,8 @@ def test_a_block_left_unaligned_does_not_take_the_files_other_lines_with_it(
     writer.close()
     lines = []
     for index in range(EVERY, STEPS, EVERY):
-        lines.append("{'eval_accuracy': %s, 'epoch': %.2f}" % (
-            _hf(0.5 if index < 60 else math.nan), index / STEPS))
+        accuracy = _hf(0.5 if index < 60 else math.nan)
+        lines.append(f"{{'eval_accuracy': {accuracy}, 'epoch': {index / STEPS:.2f}}}")
         lines.append(f"{_DS}step={index + 1}, skipped=0, lr=[{_lr(index):.6e}], "
                      "mom=[(0.9, 0.999)]")
     (run / "train.log").write_text("\n".join(lines) + "\n")

@@ -53,12 +53,13 @@ def test_regression_evaluation_dicts_between_training_dicts_keep_the_stride(
     writer.close()
     lines = []
     for step in range(EVERY, STEPS, EVERY):
-        lines.append("{'loss': %s, 'grad_norm': 1.25, 'learning_rate': 5e-05, 'epoch': %.2f}"
-                     % (_hf(_loss(step)), step / STEPS))
+        epoch = f"'epoch': {step / STEPS:.2f}"
+        lines.append(f"{{'loss': {_hf(_loss(step))}, 'grad_norm': 1.25, 'learning_rate': "
+                     f"5e-05, {epoch}}}")
         if step % 20 == 0:
-            lines.append("{'eval_loss': %r, 'eval_runtime': 0.41, 'eval_samples_per_second': "
-                         "97.5, 'eval_steps_per_second': 12.2, 'epoch': %.2f}"
-                         % (round(1.5 - step / 100, 4), step / STEPS))
+            lines.append(f"{{'eval_loss': {round(1.5 - step / 100, 4)!r}, 'eval_runtime': "
+                         f"0.41, 'eval_samples_per_second': 97.5, 'eval_steps_per_second': "
+                         f"12.2, {epoch}}}")
     lines.append("{'train_runtime': 12.5, 'train_samples_per_second': 51.2, "
                  "'train_steps_per_second': 6.4, 'train_loss': 1.3, 'epoch': 1.0}")
     (run / "train.log").write_text("\n".join(lines) + "\n")

@@ -11,10 +11,10 @@ Epochs = E`` when E divides S) and the epoch is printed finely enough to name on
 ``epoch * N`` is the Trainer's ``global_step`` (:data:`EPOCH_STEPS`). Otherwise the
 order of the training records stands in for it (:data:`RECORD`): an evaluation's dict
 (``eval_`` keys) and the summary ``train()`` ends with are logged at the step of the
-training record before them, and take its number, so that the records keep one stride. With ``logging_nan_inf_filter`` (on by
-default) the Trainer replaces a NaN/Inf loss by the running average before logging
-it, so a finite ``loss`` next to a non-finite ``grad_norm`` is the signature of a
-hidden NaN.
+training record before them, and take its number, so that the records keep one stride.
+With ``logging_nan_inf_filter`` (on by default) the Trainer replaces a NaN/Inf loss by
+the running average before logging it, so a finite ``loss`` next to a non-finite
+``grad_norm`` is the signature of a hidden NaN.
 """
 
 from __future__ import annotations
