@@ -226,22 +226,28 @@ def test_trainer_logging_dir_default_and_checkpoint_names(tmp_path: Path) -> Non
     assert [os.path.basename(f) for f in run.metadata_files] == ["training_args.bin"]
 
 
-def test_accelerate_project_dir(tmp_path: Path) -> None:
+@pytest.mark.parametrize("logging_dir", [None, "tracking"])
+def test_accelerate_project_dir(tmp_path: Path, logging_dir: str | None) -> None:
     from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
     from accelerate.utils import ProjectConfiguration
 
     project = tmp_path / "project"
-    acc = Accelerator(cpu=True, log_with="tensorboard", project_config=ProjectConfiguration(
-        project_dir=str(project), automatic_checkpoint_naming=True))
+    config = ProjectConfiguration(
+        project_dir=str(project), automatic_checkpoint_naming=True,
+        logging_dir=None if logging_dir is None else str(project / logging_dir))
+    acc = Accelerator(cpu=True, log_with="tensorboard", project_config=config)
     acc.init_trackers("tiny")
     acc.log({"train/loss": 1.0}, step=0)
     acc.save_state()
     acc.end_training()
+    AcceleratorState._reset_state(True)
     runs = find_runs([str(tmp_path)])
     assert [r.path for r in runs] == [str(project)], [r.name for r in runs]
     (run,) = runs
     assert "accelerate" in run.layouts
-    assert [os.path.relpath(os.path.dirname(f), project) for f in run.event_files] == ["tiny"]
+    assert [os.path.relpath(os.path.dirname(f), config.logging_dir) for f in run.event_files
+            ] == ["tiny"]
     assert any("random_states_0.pkl" in f for f in run.metadata_files)
 
 

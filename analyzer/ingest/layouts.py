@@ -18,8 +18,9 @@ others. A folder joins the one above it when it is
     torchrun           ``<rank>/`` in ``attempt_N/``, ``attempt_N/`` (a segment),
                        the ``<run_id>/`` folder holding attempts
     ranks              ``rank_N/``, ``rank-N/``, ``rankN/`` (side by side)
-    accelerate         a folder of event files beside a project's ``checkpoints/checkpoint_N/``
-                       or a save holding ``random_states_N.pkl``
+    accelerate         a tracker's folder of event files in a project dir (one with
+                       ``checkpoints/checkpoint_N/`` or a save holding ``random_states_N.pkl``)
+                       or in a folder of it (a ``logging_dir``), and that folder
 
 and, when the folder above is a training already (it holds run files or metadata itself,
 another folder joins it by the rules above, or it is a Trainer's ``output_dir``, with
@@ -227,7 +228,7 @@ class _Rules:
             return Claim("torchrun")
         if _RANK_DIR.fullmatch(name) and has_run_files(self.tree[folder]):
             return Claim("ranks", segment=True, parallel=True)
-        if self._events(folder) and self.is_accelerate_project(parent):
+        if self._tracker_dir(folder, parent):
             return Claim("accelerate")
         return None
 
@@ -294,6 +295,17 @@ class _Rules:
         """torchrun's ``<run_id>_<random>/`` folder: it holds ``attempt_N/`` folders."""
         return any(_ATTEMPT.fullmatch(d) and self.is_attempt(os.path.join(folder, d))
                    for d in self._dirs(folder) if os.path.join(folder, d) in self.tree)
+
+    def _tracker_dir(self, folder: str, parent: str) -> bool:
+        """A tracker's folder in an Accelerate project: event files in the project dir's
+        ``logging_dir`` (the project dir itself by default, or a folder in it) under the
+        tracker's run name, and that logging_dir."""
+        if self._events(folder):
+            return self.is_accelerate_project(parent) or (
+                not has_run_files(self.tree[parent])
+                and self.is_accelerate_project(os.path.dirname(parent)))
+        return not has_run_files(self.tree[folder]) and self.is_accelerate_project(parent) \
+            and any(self._events(os.path.join(folder, d)) for d in self._dirs(folder))
 
     def _accelerate_saves(self, folder: str) -> bool:
         return any(_ACCEL_SAVE.fullmatch(d) for d in self._dirs(folder)) or any(
