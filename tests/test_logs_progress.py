@@ -16,9 +16,13 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from analyzer.ingest.logformats.elastic import error_file_report
 from analyzer.ingest.logs import LogRead, read_log
+from tests.fuzz.budget import fuzz_settings
+from tests.fuzz.test_fuzz_logs import DAMAGE, ENDS, ONE_CHUNK, chunking, outcome
 
 _LIGHTNING = textwrap.dedent(
     """
@@ -435,3 +439,103 @@ def test_corpus_amp_loop_skip_lines(tmp_path_factory: pytest.TempPathFactory) ->
               for e in skips]
     assert all(after == before / 2 for before, after in scales[1:])
     assert scales[-1][1] == 8192.0
+
+
+# Fuzz targets: the formats above among damage, and an oracle for the bars' steps.
+
+_PAD = st.sampled_from([24, 40, 63, 82])
+_VALUE = st.sampled_from(["nan", "inf", "-inf", "0.25", "12.5", "1e-07", "3.000"])
+_MY_LINES = st.one_of(
+    st.builds("Epoch {}: 50%|#| {}/20 [00:01<00:01, 3.1it/s, v_num=0, train_loss={}]".format,
+              st.integers(0, 9), st.integers(0, 20),
+              st.sampled_from(["nan.0", "inf.0", "-inf.", "0.250", "12.50"])),
+    st.builds("Epoch {}/9  ━━━━━━━━━━ {}/20 0:00:01 • 0:00:02 3.1it/s v_num: 0.000 {}".format,
+              st.integers(0, 9), st.integers(0, 20), st.sampled_from(["", "loss:", "a: 1.0"])),
+    st.builds("{}{}: {}".format, _PAD.map(" ".__mul__), st.sampled_from(["loss", "val_loss"]),
+              _VALUE),
+    st.builds("Epoch {}, global step {}: 'val_loss' reached {} (best 0.1), saving model to "
+              "'x/epoch=0-step=5.ckpt' as top 1".format, st.integers(0, 9), st.integers(0, 99),
+              _VALUE),
+    st.just("NaN or Inf found in input tensor."),
+    st.builds("step {}: gradient overflow, skipping step, loss scale {} -> {}".format,
+              st.integers(0, 99), _VALUE, _VALUE),
+    st.sampled_from(["Failures:", "Root Cause (first observed failure):", "=" * 60, "-" * 60,
+                     "  rank      : 1 (local_rank: 1)", "  exitcode  : -9 (pid: 7)",
+                     "  error_file: <N/A>", "  time      : 2024-01-01_00:00:00",
+                     "  traceback : Signal 9 (SIGKILL) received by PID 7",
+                     "  FloatingPointError: loss is nan at step 4"]),
+    st.builds("{}step {} loss {}".format,
+              st.sampled_from(["[trainer1]:", "[3]:", "[rank: 2] ", "x - [RANK 1] ", ""]),
+              st.integers(0, 99), _VALUE),
+)
+
+
+@st.composite
+def _my_logs(draw: st.DrawFn) -> bytes:
+    out = []
+    for _ in range(draw(st.integers(1, 25))):
+        text = draw(_MY_LINES).encode("utf-8")
+        if draw(st.booleans()):
+            at = draw(st.integers(0, len(text)))
+            text = text[:at] + draw(DAMAGE) + text[at:]
+        out.append(text + draw(ENDS))
+    return b"".join(out)
+
+
+@pytest.mark.fuzz
+@fuzz_settings(200)
+@given(_my_logs(), st.integers(1, 160), st.sampled_from([24, 64, 1 << 16]))
+def test_fuzz_progress_formats_do_not_depend_on_where_chunks_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data: bytes, chunk: int, cap: int
+) -> None:
+    path = tmp_path / "train.log"
+    path.write_bytes(data)
+    with chunking(monkeypatch, ONE_CHUNK, cap):
+        whole = read_log(str(path))
+    with chunking(monkeypatch, chunk, cap):
+        read = read_log(str(path))
+    assert outcome(read) == outcome(whole)
+
+
+@pytest.mark.fuzz
+@fuzz_settings(150)
+@given(st.lists(st.tuples(st.integers(0, 50), st.integers(1, 99), st.integers(1, 99),
+                          st.lists(st.tuples(st.sampled_from(["loss", "val_loss", "lr"]),
+                                             st.floats(allow_nan=True, allow_infinity=True)),
+                                   min_size=1, max_size=4),
+                          st.integers(0, 3), st.booleans()),
+                min_size=1, max_size=6))
+def test_fuzz_bar_values_land_at_their_bar_step(
+    tmp_path: Path,
+    bars: list[tuple[int, int, int, list[tuple[str, float]], int, bool]],
+) -> None:
+    """Oracle: each value a tqdm bar (through Lightning's own format_num) or a rich bar
+    (wrapping its metrics after ``inline`` of them) shows is read at epoch * total +
+    batch, as the value the bar printed."""
+    from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
+
+    lines, expected = [], []
+    for epoch, total, batch_, metrics, inline, rich in bars:
+        batch = min(batch_, total)
+        step = epoch * total + batch
+        shown = [(name, Tqdm.format_num(v)) if not rich else (name, f"{v:.3f}")
+                 for name, v in dict(metrics).items()]
+        if rich:
+            head = f"Epoch {epoch}/50  ━━━━━━━━━━━━━━━━━━━━ {batch}/{total} 0:00:01 • 0:00:02 "
+            pairs = [f"{n}: {v}" for n, v in shown]
+            lines.append(head + "3.10it/s v_num: 0.000 " + " ".join(pairs[:inline]))
+            lines += [" " * 60 + p for p in pairs[inline:]]
+        else:
+            post = ", ".join(f"{n}={v}" for n, v in shown)
+            lines.append(f"Epoch {epoch}:  50%|#   | {batch}/{total} [00:01<00:01, 3.1it/s, "
+                         f"v_num=0, {post}]")
+        expected += [(name, step, text) for name, text in shown]
+    log = tmp_path / "train.log"
+    log.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    got = sorted((s.tag, int(st_), repr(float(v))) for s in read_log(str(log)).series
+                 for st_, v in zip(s.steps, s.values, strict=True))
+
+    def printed(text: str) -> float:
+        return float(text.rstrip(".0") if text.rstrip(".0").endswith(("nan", "inf")) else text)
+
+    assert got == sorted((n, s, repr(printed(t))) for n, s, t in expected)
