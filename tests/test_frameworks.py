@@ -32,6 +32,8 @@ BAR_STEP = ("issue 15: a Lightning bar's `Epoch e ... b/n` is global step e * n 
             "(batches counted from 1)")
 LOG_SKIPS = "issue 15: 'gradient overflow, skipping step, loss scale X -> Y' lines are skips"
 FILES = "issue 15: the report lists each run's files by role"
+BAR_RESET = ("issue 15: TQDM's reset frame `Epoch e: 0/n` (the previous epoch's value, before "
+             "the new description) is no step of its own")
 
 # What EventAccumulator reads, written down so that a change in a framework's behaviour
 # shows here rather than as a puzzling analyzer failure.
@@ -312,6 +314,17 @@ def test_configured_learning_rate_is_in_the_json(
     found = [v.get("value") if isinstance(v, dict) else v
              for v in _values(run, "learning_rate")]
     assert CONFIGURED_LR[name] in found
+
+
+@pytest.mark.parametrize("name", _params(corpus.NAMES, {"lightning_nan": BAR_RESET}))
+def test_no_step_in_the_json_is_below_zero(
+        name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Every framework here counts steps from 0 or 1: a negative ``step`` or ``onset``
+    anywhere in the report (incidents, findings' evidence) is a misplaced line."""
+    run = training_run(analysed(name, tmp_path_factory))
+    steps = [v for key in ("step", "onset") for v in _values(run, key)
+             if isinstance(v, int) and not isinstance(v, bool)]
+    assert [v for v in steps if v < 0] == []
 
 
 # -- the console log alone --------------------------------------------------------------
