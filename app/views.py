@@ -239,7 +239,7 @@ def where(loc: Location | None, run_path: str) -> str:
 
 def _placed(run: Run) -> list[Series]:
     """The series on the run's global step (every aligned source's)."""
-    return [s for s in run.series if run.is_aligned(s.source)]
+    return [s for s in run.series if run.is_aligned(s.source, s.axis)]
 
 
 def curves(run: Run, tags: list[str]) -> list[Curve]:
@@ -339,7 +339,7 @@ def markers(result: RunResult, growth: Growth | None) -> list[Marker]:
     out += [Marker("overflow skip", s, "the loss scaler skipped this step")
             for s in result.overflow_skips]
     for e in run.events:
-        step = event_step(e) if run.is_aligned(e.location.file) else None
+        step = event_step(e) if run.is_aligned(e.location.file, e.axis) else None
         if step is not None and e.kind in ("restart", "error", "min_loss_scale"):
             out.append(Marker(e.kind.replace("_", " "), step,
                               f"{e.message} ({where(e.location, run.path)})"))
@@ -432,7 +432,7 @@ def own_number(run: Run, source: str, step: int | None) -> str | None:
     if step is None or placed is None or not placed.aligned:
         return None
     label = placed.axis.label
-    if (placed.offset, placed.stride) == (0, 1) and label == "step":
+    if (placed.offset, placed.stride, placed.divisor) == (0, 1, 1) and label == "step":
         return None
     own = placed.to_own(step)
     if own is None:
