@@ -95,16 +95,27 @@ class RunFiles:
             ("capture", self.capture_dirs),
             ("env", (self.env_file,) if self.env_file else ()),
             ("listed", self.listed_files)]
-        files = tuple(RunFile(path, role, self._segment_of(path))
+        index = {seg.folder: k for k, seg in enumerate(self.segments)}
+        files = tuple(RunFile(path, role, segment_index(index, path))
                       for role, paths in roles for path in paths)
         return RunLayout(root=self.path, layouts=self.layouts, segments=self.segments,
                          files=files)
 
-    def _segment_of(self, path: str) -> int | None:
-        for k, seg in enumerate(self.segments):
-            if path.startswith(seg.folder + os.sep):
-                return k
+
+
+def segment_index(index: dict[str, int], path: str) -> int | None:
+    """The index of the segment ``path`` lies in (``index``: each segment's folder and
+    index), None when outside every segment: the folders above it are looked up, not every
+    segment tried (a run may have hundreds)."""
+    if not index:
         return None
+    here = os.path.dirname(path)
+    while here not in index:
+        up = os.path.dirname(here)
+        if up == here:
+            return None
+        here = up
+    return index[here]
 
 
 @dataclass(frozen=True)
@@ -427,8 +438,10 @@ def _stream_starts(events: list[str], segments: tuple[RunSegment, ...]) -> tuple
     segments: a writer beside the others, not a restart of one."""
     seen: set[str] = set()
     starts: list[str] = []
+    index = {seg.folder: k for k, seg in enumerate(segments)}
     for path in events:
-        seg = next((s for s in segments if path.startswith(s.folder + os.sep)), None)
+        k = segment_index(index, path)
+        seg = None if k is None else segments[k]
         key = seg.folder if seg is not None else os.path.dirname(path)
         if key in seen:
             continue

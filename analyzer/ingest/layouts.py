@@ -46,7 +46,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -189,8 +189,19 @@ def natural_key(text: str) -> tuple[tuple[int, str], ...]:
 
 
 class _Rules:
+    """The layout rules over one listed tree. What is asked of a folder on behalf of each
+    of its sub-folders is kept, so that a folder of thousands of runs costs no more than
+    its listing times a constant."""
+
     def __init__(self, tree: Mapping[str, Listed]) -> None:
         self.tree = tree
+        self._memo: dict[tuple[str, str], bool | int] = {}
+
+    def _kept(self, what: str, folder: str, compute: Callable[[str], bool | int]) -> bool | int:
+        key = (what, folder)
+        if key not in self._memo:
+            self._memo[key] = compute(folder)
+        return self._memo[key]
 
     def _dirs(self, folder: str) -> Sequence[str]:
         listing = self.tree.get(folder)
@@ -255,6 +266,9 @@ class _Rules:
     def anchored(self, folder: str, claims: Mapping[str, Claim | None]) -> bool:
         """Whether ``folder`` is a training already: it holds run files or metadata, a
         sub-folder joins it by a name rule, or it is a Trainer's output_dir."""
+        return bool(self._kept("anchored", folder, lambda f: self._anchored(f, claims)))
+
+    def _anchored(self, folder: str, claims: Mapping[str, Claim | None]) -> bool:
         listing = self.tree.get(folder)
         if listing is None:
             return False
@@ -284,7 +298,8 @@ class _Rules:
         return os.path.basename(folder) == "lightning_logs" or len(versions) == len(listing.dirs)
 
     def _name_folders(self, folder: str) -> int:
-        return sum(1 for d in self._dirs(folder) if self.is_name_folder(os.path.join(folder, d)))
+        return int(self._kept("names", folder, lambda f: sum(
+            1 for d in self._dirs(f) if self.is_name_folder(os.path.join(f, d)))))
 
     def is_attempt(self, folder: str) -> bool:
         listing = self.tree[folder]
@@ -314,6 +329,9 @@ class _Rules:
     def is_accelerate_project(self, folder: str) -> bool:
         """An Accelerate ``project_dir``: a save folder of ``checkpoint_N/`` folders, or one
         holding ``random_states_N.pkl``, directly inside it."""
+        return bool(self._kept("accelerate", folder, self._accelerate_project))
+
+    def _accelerate_project(self, folder: str) -> bool:
         return any(is_save_dir(d) and self._accelerate_saves(os.path.join(folder, d))
                    for d in self._dirs(folder)) or any(
             any(_ACCEL_STATE.fullmatch(f) for f in self._files(os.path.join(folder, d)))
@@ -322,5 +340,8 @@ class _Rules:
     def is_trainer_output(self, folder: str) -> bool:
         """A Hugging Face Trainer's ``output_dir``: ``checkpoint-N/`` folders or the files
         only the Trainer writes."""
+        return bool(self._kept("trainer", folder, self._trainer_output))
+
+    def _trainer_output(self, folder: str) -> bool:
         return any(_HF_SAVE.fullmatch(d) for d in self._dirs(folder)) or any(
             f in _HF_FILES for f in self._files(folder))
