@@ -506,3 +506,29 @@ def test_regression_accelerate_checkpoint_folder_number_is_not_a_step(tmp_path: 
     torch.save({"w": torch.ones(2)}, folder / "pytorch_model.bin")
     scan = scan_checkpoint(str(folder / "pytorch_model.bin"))
     assert (scan.step, scan.step_source) == (None, None)
+
+
+def test_lightning_deepspeed_strategy_folder(tmp_path: Path, fake_deepspeed: type) -> None:
+    """Lightning's DeepSpeed strategy saves through the engine with tag "checkpoint" into a
+    folder named like a checkpoint file, Lightning's own keys (less state_dict and
+    optimizer_states) merged into the model states."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    callback = ModelCheckpoint(save_top_k=-1)
+    tag = tmp_path / "epoch=1-step=8.ckpt" / "checkpoint"
+    tag.mkdir(parents=True)
+    torch.save({
+        "module": {"layer.weight": torch.ones(2, 2)}, "optimizer": None, "lr_scheduler": None,
+        "global_steps": 8, "ds_config": {"bf16": {"enabled": True}}, "ds_version": "0.16.4",
+        "epoch": 1, "global_step": 8, "pytorch-lightning_version": "2.6.6", "loops": {},
+        "callbacks": {callback.state_key: callback.state_dict()}, "lr_schedulers": [],
+    }, tag / "mp_rank_00_model_states.pt")
+    torch.save({"optimizer_state_dict": {"loss_scaler": fake_deepspeed(), "zero_stage": 2},
+                "ds_config": {}, "ds_version": "0.16.4"},
+               tag / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt")
+    shard, model = (scan_checkpoint(p) for p in _ckpts(tmp_path))
+    assert (model.format, model.step, model.step_source) == ("deepspeed", 8, "'global_step' key")
+    assert model.meta is not None and (model.meta.framework, model.meta.precision) == (
+        "lightning", "bf16")
+    assert not model.has_nonfinite and model.nonfinite_metadata  # kth_value = inf
+    assert (shard.format, shard.step, shard.step_source) == ("zero_optimizer", 8, "folder name")

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from analyzer.ingest.ckpt.leaves import Leaf
 from analyzer.ingest.ckpt.meta import as_int, read_meta, scalar
 from analyzer.ingest.ckpt.optimizer import scan_optimizer
-from analyzer.ingest.ckpt.roles import framework_of, is_zero_shard, section_role
+from analyzer.ingest.ckpt.roles import is_zero_shard, section_role
 from analyzer.ingest.ckpt.stats import StatsAccumulator, aggregate_layers
 from analyzer.ingest.ckpt.tree import (
     OPTIMIZER_KEYS,
@@ -147,7 +147,8 @@ def _format(draft: Draft, parts: Parts, root: object) -> CheckpointFormat:
         return draft.format
     if is_zero_shard(draft.path, root):
         return "zero_optimizer"
-    if parts.format == "training" and framework_of(root) == "deepspeed":
+    if parts.format in ("training", "lightning") and isinstance(root, Mapping) and \
+            "ds_version" in root:  # Lightning's DeepSpeed strategy adds its own keys to these
         return "deepspeed"
     return parts.format
 

@@ -195,10 +195,13 @@ def find_scaler(
 
 def step_from_name(path: str) -> tuple[int | None, str | None]:
     """A step number in the file name (``epoch=3-step=120.ckpt``, ``step_1200.pt``), or
-    else in the folder's (``checkpoint-500/``, ``global_step500/``), with which it was."""
+    else in the folder's (``checkpoint-500/``, ``global_step500/``, the folder above a
+    DeepSpeed tag folder named ``checkpoint``), with which it was."""
     folder = os.path.dirname(path)
-    for part, source in ((os.path.basename(path), "file name"),
-                         (os.path.basename(folder), "folder name")):
+    names = [(os.path.basename(path), "file name"), (os.path.basename(folder), "folder name")]
+    if names[1][0] == "checkpoint":  # Lightning's DeepSpeed strategy: <name>.ckpt/checkpoint/
+        names.append((os.path.basename(os.path.dirname(folder)), "folder name"))
+    for part, source in names:
         stem = part.split(".", 1)[0]
         if source == "folder name" and _ACCELERATE_SAVE.fullmatch(stem) and \
                 os.path.basename(os.path.dirname(folder)) == "checkpoints":
