@@ -600,3 +600,23 @@ def test_regression_cut_trainer_state_reported_once(tmp_path: Path, tmp_path_fac
     meta = result.run.metadata
     assert meta is not None and meta.files[0].status == "partial"
     assert meta.integer("global_step") == 24  # its top-level fields before the log history
+
+
+def test_regression_absurd_configured_lr_does_not_override_a_replayed_bad_batch(
+        tmp_path: Path, args_file: Path) -> None:
+    """The nan_in_batch sample with a training_args.bin saying learning_rate=5.0 beside it.
+    Before: learning-rate-too-high (high, score 1.0) ranked above nan-in-batch, which the
+    replay of the failing step proves."""
+    import shutil
+
+    from analyzer import pipeline
+    from tests.conftest import SAMPLE_RUNS
+
+    run = tmp_path / "nan_in_batch"
+    shutil.copytree(os.path.join(SAMPLE_RUNS, "nan_in_batch"), run)
+    shutil.copy(args_file, run / "training_args.bin")
+    (result,) = pipeline.analyze([str(run)]).results
+    assert result.replay is not None and result.replay.verdict.kind == "bad-input"
+    assert result.findings[0].name == "nan-in-batch"
+    lr = [f for f in result.findings if f.name == "learning-rate-too-high"]
+    assert lr and lr[0].confidence == "medium"  # still said: the rate is wrong too

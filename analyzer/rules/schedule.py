@@ -63,8 +63,10 @@ def learning_rate_too_high(r: Rule, ev: RunEvidence) -> list[Finding]:
     times torch's Adam default), 1.0 for SGD or an optimizer not named. A rate above the
     ceiling strengthens the growth; one 100 times above it (1.0 for Adam) is a cause by
     itself, with high confidence, even when the gradients were huge from the second logged
-    step (what such a rate does at once, and not a sign of the initialisation). A
-    configuration whose warm-up settings are all zero is quoted.
+    step (what such a rate does at once, and not a sign of the initialisation), unless a
+    replay of the failing step finds a mathematical fault or a non-finite batch, which no
+    rate makes (medium confidence then). A configuration whose warm-up settings are all
+    zero is quoted.
 
     ## Fix
     Lower the learning rate (by 3-10x), add a warmup, and clip gradients while tuning:
@@ -188,7 +190,18 @@ def _absurd(r: Rule, ev: RunEvidence, configured: _Configured,
     if grow:
         evidence.append(Evidence(f"weight norms of {grow} layers grew before the failure",
                                  subject="weights"))
+    replay = ev.replay
+    if replay is not None and replay.verdict.kind in _NOT_THE_RATE:
+        # The replayed step failed for a reason of its own: the rate is a second fault.
+        evidence.append(Evidence(f"the replay of step {replay.step} found "
+                                 f"{_NOT_THE_RATE[replay.verdict.kind]}, which no learning "
+                                 "rate makes", step=replay.step, subject="replay"))
+        return r.finding("medium", evidence, 0.5)
     return r.finding("high", evidence, 1.0)
+
+
+_NOT_THE_RATE = {"math-fault": "a mathematical fault (non-finite in float64 too)",
+                 "bad-input": "a non-finite input batch"}
 
 
 @rule("NF203", "learning-rate-jump", "learning-rate jump or missing warmup", needs=("lr",))
