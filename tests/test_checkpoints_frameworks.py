@@ -532,3 +532,13 @@ def test_lightning_deepspeed_strategy_folder(tmp_path: Path, fake_deepspeed: typ
         "lightning", "bf16")
     assert not model.has_nonfinite and model.nonfinite_metadata  # kth_value = inf
     assert (shard.format, shard.step, shard.step_source) == ("zero_optimizer", 8, "folder name")
+
+
+def test_a_scaler_file_is_scaler_evidence(tmp_path: Path) -> None:
+    # scaler.pt beside a Trainer or Accelerate save: GradScaler.state_dict() as it is.
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    state = scaler.state_dict()
+    state["scale"] = torch.tensor(float("inf"))  # a scale that overflowed
+    scan = _scan_dict(tmp_path, "scaler.pt", state)
+    assert scan.format == "scaler" and scan.scaler is not None
+    assert [(t.name, t.role) for t in scan.nonfinite_tensors] == [("scale", "scaler")]

@@ -128,6 +128,8 @@ def _sections(root: object, parts: Parts) -> dict[str, TensorRole]:
     """Every top-level key with its role."""
     if not isinstance(root, Mapping) or parts.model is root:
         return {}
+    if parts.format == "scaler":  # a scaler.pt: every entry is the scaler's
+        return {str(k)[:MAX_SECTION_NAME]: "scaler" for k in list(root)[:MAX_SECTIONS]}
     optimizer_keys = {k.split(".", 1)[0] for k, _ in parts.optimizers}
     roles: dict[str, TensorRole] = {}
     for key, value in root.items():
