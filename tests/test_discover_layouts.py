@@ -70,6 +70,19 @@ def test_regression_folder_of_trainings_gives_one_run_per_training(
     assert _snapshot(lightning_family) == before
 
 
+def test_discovery_opens_no_file(lightning_family: Path, monkeypatch: pytest.MonkeyPatch,
+                                 ) -> None:
+    import builtins
+    import io
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError(f"discovery opened {args[0]!r}")
+
+    for owner, name in ((builtins, "open"), (io, "open"), (os, "open")):
+        monkeypatch.setattr(owner, name, refuse)
+    assert len(find_runs([str(lightning_family)])) == len(corpus.FAMILIES["lightning"])
+
+
 def test_regression_lightning_restart_versions_are_one_runs_segments(
         lightning_family: Path, capsys: pytest.CaptureFixture[str]) -> None:
     folder = lightning_family / "lightning_restart"
@@ -77,7 +90,9 @@ def test_regression_lightning_restart_versions_are_one_runs_segments(
     assert [s.label for s in run.segments] == ["lightning_logs/version_0",
                                                "lightning_logs/version_1"]
     assert [Path(f).parent.name for f in run.event_files] == ["version_0", "version_1"]
+    before = _snapshot(folder)
     assert main(["analyze", str(folder), "--json", "-", "--no-replay"]) == 1
+    assert _snapshot(folder) == before
     (result,) = json.loads(capsys.readouterr().out)["runs"]
     assert result["incident"]["step"] == 35 and result["incident"]["tag"] == "train_loss"
     assert "version_1" in result["incident"]["location"]["file"]
