@@ -211,6 +211,16 @@ def test_lightning_logger_variants(tmp_path: Path) -> None:
     assert [s.label for s in runs["shared/exp_a"].segments] == ["version_0"]
 
 
+def test_lightning_logger_save_dir_below_the_training(tmp_path: Path) -> None:
+    warnings.simplefilter("ignore")
+    (tmp_path / "exp").mkdir()
+    (tmp_path / "exp" / "train.log").write_text("started\n")
+    logger = _tb_logger(tmp_path / "exp" / "tb_out")  # Trainer(logger=TensorBoardLogger(...))
+    (run,) = find_runs([str(tmp_path)])
+    assert run.path == str(tmp_path / "exp")
+    assert [os.path.dirname(f) for f in run.event_files] == [logger.log_dir]
+
+
 def test_lightning_versions_in_their_numbers_order(tmp_path: Path) -> None:
     warnings.simplefilter("ignore")
     for _ in range(11):

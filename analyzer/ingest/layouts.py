@@ -33,7 +33,9 @@ another folder joins it by the rules above, or it is a Trainer's ``output_dir``,
     runs               ``runs/`` (a Trainer's and SummaryWriter's default logging folder),
                        each folder in it a segment, ordered by the writers' start times
                        that the event files' names carry
-    a log dir          a folder holding nothing but torchrun ``<run_id>/`` folders
+    a framework's dir  a folder holding nothing but folders that join it by the rules above
+                       (a torchrun ``--log-dir`` of ``<run_id>/`` folders, a logger's
+                       ``save_dir`` holding its name folder)
     a save by content  a folder holding only checkpoints and metadata
 
 Any other folder that holds event files, logs or checkpoints is a training of its own.
@@ -150,7 +152,7 @@ def place(tree: Mapping[str, Listed], root: str,
         if os.path.basename(parent) == "runs" and above is not None:
             claims[folder] = Claim(above.layout, segment=True)
         elif rules.anchored(parent, first):
-            claims[folder] = rules.claim_beside_training(folder)
+            claims[folder] = rules.claim_beside_training(folder, first)
     out: dict[str, Placement] = {}
     for folder in tree:  # parents first: a folder's owner is its parent's when it joins
         claim = claims[folder]
@@ -243,7 +245,8 @@ class _Rules:
             return Claim("accelerate")
         return None
 
-    def claim_beside_training(self, folder: str) -> Claim | None:
+    def claim_beside_training(self, folder: str, claims: Mapping[str, Claim | None],
+                              ) -> Claim | None:
         """The rules that apply only when the folder above is a training already."""
         name, listing = os.path.basename(folder), self.tree[folder]
         if name == "runs":
@@ -254,9 +257,11 @@ class _Rules:
         parent = os.path.dirname(folder)
         if self.is_name_folder(folder) and self._name_folders(parent) == 1:
             return Claim("lightning")
-        if listing.dirs and not listing.files and all(
-                self.is_torchrun_run(os.path.join(folder, d)) for d in listing.dirs):
-            return Claim("torchrun")
+        made = [claims.get(os.path.join(folder, d)) for d in listing.dirs]
+        if made and not listing.files and all(c is not None and c.layout and not c.save
+                                              for c in made):
+            # a logger's save_dir, a torchrun --log-dir: nothing but what a framework made
+            return Claim(next(c.layout for c in made if c is not None))
         if listing.files and all(is_checkpoint_file(f) or is_metadata_file(f)
                                  for f in listing.files) and any(
                 is_checkpoint_file(f) for f in listing.files):
