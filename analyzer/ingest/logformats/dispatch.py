@@ -70,6 +70,8 @@ class Dispatcher:
         self.fallback = FALLBACK()
         self.strip = rule.strip
         self.numbered = rule.numbers != "none"
+        self.marked = not self.numbered and not rule.bracketed
+        """True when a batch without a prefix mark (``_TAG_MARKS``) holds no prefix."""
         self.recent: LineParser | None = None
         self.shadowed: tuple[Needle, ...] = ()
         self.run = 0
@@ -83,10 +85,10 @@ class Dispatcher:
         before = batch.before
         record = self.record
         # Whole-batch facts for the bulk path, worked out on first need.
-        untagged: bool | None = None if batch.plain and not self.numbered else False
+        untagged: bool | None = None if batch.plain and self.marked else False
         clean: dict[int, bool] = {}
         # No mark anywhere: no record of the batch can have a prefix to strip.
-        self.bare = not self.numbered and not _holds_any(batch.text, _TAG_MARKS)
+        self.bare = self.marked and not _holds_any(batch.text, _TAG_MARKS)
         if self.bare and untagged is None:
             untagged = True
         holes, single = batch.holes, reader.single
@@ -189,7 +191,7 @@ MEMO_ENTRIES = 4096
 """Shapes remembered per file; the memo starts again empty when it is full."""
 _ZERO_DIGITS = bytes(48 if 48 <= b <= 57 else b for b in range(256))
 
-_TAG_MARKS = _needles((">", "[rank", "[Rank", "[RANK", "[default", "]<std", "]:"))
+_TAG_MARKS = _needles((">", "[rank", "[Rank", "[RANK", "[default", "]<std"))
 _EMBEDDED = _needles(EMBEDDED_MARKS)
 """Rank marks that ``PrefixRule.strip`` takes out after a logging header, not only at the
 start of a record."""

@@ -4,7 +4,8 @@ Always recognised: quote marks (``> ``); torch's ``[rank3]:`` (its logging's ran
 prefix); the elastic agent's ``[default3]:`` (``torchrun --tee``, and the console copy
 of every worker's output: ``[{role}{local_rank}]:``, the role ``default`` unless
 ``--role`` names another, or ``[3]:`` from a ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE``
-of ``[${rank}]:``); Lightning's ``[rank: 3]`` (``rank_prefixed_message``); Open MPI's
+of ``[${rank}]:``; these two are looked for in every record when the head of the file
+holds one, see :attr:`PrefixRule.bracketed`); Lightning's ``[rank: 3]`` (``rank_prefixed_message``); Open MPI's
 ``[1,3]<stdout>:``. Accelerate's logger with ``main_process_only=False`` puts
 ``[RANK 3]`` at the start of the message, after the logging header
 (``12/01/2024 10:00:00 - INFO - __main__ - [RANK 3] ...``): that mark is taken out
@@ -46,6 +47,12 @@ class PrefixRule:
     """How leading numbers are read in one file."""
 
     numbers: NumberMode = "none"
+    bracketed: bool = False
+    """True when the head of the file holds a launcher's bracketed rank (``[trainer3]:``,
+    ``[3]:``): such a prefix has no mark that a whole batch could be searched for cheaply
+    (``]:`` is in most bars), so every batch of the file is then treated as possibly
+    prefixed. A file whose head holds none is read as one without them, where a batch
+    holds no other mark."""
 
     def strip(self, text: str) -> tuple[str, int | None]:
         """The record without its prefixes, and the rank they named (None if none)."""
@@ -78,6 +85,17 @@ class PrefixRule:
 
 def decide_rule(head_lines: list[str]) -> PrefixRule:
     """Pick how bare leading numbers are read, from the first lines of a file."""
+    bracketed = any(_BRACKETED.search(line) is not None for line in head_lines)
+    rule = _numbers_rule(head_lines)
+    return PrefixRule(rule.numbers, bracketed) if bracketed else rule
+
+
+_BRACKETED = re.compile(r"\[[A-Za-z_\-]{0,32}+\d{1,9}+\]:")
+"""A bracketed rank prefix, wherever it is in a head line (a carriage return may start
+the record it prefixes)."""
+
+
+def _numbers_rule(head_lines: list[str]) -> PrefixRule:
     numbers: list[int] = []
     nonempty = 0
     for line in head_lines:
