@@ -301,9 +301,10 @@ def walk_tree(root: str, descend: Callable[[str], bool]) -> Iterator[Listing]:
         stack += [(os.path.join(folder, d), depth + 1) for d in reversed(dirs)]
 
 
-
-
 def _walk(root: str, forced: set[str]) -> tuple[list[RunFiles], list[IngestIssue]]:
+    """The runs below ``root`` (``forced``: the absolute paths of --run-root folders) and
+    what was passed over outside every run: the whole tree listed, then each folder placed
+    in its training (:func:`analyzer.ingest.layouts.place`)."""
     tree = {listing.folder: listing for listing in
             walk_tree(root, lambda d: not is_capture_container(os.path.basename(d)))}
     roots = {f for f in tree if os.path.abspath(f) in forced} if forced else set()
