@@ -22,13 +22,15 @@ __all__ = ["analyze", "incidents", "read", "scalars", "tool_version"]
 
 def read(paths: str | Sequence[str], *, verify: bool = True, jobs: int = 1,
          progress: Progress | None = None, checkpoints: bool = True,
-         trust_pickle: bool = False, logs: Sequence[str] = ()) -> list[Run]:
+         trust_pickle: bool = False, logs: Sequence[str] = (),
+         run_roots: Sequence[str] = ()) -> list[Run]:
     """Every run found below ``paths``, fully read, every source's steps on the run's
     global step (:func:`analyzer.align.align`). Raises UsageError when there is none.
 
-    ``logs`` are extra text logs whose file names do not say they are logs.
+    ``logs`` are extra text logs whose file names do not say they are logs; each of
+    ``run_roots`` is one run with everything below it (``--run-root``).
     """
-    runs = read_runs(runs_of(discover(paths, logs), paths), verify=verify, jobs=jobs,
+    runs = read_runs(runs_of(discover(paths, logs, run_roots), paths), verify=verify, jobs=jobs,
                      progress=progress, checkpoints=checkpoints, trust_pickle=trust_pickle)
     return [align(run) for run in runs]
 

@@ -331,6 +331,17 @@ def test_run_root_takes_everything_below_as_one_run(
     assert "\nexp " in table and "exp/a" not in table
 
 
+def test_run_root_through_the_python_api(tmp_path: Path, summary_run: Any) -> None:
+    from analyzer.api import read
+
+    summary_run({"train/loss": [1.0, 0.5]}, name="exp/a")
+    summary_run({"train/loss": [1.0, 0.25]}, name="exp/b")
+    assert [r.name for r in read(str(tmp_path))] == ["exp/a", "exp/b"]
+    (run,) = read(str(tmp_path), run_roots=[str(tmp_path / "exp")])
+    assert run.layout is not None and run.layout.layouts == ("run-root",)
+    assert len(run.files) == 2
+
+
 def test_run_root_splits_lightning_versions(lightning_family: Path) -> None:
     folder = lightning_family / "lightning_restart"
     versions = [str(folder / "lightning_logs" / v) for v in ("version_0", "version_1")]
