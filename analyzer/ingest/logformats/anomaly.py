@@ -115,5 +115,6 @@ class AnomalyParser:
             if report is not None:  # the script's own check raised on a non-finite loss
                 tag, kind, extra, step = report
                 ctx.nonfinite(tag, kind, step, text, global_step=True, **extra)
+                ctx.votes["pytorch"] += 1
             return True
         return False
