@@ -456,3 +456,20 @@ def test_replay_of_a_training_root_finds_the_capture_in_its_segment(tmp_path: Pa
     assert run_capture(str(version)) == str(version)  # holds capture/ itself: as before
     assert run_capture(str(tmp_path / "exp"), [str(tmp_path / "exp" / "lightning_logs")]) \
         == str(tmp_path / "exp")  # the captures are another run's now
+
+
+def test_dashboard_groups_by_its_run_roots(tmp_path: Path, summary_run: Any,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from streamlit.testing.v1 import AppTest
+
+    summary_run({"train/loss": [1.0, float("nan")]}, name="runs/exp/a")
+    summary_run({"train/loss": [1.0, 0.5]}, name="runs/exp/b")
+    monkeypatch.setenv("FORENSICS_RUNS", str(tmp_path / "runs"))
+    monkeypatch.setattr(sys, "argv", ["streamlit_app.py", "--run-root",
+                                      str(tmp_path / "runs" / "exp")])
+    entry = Path(__file__).resolve().parent.parent / "app" / "streamlit_app.py"
+    at = AppTest.from_file(str(entry), default_timeout=120).run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert list(at.dataframe[0].value["run"]) == ["exp"]
