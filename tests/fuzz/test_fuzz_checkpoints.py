@@ -402,6 +402,7 @@ def test_damaged_checkpoints_never_raise_run_nothing_and_read_only_their_storage
     assert sorted(os.listdir(folder)) == [name], "something was written beside the file"
     assert scan.read_mode != "trusted"
     assert all(i.location.file == str(path) for i in scan.issues)
+    json.dumps(scan.to_dict(), allow_nan=False)  # the metadata read too, however damaged
     if name != "plain_pickle.pt":
         _check_ranges(scan)
 
