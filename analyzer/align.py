@@ -256,8 +256,8 @@ def _agreement_by(steps: IntArray, values: FloatArray, ref_steps: IntArray,
     mapped = (offset + steps) // k
     last = np.ones(mapped.shape, dtype=bool)
     last[:-1] = mapped[1:] != mapped[:-1]
-    if int(last.sum()) * 2 > mapped.size:
-        return None  # fewer than two batches per step: not accumulation
+    if int(last.sum()) * 4 > mapped.size * 3:
+        return None  # about one batch per step: not accumulation
     return agreement_at(mapped[last], values[last], ref_steps, ref_values, 0, 1, atol)
 
 
@@ -380,12 +380,15 @@ def agreement_at(steps: IntArray, values: FloatArray, ref_steps: IntArray,
                  ref_values: FloatArray, offset: int, stride: int, atol: float = 0.0
                  ) -> tuple[float, int] | None:
     """(share of agreeing values, values compared) when ``steps`` map to ``offset + stride *
-    step``; None when fewer than MIN_POINTS map onto a reference step."""
+    step``; None when fewer than MIN_POINTS map onto a reference step. Pairs where neither
+    value is finite are not compared: a run's NaN tail agrees with any placement that
+    overlaps it, whatever came before."""
     mapped = offset + stride * steps
     at = np.searchsorted(ref_steps, mapped)
     inside = at < ref_steps.size
     hit = np.zeros(mapped.shape, dtype=bool)
     hit[inside] = ref_steps[at[inside]] == mapped[inside]
+    hit[hit] = np.isfinite(values[hit]) | np.isfinite(ref_values[at[hit]])
     compared = int(hit.sum())
     if compared < min(MIN_POINTS, steps.size) or compared < 2:
         return None

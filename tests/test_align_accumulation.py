@@ -13,6 +13,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.utils.tensorboard import SummaryWriter
 
 from analyzer.api import analyze
@@ -42,9 +45,10 @@ def _shown(value: float) -> str:
     return "nan.0" if math.isnan(value) else f"{value:.3f}"
 
 
-def _bar_log(run: Path, k: int = K) -> None:
+def _bar_log(run: Path, k: int = K, sep: str = "\r") -> None:
     """The bar after each batch: batch b (from 1) shows the value logged when optimizer
-    step b // k - 1 was taken (none before the first)."""
+    step b // k - 1 was taken (none before the first). tqdm redraws it with ``sep``
+    ("\r"), of which the reader keeps each epoch's last state and the non-finite ones."""
     records = []
     for b in range(1, EPOCHS * PER_EPOCH + 1):
         epoch, i = divmod(b - 1, PER_EPOCH)
@@ -55,7 +59,7 @@ def _bar_log(run: Path, k: int = K) -> None:
                        f"[00:00<00:00, 21.27it/s, {post}]")
         if i + 1 == PER_EPOCH:
             records[-1] += "\n"
-    (run / "train.log").write_text("\r".join(records) + "\n")
+    (run / "train.log").write_text(sep.join(records) + "\n")
 
 
 def _result(run: Path) -> RunResult:
@@ -141,3 +145,22 @@ def test_accumulation_from_a_lightning_checkpoint_loop_state(tmp_path: Path) -> 
     scans = result.run.checkpoints.scans if result.run.checkpoints else ()
     if any(getattr(s, "meta", None) is not None and s.meta.counters for s in scans):
         assert "40 batches over global_step 10 in epoch=1-step=10.ckpt" in placed.method
+
+
+@settings(max_examples=10, deadline=None)
+@given(k=st.sampled_from([2, 3, 4, 8]))
+def test_any_accumulation_factor_is_found_and_never_moves_the_first_global_step(
+    tmp_path_factory: pytest.TempPathFactory, k: int
+) -> None:
+    run = tmp_path_factory.mktemp("run")
+    steps = EPOCHS * PER_EPOCH // k
+    writer = SummaryWriter(str(run))
+    for step in range(steps):
+        writer.add_scalar("train_loss", _loss(step), step)
+    writer.close()
+    _bar_log(run, k=k, sep="\n")  # one state per line: every batch's value is read
+    result = _result(run)
+    placed = _placed(result)
+    assert (placed.divisor, placed.offset) == (k, -1)
+    first = BAD if steps > BAD else None
+    assert (result.incident.step if result.incident else None) == first
