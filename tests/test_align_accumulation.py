@@ -164,3 +164,17 @@ def test_any_accumulation_factor_is_found_and_never_moves_the_first_global_step(
     assert (placed.divisor, placed.offset) == (k, -1)
     first = BAD if steps > BAD else None
     assert (result.incident.step if result.incident else None) == first
+
+
+def test_regression_a_nan_tail_does_not_place_a_bar(tmp_path: Path) -> None:
+    # Three batches per step, the bar kept only at each epoch's end and where it shows NaN:
+    # its finite states fit no placement, yet its eight NaN states agreed with the event
+    # file's NaN tail 44 steps lower, and the bar was placed there ("matching train_loss").
+    run = tmp_path / "run"
+    writer = SummaryWriter(str(run))
+    for step in range(EPOCHS * PER_EPOCH // 3):
+        writer.add_scalar("train_loss", _loss(step), step)
+    writer.close()
+    _bar_log(run, k=3)
+    placed = _placed(_result(run))
+    assert placed.confidence == "exact" and placed.offset == -1
