@@ -271,6 +271,9 @@ class Run:
     env: Mapping[str, Any] | None = field(default=None, metadata=json_meta(omit=True))
     """The run's env.json, or else the environment its earliest capture recorded (what
     the rules compare with healthy runs beside it)."""
+    metadata: RunMetadata | None = field(default=None, metadata=json_meta(drop=("issues",)))
+    """The framework metadata files read (hparams.yaml, training_args.bin, ...) and the
+    training settings resolved from them; None when the run has none."""
     layout: RunLayout | None = None
     """The run's folders and files by role, as discovery grouped them."""
 
@@ -326,10 +329,6 @@ class Run:
         keep = self._one_numbering
         return self.events if keep is None else tuple(e for e in self.events
                                                         if (e.location.file, e.axis) in keep)
-
-    metadata: RunMetadata | None = field(default=None, metadata=json_meta(drop=("issues",)))
-    """The framework metadata files read (hparams.yaml, training_args.bin, ...) and the
-    training settings resolved from them; None when the run has none."""
 
     def tags(self) -> list[str]:
         return sorted({s.tag for s in self.series})
