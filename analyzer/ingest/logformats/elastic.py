@@ -31,8 +31,9 @@ for the first observed failure, which the agent picks by the time each failure w
 recorded: a rank stopped by the fault of another may come first). A failure whose message
 reports a non-finite value (autograd's anomaly error, ``clip_grad_norm_``'s, a script's
 ``loss is nan at step 5``) is also a ``nonfinite`` event of that rank, as the worker's
-own lines may not be in the log (``--local-ranks-filter``, or redirected to files). The lines of the report are this parser's, so the traceback in it
-is not read a second time as the run's own.
+own lines may not be in the log (``--local-ranks-filter``, or redirected to files). The
+lines of the report are this parser's, so the traceback in it is not read a second time
+as the run's own.
 
 :func:`error_file_report` reads the error file itself (``error.json`` in the agent's
 ``attempt_N/<local_rank>/`` folder): ``{"message": {"message": "RuntimeError: ...",

@@ -5,9 +5,9 @@ prefix); the elastic agent's ``[default3]:`` (``torchrun --tee``, and the consol
 of every worker's output: ``[{role}{local_rank}]:``, the role ``default`` unless
 ``--role`` names another, or ``[3]:`` from a ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE``
 of ``[${rank}]:``; these two are looked for in every record when the head of the file
-holds one, see :attr:`PrefixRule.bracketed`); Lightning's ``[rank: 3]`` (``rank_prefixed_message``); Open MPI's
-``[1,3]<stdout>:``. Accelerate's logger with ``main_process_only=False`` puts
-``[RANK 3]`` at the start of the message, after the logging header
+holds one, see :attr:`PrefixRule.bracketed`); Lightning's ``[rank: 3]``
+(``rank_prefixed_message``); Open MPI's ``[1,3]<stdout>:``. Accelerate's logger with
+``main_process_only=False`` puts ``[RANK 3]`` at the start of the message, after the logging header
 (``12/01/2024 10:00:00 - INFO - __main__ - [RANK 3] ...``): that mark is taken out
 wherever it is in the first :data:`EMBEDDED_CHARS` characters. A bare leading number
 (``3: text`` from ``srun --label``, ``12\ttext`` from ``cat -n``) is ambiguous, so
