@@ -2,9 +2,9 @@
 
 Every ``st.cache_data`` of the app lives here. A run is cached under its folder and a
 fingerprint of its files (path, size and modification time of each event file, log,
-checkpoint and capture file), so a run whose files change is analysed again on the next
-rerun while the others stay cached. The folder listing itself is trusted for a few seconds
-only, which is how new and changed files are noticed.
+checkpoint, metadata file and capture file), so a run whose files change is analysed again
+on the next rerun while the others stay cached. The folder listing itself is trusted for a
+few seconds only, which is how new and changed files are noticed.
 
 The analysis is the one ``forensics analyze`` makes, by the same stages of
 :mod:`analyzer.pipeline`, each cached here on its own: discover, read and locate a run,
@@ -217,8 +217,11 @@ def list_runs(root: str) -> list[RunRef] | str:
     refs = []
     trust = trust_state()
     for rf in found:
+        # Metadata too: a changed hparams.yaml or training_args.bin changes the settings
+        # the rules and the alignment use.
         files = sorted([*rf.event_files, *rf.log_files, *rf.checkpoint_files,
-                        *_capture_files(rf.capture_dirs), os.path.join(rf.path, ENV_FILE)])
+                        *rf.metadata_files, *_capture_files(rf.capture_dirs),
+                        os.path.join(rf.path, ENV_FILE)])
         lines = [_stat_line(f) for f in files] + ([trust] if rf.capture_dirs else [])
         refs.append(RunRef(rf.name, rf.path, _digest(lines)))
     return refs

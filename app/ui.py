@@ -19,6 +19,7 @@ from app import data, views
 
 PAGES: list[tuple[str, str, str]] = [
     ("app_pages/runs.py", "Runs", ":material/table_rows:"),
+    ("app_pages/run.py", "Run", ":material/folder_open:"),
     ("app_pages/timeline.py", "Timeline", ":material/timeline:"),
     ("app_pages/layers.py", "Layers", ":material/stacks:"),
     ("app_pages/findings.py", "Findings", ":material/fact_check:"),

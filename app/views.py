@@ -26,6 +26,7 @@ from analyzer.wording import (
     place_words,
     step_words,
 )
+from app.runinfo import layout_text
 
 if TYPE_CHECKING:
     from analyzer.model.checkpoints import SaveRef
@@ -108,6 +109,8 @@ class RunRow:
     record 13)."""
     placement: str = ""
     """How each log's steps were placed on the run's global step."""
+    grouping: str = ""
+    """The framework layout discovery recognised and the run's segments."""
 
     @classmethod
     def columns(cls) -> list[str]:
@@ -191,12 +194,19 @@ def run_row(name: str, result: RunResult | None, error: str | None) -> RunRow:
         last_when=step_words(inc.last_finite_step, form="cell",
                              unit=incident_unit(inc, result.run)) if inc else None,
         placement=placement_text(result.run),
+        grouping=layout_text(result.run),
     )
 
 
 def placements(run: Run) -> list[tuple[str, str]]:
-    """(file name, how its steps were placed) for each source that is not an event file."""
-    return [(os.path.basename(a.source), alignment_words(a)) for a in run.alignments]
+    """(file name, how its steps were placed) for each source that is not an event file,
+    once per numbering its lines are on (named by its word where a file has several)."""
+    count: dict[str, int] = {}
+    for a in run.alignments:
+        count[a.source] = count.get(a.source, 0) + 1
+    return [(os.path.basename(a.source) + (f" ({a.axis.label} lines)" if count[a.source] > 1
+                                           else ""), alignment_words(a))
+            for a in run.alignments]
 
 
 def placement_text(run: Run) -> str:

@@ -21,7 +21,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 ENTRY = ROOT / "app" / "streamlit_app.py"
 SAMPLES = ROOT / "sample_runs"
-PAGES = ["timeline", "layers", "findings", "replay", "logs"]
+PAGES = ["run", "timeline", "layers", "findings", "replay", "logs"]
 TIMEOUT = 300.0
 
 pytest.importorskip("streamlit")
@@ -303,7 +303,7 @@ def test_dashboard_module_does_not_import_streamlit() -> None:
 
 
 def test_views_are_pure_of_streamlit() -> None:
-    code = ("import sys, app.views, app.charts; "
+    code = ("import sys, app.views, app.charts, app.runinfo; "
             "sys.exit(1 if 'streamlit' in sys.modules else 0)")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env).returncode == 0
@@ -633,3 +633,163 @@ def test_an_unaligned_first_incident_is_worded_in_records_everywhere(unaligned: 
         assert "first non-finite at **record 13**" in shown, page
         assert "last finite record 12" in shown, page
         assert "step 13" not in shown, page
+
+
+# Runs as real frameworks lay them out (issue 15): one training is one run, with its
+# segments, files by role, metadata and the checkpoints' bookkeeping shown apart.
+
+FRAMEWORK_RUNS = ("lightning_restart", "lightning_healthy", "hf_healthy")
+
+
+@pytest.fixture(scope="module")
+def framework_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Copies of real Lightning and Trainer runs from the corpus, side by side."""
+    pytest.importorskip("lightning")
+    pytest.importorskip("transformers")
+    from tests.frameworks import corpus
+
+    root = tmp_path_factory.mktemp("app_frameworks") / "runs"
+    for name in FRAMEWORK_RUNS:
+        shutil.copytree(corpus.get(name, tmp_path_factory), root / name)
+    before = tree(root)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FORENSICS_RUNS", str(root))
+        yield root
+    assert tree(root) == before
+
+
+def _rows(frame: Any, column: str, value: str) -> Any:
+    return frame[frame[column] == value]
+
+
+def test_each_training_is_one_row_with_its_layout(framework_runs: Path) -> None:
+    at = open_app()
+    no_error(at)
+    table = at.dataframe[0].value.set_index("run")
+    assert sorted(table.index) == sorted(FRAMEWORK_RUNS)
+    assert table.loc["lightning_restart", "status"] == "failed"
+    assert table.loc["lightning_healthy", "status"] == "finite"
+    assert table.loc["hf_healthy", "status"] == "finite"
+    assert table.loc["lightning_restart", "grouping"] == (
+        "lightning: 2 segments (version_0, version_1)")
+    assert table.loc["hf_healthy", "grouping"].startswith("huggingface: 1 segment")
+
+
+def test_run_page_shows_segments_files_by_role_and_settings(framework_runs: Path) -> None:
+    at = open_app("lightning_restart")
+    at.switch_page("app_pages/run.py").run()
+    no_error(at)
+    assert "Layout recognised: **lightning**" in texts(at)
+    segments = frame_with(at, "segment")
+    assert list(segments["segment"]) == ["lightning_logs/version_0", "lightning_logs/version_1"]
+    files = frame_with(at, "role")
+    version_1 = _rows(files, "segment", "lightning_logs/version_1")
+    assert sorted(version_1["role"]) == ["checkpoint", "checkpoint", "event file", "metadata"]
+    assert list(_rows(files, "role", "log")["file"]) == ["train.log"]
+    assert list(_rows(files, "role", "log")["segment"]) == ["(none)"]
+    settings = frame_with(at, "setting").set_index("setting")
+    assert settings.loc["learning_rate", "value"] == "0.02"
+    assert settings.loc["learning_rate", "from"] == os.path.join(
+        "lightning_logs", "version_1", "checkpoints", "last.ckpt")
+    meta = frame_with(at, "status")
+    assert sorted(_rows(meta, "kind", "hparams")["file"]) == [
+        os.path.join("lightning_logs", f"version_{n}", "hparams.yaml") for n in (0, 1)]
+    assert set(meta["status"]) == {"read"}
+
+
+def test_run_page_gives_each_trainer_setting_with_its_file(framework_runs: Path) -> None:
+    at = open_app("hf_healthy")
+    at.switch_page("app_pages/run.py").run()
+    no_error(at)
+    settings = frame_with(at, "setting").set_index("setting")
+    args = os.path.join("checkpoint-20", "training_args.bin")
+    expected = {"learning_rate": "0.005", "warmup_steps": "0", "fp16": "false",
+                "bf16": "false", "max_grad_norm": "1", "logging_steps": "1",
+                "gradient_accumulation_steps": "1", "seed": "0"}
+    for name, value in expected.items():
+        assert (settings.loc[name, "value"], settings.loc[name, "from"]) == (value, args), name
+    # The settings asked about first come first.
+    assert list(settings.index[:len(expected)]) == [
+        n for n in ("learning_rate", "warmup_steps", "fp16", "bf16", "max_grad_norm",
+                    "logging_steps", "gradient_accumulation_steps", "seed")]
+    assert settings.loc["global_step", "from"] == os.path.join("checkpoint-20",
+                                                               "trainer_state.json")
+    meta = frame_with(at, "status").set_index("file")
+    assert meta.loc[os.path.join("checkpoint-10", "rng_state.pth"), "status"] == "listed"
+    assert meta.loc[os.path.join("checkpoint-20", "trainer_state.json"), "status"] == "read"
+    files = frame_with(at, "role")
+    assert os.path.join("checkpoint-10", "trainer_state.json") in set(
+        _rows(files, "role", "listed, not read")["file"])
+
+
+def test_checkpoint_bookkeeping_is_shown_apart_and_not_as_a_failure(
+        framework_runs: Path) -> None:
+    at = open_app("lightning_healthy")
+    at.switch_page("app_pages/layers.py").run()
+    no_error(at)
+    assert not at.warning
+    shown = texts(at)
+    assert "every logged value is finite" in shown
+    assert "4 saves; every tensor of evidence (weights, optimizer, loss scaler) is finite" \
+        in shown
+    (note,) = [i.value for i in at.info if "bookkeeping" in i.value]
+    assert "`ModelCheckpoint.kth_value (callback)`" in note and "Not a failure" in note
+    saves = frame_with(at, "saved by")
+    import lightning
+
+    assert set(saves["saved by"]) == {f"lightning {lightning.__version__}"}
+    assert sorted(saves["global step"]) == [16, 32, 32, 40]
+    assert (saves["non-finite tensors"] == 0).all()
+    assert (saves["bookkeeping non-finite"] == 1).all()  # the periodic callback's kth_value
+    states = frame_with(at, "monitor")
+    periodic = _rows(states, "monitor", "(none)")
+    assert len(periodic) == 4 and all("kth_value=+inf" in v for v in periodic["values"])
+    assert set(states["state"]) == {"ModelCheckpoint", "EarlyStopping"}
+
+
+def test_regression_a_changed_metadata_file_is_analysed_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The fingerprint held event files, logs, checkpoints and captures but no metadata
+    # file: a rewritten hparams.yaml kept the old learning rate on screen.
+    from torch.utils.tensorboard import SummaryWriter
+
+    version = tmp_path / "runs" / "train" / "lightning_logs" / "version_0"
+    writer = SummaryWriter(str(version))
+    for step, loss in enumerate([1.0, 0.5, 0.25]):
+        writer.add_scalar("train_loss", loss, step)
+    writer.close()
+    (version / "hparams.yaml").write_text("lr: 0.02\n")
+    monkeypatch.setenv("FORENSICS_RUNS", str(tmp_path / "runs"))
+    at = open_app()
+    at.switch_page("app_pages/run.py").run()
+    no_error(at)
+    assert frame_with(at, "setting").set_index("setting").loc["learning_rate", "value"] == "0.02"
+    (version / "hparams.yaml").write_text("lr: 5.0\n")
+    from app import data
+
+    data.list_runs.clear()  # the listing is trusted for a few seconds; do not wait for it
+    at.run()
+    no_error(at)
+    assert frame_with(at, "setting").set_index("setting").loc["learning_rate", "value"] == "5"
+
+
+def test_regression_logs_page_shows_every_numbering_of_a_log(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A Trainer's records and DeepSpeed's step counter in one console log are two
+    # alignments; the page said only how the records were placed.
+    from tests.test_align_blocks import _events, _mixed_log
+
+    run = tmp_path / "runs" / "deepspeed"
+    _events(run)
+    _mixed_log(run)
+    monkeypatch.setenv("FORENSICS_RUNS", str(tmp_path / "runs"))
+    at = open_app()
+    at.switch_page("app_pages/logs.py").run()
+    no_error(at)
+    (caption,) = [c.value for c in at.caption if c.value.startswith("`train.log`")]
+    assert "record lines: inferred: step = 5 x record" in caption
+    assert "step lines: exact: step = step - 1, by DeepSpeed's step counter" in caption
+    at.switch_page("app_pages/timeline.py").run()
+    (placed,) = [e for e in at.expander if "steps were placed" in e.label]
+    names = [m.value.split(":")[0] for m in placed.markdown]
+    assert names == ["`train.log (record lines)`", "`train.log (step lines)`"]

@@ -235,6 +235,16 @@ def _unaligned_run(run: Path) -> None:
     (run / "train.log").write_text("\n".join(lines) + "\n")
 
 
+LIGHTNING_RUN = "lightning_restart"
+"""A real Lightning run resumed into version_1, from the corpus: one run of two segments."""
+
+
+def _has_lightning() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("lightning") is not None
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path, str, str]]:
     """The dashboard served by `launch` on a free port, over a copy of two sample runs."""
@@ -244,6 +254,10 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
         shutil.copytree(SAMPLES / name, root / name)
     _untrusted_copy(root / failed, root / "untrusted", root.parent / "marker")
     _unaligned_run(root / "unaligned")
+    if _has_lightning():
+        from tests.frameworks import corpus
+
+        shutil.copytree(corpus.get(LIGHTNING_RUN, tmp_path_factory), root / LIGHTNING_RUN)
     port = _free_port()
     log = root.parent / "streamlit.log"
     code = ("import sys; from analyzer.dashboard import launch; "
@@ -314,7 +328,9 @@ def test_every_page_in_chromium(served: tuple[str, Path, str, str], browser: Dev
     step = sc["first_nonfinite_step"]
     run = quote(failed)
     # The table's cells are drawn on a canvas: its text is not in the page, its caption is.
-    visit(browser, base, ["Runs", "4 runs: 3 failed, 1 finite"], "runs", timeout=FIRST_LOAD_S)
+    runs = "5 runs: 4 failed, 1 finite" if (root / LIGHTNING_RUN).exists() else \
+        "4 runs: 3 failed, 1 finite"
+    visit(browser, base, ["Runs", runs], "runs", timeout=FIRST_LOAD_S)
     visit(browser, f"{base}timeline?run={run}", ["Marked steps", f"step {step}"], "timeline")
     visit(browser, f"{base}layers?run={run}", ["Layers", "Checkpoints"], "layers")
     visit(browser, f"{base}findings?run={run}", [sc["cause"], "Evidence", "Fix"], "findings")
@@ -349,3 +365,15 @@ def test_an_unaligned_log_gets_a_panel_of_its_own(served: tuple[str, Path, str, 
     titles = json.loads(browser.evaluate(_AXIS_TITLES_JS))
     assert "step" in titles, titles
     assert "record (train.log's own numbering)" in titles, titles
+
+
+def test_run_page_shows_a_lightning_runs_segments_and_settings(
+        served: tuple[str, Path, str, str], browser: DevTools) -> None:
+    base, root = served[0], served[1]
+    if not (root / LIGHTNING_RUN).exists():
+        pytest.skip("lightning is not installed: no real Lightning run to show")
+    text = visit(browser, f"{base}run?run={LIGHTNING_RUN}",
+                 ["Folders and files", "Layout recognised: lightning", "Segments",
+                  "Training settings", "Metadata files read"], "run_lightning",
+                 timeout=FIRST_LOAD_S)
+    assert "first non-finite at step 35" in text

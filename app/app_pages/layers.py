@@ -16,7 +16,7 @@ from analyzer.wording import (
     replay_place,
     step_words,
 )
-from app import charts, data, ui, views
+from app import charts, data, runinfo, ui, views
 
 sel, result = ui.run_page("Layers")
 
@@ -67,7 +67,8 @@ if history is None or not history.saves:
 else:
     bad = history.first_nonfinite
     if bad is None:
-        st.markdown(f"{len(history.saves)} saves; every saved tensor is finite.")
+        st.markdown(f"{len(history.saves)} saves; every tensor of evidence (weights, "
+                    "optimizer, loss scaler) is finite.")
     else:
         save = history.saves[bad]
         st.markdown(f"First non-finite save: **{step_words(save.step)}** "
@@ -92,6 +93,20 @@ else:
                                     "growth over the last interval": g.last_growth}
                                    for g in history.layers]), hide_index=True,
                      key="ckpt_growth")
-    st.dataframe(pd.DataFrame([{"step": s.step, "file": os.path.basename(s.path),
-                                "non-finite tensors": s.nonfinite_tensors, "loss scale": s.scale}
-                               for s in history.saves]), hide_index=True, key="ckpt_saves")
+    st.subheader("Saves")
+    st.dataframe(pd.DataFrame(runinfo.save_rows(history, labels, run.path)), hide_index=True,
+                 key="ckpt_saves")
+    st.subheader("Bookkeeping (not evidence)")
+    odd = runinfo.nonfinite_bookkeeping(history)
+    if odd:
+        names = "; ".join(f"`{name}`" for name in odd[:6]) + ("; ..." if len(odd) > 6 else "")
+        holds = "entry holds" if len(odd) == 1 else "entries hold"
+        st.info(f"{len(odd)} bookkeeping {holds} Inf or NaN: the trainer's own state, as it "
+                "starts (ModelCheckpoint keeps kth_value = inf until its top k fill; "
+                "EarlyStopping's best_score starts at inf). Not a failure, and not counted "
+                f"above: {names}")
+    states = runinfo.bookkeeping_rows(history, labels)
+    if states:
+        st.dataframe(pd.DataFrame(states), hide_index=True, key="ckpt_bookkeeping")
+    elif not odd:
+        st.caption("The saves hold no callback state.")

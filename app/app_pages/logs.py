@@ -8,8 +8,8 @@ import os
 import pandas as pd
 import streamlit as st
 
-from analyzer.wording import alignment_words, step_words
-from app import data, ui, views
+from analyzer.wording import step_words
+from app import data, runinfo, ui, views
 
 sel, result = ui.run_page("Logs")
 
@@ -42,9 +42,11 @@ else:
 
 for log in run.logs:
     kind = f"{log.framework} format" if log.framework else "format not recognised"
-    placed = run.alignment_of(log.path)
-    steps = f"; steps {alignment_words(placed)}" if placed is not None else ""
-    st.caption(f"`{os.path.basename(log.path)}`: {kind}{steps}"
+    # Every numbering of the file (a Trainer's records beside DeepSpeed's counter), not
+    # only the one with the most points.
+    numberings = runinfo.placement_lines(run, log.path)
+    steps = "".join(f"; {line}" for line in numberings)
+    st.caption(f"`{runinfo.rel(log.path, run.path)}`: {kind}{steps}"
                + (f"; {'; '.join(log.notes)}" if log.notes else ""))
 
 if target is None:

@@ -69,9 +69,12 @@ columns = {
     "first_unit": None,
     "placement": st.column_config.TextColumn(
         "steps placed", help="how each log's steps were placed on the run's global step"),
+    "grouping": st.column_config.TextColumn(
+        "layout", help="the framework layout that made these folders one training, and its "
+                       "segments (one per restart)"),
 }
 order = ["run", "status", "first_when", "tag", "kind", "last_when", "layer", "cause",
-         "confidence", "replay", "sources", "placement", "issues", "first_issue"]
+         "confidence", "replay", "sources", "grouping", "placement", "issues", "first_issue"]
 event = st.dataframe(shown, hide_index=True, column_config=columns, column_order=order,
                      on_select="rerun", selection_mode="single-row", key="runs_table")
 rows = event.selection.rows if event is not None else []
@@ -85,10 +88,12 @@ if rows:
                            unit=str(row["first_unit"]))
         cause = "none ranked" if pd.isna(row["cause"]) else row["cause"]
         st.markdown(f"First non-finite {where} in `{row['tag']}`; top cause **{cause}**.")
+    if row["grouping"]:
+        st.caption(f"Layout: {row['grouping']}.")
     if row["placement"]:
         st.caption(f"Steps placed: {row['placement']}.")
-    cols = st.columns(5)
-    for col, page in zip(cols, ["timeline", "layers", "findings", "replay", "logs"],
-                         strict=True):
+    pages = ["run", "timeline", "layers", "findings", "replay", "logs"]
+    cols = st.columns(len(pages))
+    for col, page in zip(cols, pages, strict=True):
         with col:
             ui.link(page, page.capitalize(), name)
