@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from analyzer.model import Run
-from analyzer.model.metadata import SETTING_NAMES, MetaValue
+from analyzer.model.metadata import SETTING_NAMES, MetadataFile, MetaValue
 from analyzer.wording import alignment_words
 
 if TYPE_CHECKING:
@@ -149,27 +149,54 @@ def placement_lines(run: Run, source: str) -> list[str]:
     return [f"{a.axis.label} lines: {alignment_words(a)}" for a in mine]
 
 
-def saved_by(scan: CheckpointScan) -> str:
-    """Who wrote a save, as it says: ``lightning 2.6.6``; empty when it does not say."""
+def _beside(scan: CheckpointScan, run: Run | None) -> list[MetadataFile]:
+    """The metadata files read from the save's own folder."""
+    if run is None or run.metadata is None:
+        return []
+    folder = os.path.dirname(scan.path)
+    return [f for f in run.metadata.files if os.path.dirname(f.path) == folder]
+
+
+def global_step(scan: CheckpointScan, run: Run | None = None) -> int | None:
+    """The trainer's global step at the save, as the file or the ``trainer_state.json``
+    beside it counts it."""
+    if scan.meta is not None and scan.meta.global_step is not None:
+        return scan.meta.global_step
+    for f in _beside(scan, run):
+        value = f.fields.get("global_step")
+        if f.kind == "trainer_state" and isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def saved_by(scan: CheckpointScan, run: Run | None = None) -> str:
+    """Who wrote a save, as it says (``lightning 2.6.6``), else as the metadata files in
+    its folder say (a Trainer's ``checkpoint-N/config.json``: ``transformers 5.24.0``);
+    empty when neither does."""
     meta = scan.meta
-    if meta is None or meta.framework is None:
-        return ""
-    return f"{meta.framework} {meta.framework_version}" if meta.framework_version \
-        else meta.framework
+    if meta is not None and meta.framework is not None:
+        return f"{meta.framework} {meta.framework_version}" if meta.framework_version \
+            else meta.framework
+    beside = [f for f in _beside(scan, run) if f.framework != "torch"]
+    for f in beside:
+        version = f.fields.get(f"{f.framework}_version")
+        if isinstance(version, str):
+            return f"{f.framework} {version}"
+    return beside[0].framework if beside else ""
 
 
 def save_rows(history: CheckpointHistory, labels: Sequence[str],
-              run_path: str) -> list[dict[str, object]]:
+              run: Run) -> list[dict[str, object]]:
     """One row per save: its step, file, evidence and who saved it at which step."""
     rows: list[dict[str, object]] = []
     for label, save, scan in zip(labels, history.saves, history.scans, strict=False):
         meta = scan.meta
         rows.append({
-            "save": label, "step": save.step, "file": rel(save.path, run_path),
+            "save": label, "step": save.step, "file": rel(save.path, run.path),
             "non-finite tensors": save.nonfinite_tensors,
             "bookkeeping non-finite": len(scan.nonfinite_metadata),
-            "loss scale": save.scale, "saved by": saved_by(scan),
-            "global step": meta.global_step if meta is not None else None,
+            "loss scale": save.scale, "saved by": saved_by(scan, run),
+            "global step": global_step(scan, run),
             "epoch": meta.epoch if meta is not None else None,
             "step from": scan.step_source or ""})
     return rows

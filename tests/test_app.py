@@ -793,3 +793,16 @@ def test_regression_logs_page_shows_every_numbering_of_a_log(
     (placed,) = [e for e in at.expander if "steps were placed" in e.label]
     names = [m.value.split(":")[0] for m in placed.markdown]
     assert names == ["`train.log (record lines)`", "`train.log (step lines)`"]
+
+
+def test_trainer_saves_say_who_saved_them_and_at_which_step(framework_runs: Path) -> None:
+    import transformers
+
+    at = open_app("hf_healthy")
+    at.switch_page("app_pages/layers.py").run()
+    no_error(at)
+    saves = frame_with(at, "saved by").set_index("file")
+    assert set(saves["saved by"]) == {f"transformers {transformers.__version__}"}
+    latest = saves.loc[os.path.join("checkpoint-20", "model.safetensors")]
+    assert (latest["step"], latest["global step"]) == (20, 20)  # from trainer_state.json
+    assert "The saves hold no callback state." in texts(at)

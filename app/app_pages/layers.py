@@ -94,7 +94,7 @@ else:
                                    for g in history.layers]), hide_index=True,
                      key="ckpt_growth")
     st.subheader("Saves")
-    st.dataframe(pd.DataFrame(runinfo.save_rows(history, labels, run.path)), hide_index=True,
+    st.dataframe(pd.DataFrame(runinfo.save_rows(history, labels, run)), hide_index=True,
                  key="ckpt_saves")
     st.subheader("Bookkeeping (not evidence)")
     odd = runinfo.nonfinite_bookkeeping(history)
