@@ -60,6 +60,11 @@ bench: setup
 	$(BIN)/python bench/replay.py
 	$(BIN)/python bench/capture.py
 
+# Score the analysis on dead runs without captures, per half (docs/evaluation.md).
+.PHONY: evaluate
+evaluate: setup
+	$(BIN)/python bench/evaluate.py
+
 # Regenerate the sample runs (real training, seeded, CPU) and the rules page scored on them.
 samples: setup
 	$(BIN)/python -m analyzer.scenarios sample_runs

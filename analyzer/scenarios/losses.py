@@ -74,3 +74,168 @@ def pairwise_contrastive(margin: float = 1.0) -> LossFn:
         return (pull + push).mean()
 
     return loss_fn
+
+
+# The evaluation corpus's losses (analyzer.scenarios.corpus), each fragile in one way.
+
+
+def poisson_exp() -> LossFn:
+    """Poisson NLL with the rate written ``torch.exp(outputs)``: a log-rate past ~88.7
+    overflows float32 to inf. ``F.poisson_nll_loss(log_input=True)`` keeps it in logs."""
+
+    def loss_fn(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return (torch.exp(outputs) - targets * outputs).mean()
+
+    return loss_fn
+
+
+def hand_bce() -> LossFn:
+    """Binary cross-entropy written out on ``sigmoid(outputs)``: a probability that rounds
+    to exactly 0 or 1 gives log(0); ``F.binary_cross_entropy_with_logits`` never does."""
+
+    def loss_fn(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        p = torch.sigmoid(outputs)
+        t = targets.to(p.dtype)
+        return -(t * torch.log(p) + (1 - t) * torch.log(1 - p)).mean()
+
+    return loss_fn
+
+
+def vae_elbo(in_features: int = 64, bce: str = "logits", beta: float = 1.0) -> LossFn:
+    """Reconstruction plus KL; the KL is written with ``exp(logvar)`` as in most
+    tutorials. ``bce`` is ``logits`` (the stable form) or ``naive`` (log of a sigmoid)."""
+
+    def loss_fn(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logits = outputs[..., :in_features]
+        mu, logvar = outputs[..., in_features:].chunk(2, dim=-1)
+        if bce == "naive":
+            p = torch.sigmoid(logits)
+            rec = -(targets * torch.log(p) + (1 - targets) * torch.log(1 - p)).sum(-1)
+        else:
+            rec = F.binary_cross_entropy_with_logits(logits, targets, reduction="none").sum(-1)
+        kl = -0.5 * (1 + logvar - mu.pow(2) - torch.exp(logvar)).sum(-1)
+        return (rec + beta * kl).mean()
+
+    return loss_fn
+
+
+def smoothed_lm(smoothing: float = 0.1) -> LossFn:
+    """Label-smoothed next-token loss written as ``-(q * log(softmax(logits)))``: every
+    class counts, so the first probability that underflows to 0 makes it infinite."""
+
+    def loss_fn(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        vocab = outputs.shape[-1]
+        q = torch.full_like(outputs, smoothing / (vocab - 1))
+        q.scatter_(-1, targets.unsqueeze(-1), 1.0 - smoothing)
+        return -(q * torch.log(torch.softmax(outputs, dim=-1))).sum(-1).mean()
+
+    return loss_fn
+
+
+def lm_cross_entropy() -> LossFn:
+    def loss_fn(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(outputs.flatten(0, 1).float(), targets.flatten())
+
+    return loss_fn
+
+
+def masked_token_mean() -> LossFn:
+    """Cross-entropy averaged over the tokens a mask keeps: ``sum / mask.sum()``, with no
+    guard for a batch whose mask keeps none (0 / 0). Targets ``-1`` are masked out."""
+
+    def loss_fn(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        keep = (targets >= 0).to(outputs.dtype)
+        per = F.cross_entropy(outputs.flatten(0, 1), targets.clamp(min=0).flatten(),
+                              reduction="none")
+        return (per * keep.flatten()).sum() / keep.sum()
+
+    return loss_fn
+
+
+def sum_mse_over_n() -> LossFn:
+    """Squared error summed, then divided by the batch size, in the outputs' dtype: in
+    float16 the sum passes 65504 though every term is far below it."""
+
+    def loss_fn(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        err = (outputs - targets.to(outputs.dtype)).pow(2)
+        return err.sum() / outputs.shape[0]
+
+    return loss_fn
+
+
+def info_nce_learned_t() -> LossFn:
+    """InfoNCE between two views, logits divided by the model's learnable temperature (its
+    last output column); nothing keeps the temperature away from 0."""
+
+    def loss_fn(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        emb, t = outputs[..., :-1], outputs[:, 0, -1:]
+        a = F.normalize(emb[:, 0], dim=-1)
+        b = F.normalize(emb[:, 1], dim=-1)
+        logits = (a @ b.T) / t
+        labels = torch.arange(a.shape[0])
+        return F.cross_entropy(logits, labels)
+
+    return loss_fn
+
+
+def info_nce_naive(temperature: float = 0.1) -> LossFn:
+    """InfoNCE on raw dot products with the log-sum-exp written ``log(exp(s).sum())``:
+    a similarity past ~88.7 * temperature overflows exp. ``torch.logsumexp`` or
+    ``F.cross_entropy`` subtracts the maximum first."""
+
+    def loss_fn(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        a, b = outputs[:, 0], outputs[:, 1]
+        sims = (a @ b.T) / temperature
+        return (torch.log(torch.exp(sims).sum(dim=1)) - sims.diagonal()).mean()
+
+    return loss_fn
+
+
+def cosine_triplet(margin: float = 0.2) -> LossFn:
+    """Triplet loss on embeddings normalised by hand, ``e / e.norm()``: an embedding of
+    exactly 0 divides 0 by 0. ``F.normalize`` clamps the norm with an eps."""
+
+    def loss_fn(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        e = outputs / outputs.norm(dim=-1, keepdim=True)
+        anchor, positive, negative = e[:, 0], e[:, 1], e[:, 2]
+        d_pos = (anchor - positive).pow(2).sum(-1)
+        d_neg = (anchor - negative).pow(2).sum(-1)
+        return F.relu(d_pos - d_neg + margin).mean()
+
+    return loss_fn
+
+
+def triplet_pow_half(margin: float = 1.0) -> LossFn:
+    """Triplet loss with distances ``d.pow(2).sum().pow(0.5)``: an anchor equal to its
+    positive has distance 0, and the backward of ``x ** 0.5`` at 0 is infinite."""
+
+    def loss_fn(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        anchor, positive, negative = outputs[:, 0], outputs[:, 1], outputs[:, 2]
+        d_pos = (anchor - positive).pow(2).sum(-1).pow(0.5)
+        d_neg = (anchor - negative).pow(2).sum(-1).pow(0.5)
+        return F.relu(d_pos - d_neg + margin).mean()
+
+    return loss_fn
+
+
+def hinge() -> LossFn:
+    """Multi-class hinge loss: exactly 0 once every margin is met."""
+
+    def loss_fn(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.multi_margin_loss(outputs, targets)
+
+    return loss_fn
+
+
+def naive_softmax_nll() -> LossFn:
+    """Next-token NLL with the softmax written ``exp(o) / exp(o).sum()``: a logit past
+    ~88.7 overflows exp to inf, and inf / inf is NaN. ``F.cross_entropy`` subtracts the
+    maximum first."""
+
+    def loss_fn(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        e = torch.exp(outputs)
+        p = e / e.sum(dim=-1, keepdim=True)
+        return -torch.log(p.gather(-1, targets.unsqueeze(-1))).mean()
+
+    return loss_fn
+

@@ -1,0 +1,184 @@
+"""Score the post-hoc analysis on dead runs that leave no capture (docs/evaluation.md).
+
+    python bench/evaluate.py [--corpus DIR] [--json]
+
+Generates the evaluation corpus (``python -m analyzer.scenarios.corpus``) into a temporary
+folder, or reads one already generated with ``--corpus``; copies the sample runs without
+their ``capture/`` folders; analyses each set with ``analyzer.analyze`` (no replay) and
+prints, per half (the sample runs are a third set): top-cause accuracy, false alarms on
+healthy runs, the confusion matrix (intended cause against the top finding) and each
+rule's precision. Thresholds may be tuned on ``tune``; ``heldout`` is only reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+HEALTHY = "healthy"
+NO_CAUSE = "no-cause"
+"""The prediction for a run that failed and got no cause or symptom finding."""
+SAMPLES = "samples"
+
+
+@dataclass(frozen=True)
+class Scored:
+    run: str
+    half: str
+    intended: str
+    predicted: str
+
+
+def prediction(failed: bool, findings: Iterable[tuple[str, str]]) -> str:
+    """The top finding's rule name, from ``(name, role)`` pairs ranked best first:
+    warnings are not failure findings; a run with none is healthy, or ``no-cause`` when
+    the analysis found it failed."""
+    for name, role in findings:
+        if role in ("cause", "symptom"):
+            return name
+    return NO_CAUSE if failed else HEALTHY
+
+
+def score(rows: Iterable[Scored]) -> dict[str, Any]:
+    """Accuracy, false alarms, confusion matrix and per-rule precision of some rows."""
+    rows = list(rows)
+    failing = [r for r in rows if r.intended != HEALTHY]
+    healthy = [r for r in rows if r.intended == HEALTHY]
+    right = sum(r.predicted == r.intended for r in failing)
+    alarms = [r.run for r in healthy if r.predicted != HEALTHY]
+    confusion: dict[str, dict[str, int]] = {}
+    for r in rows:
+        cell = confusion.setdefault(r.intended, {})
+        cell[r.predicted] = cell.get(r.predicted, 0) + 1
+    made = Counter(r.predicted for r in rows if r.predicted not in (HEALTHY, NO_CAUSE))
+    hits = Counter(r.predicted for r in rows if r.predicted == r.intended)
+    precision = {name: {"right": hits[name], "made": n, "precision": hits[name] / n}
+                 for name, n in sorted(made.items())}
+    return {
+        "runs": len(rows),
+        "failing": len(failing),
+        "top_cause_right": right,
+        "top_cause_accuracy": right / len(failing) if failing else None,
+        "healthy": len(healthy),
+        "false_alarms": len(alarms),
+        "false_alarm_runs": alarms,
+        "confusion": {k: dict(sorted(v.items())) for k, v in sorted(confusion.items())},
+        "precision": precision,
+        "rows": [r.__dict__ for r in rows],
+    }
+
+
+def analyse(folder: str, truth: Mapping[str, tuple[str, str]]) -> list[Scored]:
+    """``analyzer.analyze`` on ``folder`` (no replay); one row per run named in ``truth``
+    (run name -> (half, intended cause))."""
+    import analyzer
+
+    report = analyzer.analyze(folder, replay=False)
+    rows = []
+    for result in report.results:
+        if result.run.name not in truth:
+            continue
+        half, intended = truth[result.run.name]
+        found = [(f.name, f.role) for f in result.findings]
+        rows.append(Scored(result.run.name, half, intended, prediction(result.failed, found)))
+    missing = set(truth) - {r.run for r in rows}
+    for name in sorted(missing):  # a run the analysis did not list is not silently dropped
+        half, intended = truth[name]
+        rows.append(Scored(name, half, intended, "not-analysed"))
+    return sorted(rows, key=lambda r: r.run)
+
+
+def corpus_truth(folder: str) -> dict[str, tuple[str, str]]:
+    from analyzer.scenarios.corpus.run import INFO_FILE
+
+    truth = {}
+    for name in sorted(os.listdir(folder)):
+        path = os.path.join(folder, name, INFO_FILE)
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as fh:
+                info = json.load(fh)
+            truth[name] = (info["split"], info["intended"])
+    return truth
+
+
+def samples_without_captures(dest: str) -> dict[str, tuple[str, str]]:
+    """Copy sample_runs/ into ``dest`` without capture/ folders; their intended causes."""
+    src = os.path.join(ROOT, "sample_runs")
+    shutil.copytree(src, dest, ignore=shutil.ignore_patterns("capture"))
+    truth = {}
+    for name in sorted(os.listdir(dest)):
+        path = os.path.join(dest, name, "scenario.json")
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as fh:
+                info = json.load(fh)
+            cause = info["expected"]["cause"]
+            truth[name] = (SAMPLES, HEALTHY if info["healthy"] else cause)
+    return truth
+
+
+def evaluate(corpus: str | None = None, samples: bool = True) -> dict[str, Any]:
+    """Every set's scores: ``tune``, ``heldout`` and ``samples`` (captures hidden)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        if corpus is None:
+            from analyzer.scenarios.corpus.__main__ import generate
+
+            corpus = os.path.join(tmp, "corpus")
+            generate(corpus)
+        rows = analyse(corpus, corpus_truth(corpus))
+        if samples:
+            copy = os.path.join(tmp, "samples")
+            rows += analyse(copy, samples_without_captures(copy))
+    halves = ("tune", "heldout", SAMPLES) if samples else ("tune", "heldout")
+    return {half: score(r for r in rows if r.half == half) for half in halves}
+
+
+def render(scores: Mapping[str, Mapping[str, Any]]) -> str:
+    out: list[str] = []
+    for half, s in scores.items():
+        acc = s["top_cause_accuracy"]
+        out.append(f"== {half}: {s['runs']} runs")
+        out.append(f"top cause right: {s['top_cause_right']}/{s['failing']}"
+                   + (f" ({acc:.0%})" if acc is not None else ""))
+        out.append(f"false alarms on healthy: {s['false_alarms']}/{s['healthy']}"
+                   + (f" ({', '.join(s['false_alarm_runs'])})" if s["false_alarm_runs"] else ""))
+        out.append("confusion (intended -> top finding: count):")
+        for intended, cells in s["confusion"].items():
+            row = ", ".join(f"{k}: {v}" for k, v in cells.items())
+            out.append(f"  {intended:28s} {row}")
+        out.append("precision per rule (right/made):")
+        for name, p in s["precision"].items():
+            out.append(f"  {name:28s} {p['right']}/{p['made']} ({p['precision']:.0%})")
+        out.append("")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--corpus", help="a corpus already generated (default: generate one)")
+    parser.add_argument("--no-samples", action="store_true", help="score the corpus only")
+    parser.add_argument("--json", action="store_true", help="print the scores as JSON")
+    args = parser.parse_args(argv)
+    scores = evaluate(args.corpus, samples=not args.no_samples)
+    if args.json:
+        json.dump(scores, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(render(scores))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
