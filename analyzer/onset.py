@@ -117,6 +117,8 @@ def event_incident(event: Event) -> Incident | None:
     reached its floor (``min_loss_scale``: DeepSpeed's "Current loss scale already at
     minimum", fairseq's "Minimum loss scale reached") is an incident too: the gradients
     overflowed at every step on the way down, and the run stops or trains on nothing.
+    The rank a line was printed by (its prefix, or the elastic agent's table) is the
+    incident's.
     """
     if event.kind == "min_loss_scale":
         event = replace(event, detail={**event.detail, "tag": FLOOR_TAG, "kind": "nan-or-inf"})
@@ -134,9 +136,11 @@ def event_incident(event: Event) -> Incident | None:
     kind = str(event.detail.get("kind", "nan-or-inf"))
     if kind not in _KINDS:
         kind = "nan-or-inf"
+    rank = event.detail.get("rank")
     return Incident(step=step, tag=tag, kind=cast(NonFiniteKind, kind), last_finite_step=None,
                     location=event.location, layer=layer_from_tag(tag), decided_by=decided_by,
-                    origin="log", after=placed_after)
+                    origin="log", after=placed_after,
+                    rank=rank if isinstance(rank, int) and not isinstance(rank, bool) else None)
 
 
 def _checkpoint_incident(run: Run) -> Incident | None:

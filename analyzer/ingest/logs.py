@@ -35,6 +35,8 @@ import numpy as np
 from analyzer.ingest.logformats import reader
 from analyzer.ingest.logformats.context import Context
 from analyzer.ingest.logformats.dispatch import Dispatcher
+from analyzer.ingest.logformats.lightning import BATCH, IN_EPOCH, last_frames
+from analyzer.ingest.logformats.loop_skips import place_skips
 from analyzer.ingest.logformats.prefixes import PrefixRule, decide_rule
 from analyzer.ingest.logformats.reader import Lines, iter_batches
 from analyzer.ingest.logformats.source import Chunks, sniff
@@ -47,8 +49,14 @@ TRAINER_STATE = "trainer_state.json"
 _NOT_LOGS = frozenset(
     {"readme.txt", "license.txt", "requirements.txt", "notes.txt", "cmake_install.txt"}
 )
+_VOCABULARIES = ("vocab.txt", "merges.txt")
+"""A tokenizer's files: WordPiece's ``vocab.txt``, BPE's ``merges.txt`` (``tokenizers``
+names them ``{prefix}-vocab.txt`` under a prefix); fairseq's ``dict.txt`` and
+``dict.<lang>.txt`` are dictionaries too."""
 _TRAINER_STATE_CAP = 1 << 28
 """A trainer_state.json is read whole; past this size it is refused, not loaded."""
+BAR_AXES = (BATCH, IN_EPOCH)
+"""Lightning's bar counts, which draw each count twice: the last frame is the step's."""
 _CONTROL_SHARE = 0.02
 """Share of control bytes above which a file's head is not text."""
 
@@ -67,11 +75,15 @@ class LogRead:
 
 def is_log_file(path: str) -> bool:
     """True for the files ``read_log`` is meant for: ``*.log``, ``*.txt``, ``*.out``,
-    ``*.err`` and ``trainer_state.json``, but not README, LICENSE and the like."""
+    ``*.err`` and ``trainer_state.json``, but not README, LICENSE and the like, nor a
+    tokenizer's vocabulary (``vocab.txt``, ``merges.txt``, as ``tokenizers`` saves a model
+    and Hugging Face output folders hold them)."""
     name = os.path.basename(path).lower()
     if name == TRAINER_STATE:
         return True
     if not name.endswith(LOG_SUFFIXES) or name in _NOT_LOGS:
+        return False
+    if name.endswith(_VOCABULARIES) or (name.startswith("dict.") and name.endswith(".txt")):
         return False
     return not name.startswith(("readme", "license", "requirements", "changelog"))
 
@@ -179,6 +191,10 @@ def _run(chunks: Chunks, rule: PrefixRule, ctx: Context) -> None:
 def _result(ctx: Context) -> LogRead:
     series = []
     for (tag, rank), axis, steps, values, lines in ctx.series():
+        if axis in BAR_AXES:
+            keep = last_frames(steps)
+            if not keep.all():
+                steps, values, lines = steps[keep], values[keep], lines[keep]
         series.append(
             Series(
                 tag=tag,
@@ -194,7 +210,7 @@ def _result(ctx: Context) -> LogRead:
         )
     framework, confidence = _verdict(ctx)
     notes = list(ctx.notes)
-    events = ctx.placed_events()
+    events = place_skips(ctx.placed_events(), series)
     overflow = _overflow_note(events)
     if overflow:
         notes.append(overflow)

@@ -5,11 +5,19 @@
 
 The bar counts batches within the epoch, from 1: ``TQDMProgressBar`` sets it to
 ``batch_idx + 1`` after each batch, and epochs from 0. The step is ``epoch * batches +
-batch`` (:data:`BATCH`), one above the ``global_step`` Lightning's loggers write a
-``training_step``'s values at when every batch steps the optimizer; with gradient
-accumulation the two differ by its factor, and the values decide. When the total is
-unknown (shown as ``?``) the step is the batch within its epoch alone (:data:`IN_EPOCH`),
-which only matching values can place.
+batch - 1`` (:data:`BATCH`, the batches done before the one just finished), the
+``global_step`` Lightning's loggers write a ``training_step``'s values at when every batch
+steps the optimizer: a log read alone is on the run's global step. With gradient
+accumulation the two differ by its factor, and the values (or the run's metadata) decide.
+When the total is unknown (shown as ``?``) the step is the batch within its epoch alone
+(:data:`IN_EPOCH`, from 1), which only matching values can place.
+
+A bar at count 0 (``Epoch 1:   0%| 0/8 [..., train_loss=1.36e+11]``) has finished no
+batch of its epoch: TQDM's ``reset`` redraws it at each epoch start, first still under the
+previous epoch's description, and its postfix repeats the last step's values. It is no
+step of its own and gives no point. Each later count is drawn twice, by ``_update_n``'s
+refresh (the previous step's values) and after ``set_postfix`` (this step's): both are at
+the count's step, and the last one drawn is what the step's values are.
 
 The tqdm bar prints its postfix through ``Tqdm.format_num``, which pads a float's text
 to five characters with a point and zeros so that the bar does not flicker: a NaN loss
@@ -33,6 +41,8 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
+
 from analyzer.ingest.logformats.base import colon_pairs, equals_pairs
 from analyzer.ingest.logformats.context import Context
 from analyzer.model import StepAxis
@@ -51,10 +61,20 @@ _NOT_TOP = re.compile(r"Epoch \d{1,15}+, global step \d{1,15}+: '[^'\n]{1,200}+'
 RICH_WRAP = " " * 24
 """The indent of a rich bar's wrapped metrics: under its description, bar, count, time
 and speed columns, which take some 60 characters."""
-BATCH = StepAxis("counter", base=1, counts_skipped=True, label="batch")
-"""``epoch * batches + batch``: the bar's count over the epochs, from 1."""
+BATCH = StepAxis("counter", base=0, counts_skipped=True, label="batch")
+"""``epoch * batches + batch - 1``: the batches finished before the bar's last one, over
+the epochs, from 0 (Lightning's ``global_step`` without gradient accumulation)."""
 IN_EPOCH = StepAxis("epoch", base=1, counts_skipped=True, label="batch")
 """The bar's batch within an epoch whose length is unknown."""
+
+
+def last_frames(steps: np.ndarray) -> np.ndarray:
+    """Which points of a bar's series to keep: the last of each run of frames drawn at one
+    count (``_update_n``'s refresh shows the previous step's values, ``set_postfix``'s frame
+    after it this step's)."""
+    keep = np.ones(steps.shape, dtype=bool)
+    keep[:-1] = steps[1:] != steps[:-1]
+    return keep
 
 
 class LightningParser:
@@ -64,9 +84,10 @@ class LightningParser:
 
     def __init__(self) -> None:
         self.seen_v_num = False
-        self.rich: tuple[int, int, str] | None = None
-        """The step of the last rich bar, the line it (or its last wrapped line) is on,
-        and a metric name its line ended with, whose value wrapped onto the next."""
+        self.rich: tuple[int | None, int, str] | None = None
+        """The step of the last rich bar (None at count 0: its metrics are no step's),
+        the line it (or its last wrapped line) is on, and a metric name its line ended
+        with, whose value wrapped onto the next."""
 
     def parse(self, text: str, ctx: Context) -> bool:
         if "global step" not in text:  # a bar: the common case, kept short
@@ -100,16 +121,21 @@ class LightningParser:
         epoch = int(head.group(1))
         batch = int(count.group(1))
         total = count.group(2)
+        rest = text[count.end() :]
+        if "v_num" in rest:
+            self.seen_v_num = True
+        if batch == 0:  # an epoch's start: the values shown are an earlier step's
+            if rich:
+                self.rich = (None, ctx.line, "")
+            ctx.votes["lightning" if self.seen_v_num else "tqdm"] += 1
+            return True
         if total != "?":
-            step = epoch * int(total) + batch
+            step = epoch * int(total) + batch - 1
             if ctx.axis != IN_EPOCH:
                 ctx.axis = BATCH
         else:
             step = batch
             ctx.axis = IN_EPOCH  # one bar of unknown length makes the file's numbers unplaced
-        rest = text[count.end() :]
-        if "v_num" in rest:
-            self.seen_v_num = True
         if "=" in rest:
             if "an." in rest or "nf." in rest:
                 rest = _PADDED.sub(r"\1", rest)
@@ -139,7 +165,8 @@ class LightningParser:
         if not words or 2 * named != len(words) + ends_named or not (pairs or ends_named):
             self.rich = None
             return False
-        ctx.points_at(step, pairs)
+        if step is not None:
+            ctx.points_at(step, pairs)
         self.rich = (step, ctx.line, words[-1][:-1] if ends_named else "")
         ctx.votes["lightning"] += 1
         return True
