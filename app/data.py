@@ -170,13 +170,17 @@ _PIECE = 1 << 16
 
 def _text_lines(path: str) -> Iterator[tuple[int, str]]:
     """(1-based line number, text) of a text file opened safely (a FIFO or device is not
-    opened); a line longer than _PIECE comes in pieces under one number."""
+    opened); a line longer than _PIECE comes in pieces under one number.
+
+    Lines end at ``\n`` only, as the log reader counts them: a progress bar redraws itself
+    after a bare ``\r``, hundreds of times on one line, and those frames stay in their line.
+    """
     import io
 
     from analyzer.ingest.safeio import open_regular
 
     handle, _ = open_regular(path)
-    with io.TextIOWrapper(handle, encoding="utf-8", errors="replace") as fh:
+    with io.TextIOWrapper(handle, encoding="utf-8", errors="replace", newline="\n") as fh:
         number = 1
         while piece := fh.readline(_PIECE):
             yield number, piece

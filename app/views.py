@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING
@@ -542,3 +543,25 @@ def view_rows(seen: list[View], run_path: str, step: int) -> list[dict[str, str]
     """Rows of the table that lines the sources up at one step."""
     return [{"source": v.source, "tag": v.tag, "step before": num(v.before),
              f"step {step}": num(v.at), "where": where(v.where, run_path)} for v in seen]
+
+
+_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+"""A terminal's control sequence (tqdm moves the cursor up with ``ESC[A``)."""
+_NONFINITE = re.compile(r"(?<![\w.])[-+]?(nan|inf|infinity)(?![\w])", re.IGNORECASE)
+FRAMES_SHOWN = 4
+
+
+def frames(text: str, marked: bool = False) -> list[str]:
+    """A log line as a terminal would show it, one row per frame a bare ``\r`` starts (a
+    progress bar redrawn, a record printed over it), control sequences and blank frames
+    left out. A context line shows its last frame, where the terminal leaves it; the marked
+    line also the frames that name a NaN or Inf, which a later frame drew over."""
+    shown = [f for f in (_ESCAPE.sub("", part).rstrip() for part in text.split("\r"))
+             if f.strip()]
+    if len(shown) <= 1:
+        return shown or [""]
+    keep = [f for f in shown[:-1] if marked and _NONFINITE.search(f)][:FRAMES_SHOWN]
+    over = len(shown) - 1 - len(keep)
+    note = [f"({over} earlier frame{'' if over == 1 else 's'} of this line drawn over)"] \
+        if over else []
+    return [*note, *keep, shown[-1]]

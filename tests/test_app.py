@@ -638,7 +638,7 @@ def test_an_unaligned_first_incident_is_worded_in_records_everywhere(unaligned: 
 # Runs as real frameworks lay them out (issue 15): one training is one run, with its
 # segments, files by role, metadata and the checkpoints' bookkeeping shown apart.
 
-FRAMEWORK_RUNS = ("lightning_restart", "lightning_healthy", "hf_healthy")
+FRAMEWORK_RUNS = ("lightning_restart", "lightning_healthy", "hf_healthy", "hf_nan")
 
 
 @pytest.fixture(scope="module")
@@ -670,6 +670,7 @@ def test_each_training_is_one_row_with_its_layout(framework_runs: Path) -> None:
     assert table.loc["lightning_restart", "status"] == "failed"
     assert table.loc["lightning_healthy", "status"] == "finite"
     assert table.loc["hf_healthy", "status"] == "finite"
+    assert table.loc["hf_nan", "status"] == "failed"
     assert table.loc["lightning_restart", "grouping"] == (
         "lightning: 2 segments (version_0, version_1)")
     assert table.loc["hf_healthy", "grouping"].startswith("huggingface: 1 segment")
@@ -806,3 +807,37 @@ def test_trainer_saves_say_who_saved_them_and_at_which_step(framework_runs: Path
     latest = saves.loc[os.path.join("checkpoint-20", "model.safetensors")]
     assert (latest["step"], latest["global step"]) == (20, 20)  # from trainer_state.json
     assert "The saves hold no callback state." in texts(at)
+
+
+def _marked(at: AppTest) -> list[str]:
+    """The rows of the Logs page's excerpt that belong to the line it points at."""
+    (code,) = [c.value for c in at.code if "\n>" in c.value or c.value.startswith(">")]
+    return [row for row in code.splitlines() if row.startswith(">")]
+
+
+def test_regression_logs_page_counts_lines_as_the_log_reader_does(
+        framework_runs: Path) -> None:
+    # The excerpt split lines at every bare carriage return, which tqdm writes before each
+    # redraw: "train.log line 44" of a Trainer's console pointed at a progress bar frame
+    # dozens of lines above the `'grad_norm': 'nan'` record the reader found there.
+    log = framework_runs / "hf_nan" / "train.log"
+    number = next(n for n, text in enumerate(log.read_bytes().split(b"\n"), start=1)
+                  if b"'grad_norm': 'nan'" in text)
+    at = open_app("hf_nan")
+    at.switch_page("app_pages/logs.py").run()
+    no_error(at)
+    assert f"train.log line {number}: step 9" in [s.value for s in at.subheader]
+    marked = _marked(at)
+    assert marked[0].startswith(f"> {number:>6} | ")
+    assert any("'grad_norm': 'nan'" in row for row in marked), marked
+    assert not any("\r" in row or "\x1b" in row for row in marked)
+
+
+def test_a_bar_line_shows_its_last_frame_and_the_frames_naming_a_nan() -> None:
+    from app.views import frames
+
+    line = "\x1b[A 1/8 [loss=1.0]\r 2/8 [loss=nan.0]\r 3/8 [loss=nan.0]\r\r"
+    assert frames(line) == ["(2 earlier frames of this line drawn over)", " 3/8 [loss=nan.0]"]
+    assert frames(line, marked=True) == ["(1 earlier frame of this line drawn over)",
+                                         " 2/8 [loss=nan.0]", " 3/8 [loss=nan.0]"]
+    assert frames("step 3 loss 0.5") == ["step 3 loss 0.5"]

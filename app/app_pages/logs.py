@@ -62,8 +62,12 @@ first = max(1, target.line - radius)
 lines = data.log_lines(target.file, first, target.line + radius, sel.ref.digest)
 st.subheader(target.heading)
 st.caption(target.what)
-st.code("\n".join(f"{'>' if n == target.line else ' '} {n:>6} | {text}" for n, text in lines)
-        or "(the line could not be read)", language=None)
+rows = []
+for n, text in lines:
+    for k, frame in enumerate(views.frames(text, n == target.line)):
+        mark = ">" if n == target.line else " "
+        rows.append(f"{mark} {n:>6} | {frame}" if k == 0 else f"{mark} {'':>6} | {frame}")
+st.code("\n".join(rows) or "(the line could not be read)", language=None)
 
 if not target.aligned:
     placed = run.alignment_of(target.file)
