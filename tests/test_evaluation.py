@@ -20,8 +20,8 @@ from analyzer.scenarios.corpus import CASES, FAMILIES, HALVES, HEALTHY, SPLIT, s
 from analyzer.scenarios.corpus.run import INFO_FILE
 
 ROOT = Path(__file__).resolve().parent.parent
-HELDOUT_FLOOR = 3 / 13
-"""Top-cause accuracy on the held-out half measured when the corpus was made (3 of 13,
+HELDOUT_FLOOR = 4 / 13
+"""Top-cause accuracy on the held-out half measured when the corpus was made (4 of 13,
 docs/evaluation.md); later rule work may only raise it."""
 
 

@@ -119,24 +119,6 @@ def vae_elbo(in_features: int = 64, bce: str = "logits", beta: float = 1.0) -> L
     return loss_fn
 
 
-def smoothed_lm(smoothing: float = 0.1) -> LossFn:
-    """Label-smoothed next-token loss written as ``-(q * log(softmax(logits)))``: every
-    class counts, so the first probability that underflows to 0 makes it infinite."""
-
-    def loss_fn(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        vocab = outputs.shape[-1]
-        q = torch.full_like(outputs, smoothing / (vocab - 1))
-        q.scatter_(-1, targets.unsqueeze(-1), 1.0 - smoothing)
-        return -(q * torch.log(torch.softmax(outputs, dim=-1))).sum(-1).mean()
-
-    return loss_fn
-
-
-def lm_cross_entropy() -> LossFn:
-    def loss_fn(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(outputs.flatten(0, 1).float(), targets.flatten())
-
-    return loss_fn
 
 
 def masked_token_mean() -> LossFn:
@@ -225,17 +207,3 @@ def hinge() -> LossFn:
         return F.multi_margin_loss(outputs, targets)
 
     return loss_fn
-
-
-def naive_softmax_nll() -> LossFn:
-    """Next-token NLL with the softmax written ``exp(o) / exp(o).sum()``: a logit past
-    ~88.7 overflows exp to inf, and inf / inf is NaN. ``F.cross_entropy`` subtracts the
-    maximum first."""
-
-    def loss_fn(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        e = torch.exp(outputs)
-        p = e / e.sum(dim=-1, keepdim=True)
-        return -torch.log(p.gather(-1, targets.unsqueeze(-1))).mean()
-
-    return loss_fn
-

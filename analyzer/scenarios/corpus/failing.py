@@ -196,8 +196,9 @@ GENERATIVE: tuple[Case, ...] = (
          model=Factory(f"{M}:tiny_vae", {}), loss=Factory(f"{L}:vae_elbo", {"bce": "naive"}),
          batches=lambda s: streams.binary_images(s, flip=0.0), optimizer="adam", lr=0.01, steps=400,
          log_style="plain", logged="totals", checkpoint_every=50),
-    make("vae_kl_lr", "generative", "exp-overflow",
-         title="VAE whose KL term's exp(logvar) overflows once SGD throws logvar up",
+    make("vae_kl_lr", "generative", "learning-rate-too-high",
+         title="VAE trained with SGD and momentum at a far too high lr: the loss runs away "
+         "for five steps until the KL term's exp(logvar) overflows",
          model=Factory(f"{M}:tiny_vae", {}), loss=Factory(f"{L}:vae_elbo", {}),
          batches=streams.binary_images, optimizer="sgd", lr=0.05,
          optimizer_kwargs={"momentum": 0.9}, steps=300, log_style="deepspeed",
