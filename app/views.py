@@ -349,11 +349,19 @@ def markers(result: RunResult, growth: Growth | None) -> list[Marker]:
                           f"every {growth.doubling_steps:.3g} steps"))
     out += [Marker("overflow skip", s, "the loss scaler skipped this step")
             for s in result.overflow_skips]
+    firsts = _first_steps(run)
+    segment = _segment_of(run)
     for e in run.events:
         step = event_step(e) if run.is_aligned(e.location.file, e.axis) else None
         if step is not None and e.kind in ("restart", "error", "min_loss_scale"):
-            out.append(Marker(e.kind.replace("_", " "), step,
-                              f"{e.message} ({where(e.location, run.path)})"))
+            text = f"{e.message} ({where(e.location, run.path)})"
+            if e.kind == "restart" and e.detail.get("reason") == "new_file":
+                # The event carries the new file's first record (its file_version, at step
+                # 0): the restart is where that file's values begin.
+                step = firsts.get(e.location.file, step)
+                if e.location.file in segment:
+                    text = f"{segment[e.location.file]} begins: {text}"
+            out.append(Marker(e.kind.replace("_", " "), step, text))
     if run.checkpoints is not None:
         bad = run.checkpoints.first_nonfinite
         for i, save in enumerate(run.checkpoints.saves):
@@ -362,6 +370,29 @@ def markers(result: RunResult, growth: Growth | None) -> list[Marker]:
                 out.append(Marker("checkpoint", save.step,
                                   f"{os.path.basename(save.path)}: {state}"))
     return out
+
+
+def _first_steps(run: Run) -> dict[str, int]:
+    """The lowest step each event file logged a curve at. A tag of one point is left out
+    where the file has curves: Lightning writes ``hp_metric`` at step 0 in every version,
+    the resumed one included, at setup rather than where the training resumed."""
+    curves: dict[str, int] = {}
+    points: dict[str, int] = {}
+    for s in run.series:
+        if len(s) and is_event_file(s.source):
+            low = int(s.steps.min())
+            held = curves if len(s) > 1 else points
+            held[s.source] = min(low, held.get(s.source, low))
+    return points | curves
+
+
+def _segment_of(run: Run) -> dict[str, str]:
+    """The segment label of each event file that lies in a segment after the first."""
+    if run.layout is None:
+        return {}
+    labels = [seg.label for seg in run.layout.segments]
+    return {f.path: labels[f.segment] for f in run.layout.files
+            if f.role == "events" and f.segment is not None and f.segment > 0}
 
 
 @dataclass(frozen=True)

@@ -841,3 +841,16 @@ def test_a_bar_line_shows_its_last_frame_and_the_frames_naming_a_nan() -> None:
     assert frames(line, marked=True) == ["(1 earlier frame of this line drawn over)",
                                          " 2/8 [loss=nan.0]", " 3/8 [loss=nan.0]"]
     assert frames("step 3 loss 0.5") == ["step 3 loss 0.5"]
+
+
+def test_regression_a_resumed_lightning_version_is_marked_where_it_resumes(
+        framework_runs: Path) -> None:
+    # The restart of version_1 was marked at step 0: its event file's first record (and
+    # Lightning's hp_metric) is at step 0, its training values from step 16 on.
+    at = open_app("lightning_restart")
+    at.switch_page("app_pages/timeline.py").run()
+    no_error(at)
+    marks = frame_with(at, "mark")
+    restarts = marks[marks["mark"] == "restart"]
+    assert list(restarts["step"]) == [16]
+    assert restarts["what"].iloc[0].startswith("lightning_logs/version_1 begins: ")
