@@ -5,9 +5,10 @@
 Generates the evaluation corpus (``python -m analyzer.scenarios.corpus``) into a temporary
 folder, or reads one already generated with ``--corpus``; copies the sample runs without
 their ``capture/`` folders; analyses each set with ``analyzer.analyze`` (no replay) and
-prints, per half (the sample runs are a third set): top-cause accuracy, false alarms on
-healthy runs, the confusion matrix (intended cause against the top finding) and each
-rule's precision. Thresholds may be tuned on ``tune``; ``heldout`` is only reported.
+prints, per half (the sample runs are a third set, and the sample runs with their captures
+replayed a fourth, for comparison): top-cause accuracy, false alarms on healthy runs, the
+confusion matrix (intended cause against the top finding) and each rule's precision.
+Thresholds may be tuned on ``tune``; ``heldout`` is only reported.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ HEALTHY = "healthy"
 NO_CAUSE = "no-cause"
 """The prediction for a run that failed and got no cause or symptom finding."""
 SAMPLES = "samples"
+CAPTURED = "samples_with_captures"
 
 
 @dataclass(frozen=True)
@@ -80,12 +82,13 @@ def score(rows: Iterable[Scored]) -> dict[str, Any]:
     }
 
 
-def analyse(folder: str, truth: Mapping[str, tuple[str, str]]) -> list[Scored]:
-    """``analyzer.analyze`` on ``folder`` (no replay); one row per run named in ``truth``
-    (run name -> (half, intended cause))."""
+def analyse(folder: str, truth: Mapping[str, tuple[str, str]], *, replay: bool = False
+            ) -> list[Scored]:
+    """``analyzer.analyze`` on ``folder`` (no replay unless asked); one row per run named
+    in ``truth`` (run name -> (half, intended cause))."""
     import analyzer
 
-    report = analyzer.analyze(folder, replay=False)
+    report = analyzer.analyze(folder, replay=replay)
     rows = []
     for result in report.results:
         if result.run.name not in truth:
@@ -113,23 +116,28 @@ def corpus_truth(folder: str) -> dict[str, tuple[str, str]]:
     return truth
 
 
-def samples_without_captures(dest: str) -> dict[str, tuple[str, str]]:
-    """Copy sample_runs/ into ``dest`` without capture/ folders; their intended causes."""
-    src = os.path.join(ROOT, "sample_runs")
-    shutil.copytree(src, dest, ignore=shutil.ignore_patterns("capture"))
+SAMPLE_RUNS = os.path.join(ROOT, "sample_runs")
+
+
+def samples_truth(folder: str, half: str) -> dict[str, tuple[str, str]]:
+    """The sample runs' intended causes, from their scenario.json."""
     truth = {}
-    for name in sorted(os.listdir(dest)):
-        path = os.path.join(dest, name, "scenario.json")
+    for name in sorted(os.listdir(folder)):
+        path = os.path.join(folder, name, "scenario.json")
         if os.path.isfile(path):
             with open(path, encoding="utf-8") as fh:
                 info = json.load(fh)
             cause = info["expected"]["cause"]
-            truth[name] = (SAMPLES, HEALTHY if info["healthy"] else cause)
+            truth[name] = (half, HEALTHY if info["healthy"] else cause)
     return truth
 
 
-def evaluate(corpus: str | None = None, samples: bool = True) -> dict[str, Any]:
-    """Every set's scores: ``tune``, ``heldout`` and ``samples`` (captures hidden)."""
+def evaluate(corpus: str | None = None, samples: bool = True, captures: bool = True
+             ) -> dict[str, Any]:
+    """Every set's scores: ``tune``, ``heldout``, ``samples`` (captures hidden: a copy
+    without its capture/ folders) and ``samples_with_captures`` (sample_runs/ itself,
+    read in place, captures replayed)."""
+    halves = ["tune", "heldout"]
     with tempfile.TemporaryDirectory() as tmp:
         if corpus is None:
             from analyzer.scenarios.corpus.__main__ import generate
@@ -139,8 +147,12 @@ def evaluate(corpus: str | None = None, samples: bool = True) -> dict[str, Any]:
         rows = analyse(corpus, corpus_truth(corpus))
         if samples:
             copy = os.path.join(tmp, "samples")
-            rows += analyse(copy, samples_without_captures(copy))
-    halves = ("tune", "heldout", SAMPLES) if samples else ("tune", "heldout")
+            shutil.copytree(SAMPLE_RUNS, copy, ignore=shutil.ignore_patterns("capture"))
+            rows += analyse(copy, samples_truth(copy, SAMPLES))
+            halves.append(SAMPLES)
+        if samples and captures:
+            rows += analyse(SAMPLE_RUNS, samples_truth(SAMPLE_RUNS, CAPTURED), replay=True)
+            halves.append(CAPTURED)
     return {half: score(r for r in rows if r.half == half) for half in halves}
 
 
@@ -169,9 +181,11 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--corpus", help="a corpus already generated (default: generate one)")
     parser.add_argument("--no-samples", action="store_true", help="score the corpus only")
+    parser.add_argument("--no-captures", action="store_true",
+                        help="do not score the sample runs with their captures replayed")
     parser.add_argument("--json", action="store_true", help="print the scores as JSON")
     args = parser.parse_args(argv)
-    scores = evaluate(args.corpus, samples=not args.no_samples)
+    scores = evaluate(args.corpus, samples=not args.no_samples, captures=not args.no_captures)
     if args.json:
         json.dump(scores, sys.stdout, indent=2)
         sys.stdout.write("\n")

@@ -207,3 +207,13 @@ def hinge() -> LossFn:
         return F.multi_margin_loss(outputs, targets)
 
     return loss_fn
+
+
+def lm_cross_entropy() -> LossFn:
+    """Next-token cross-entropy; targets ``-1`` (padding) are ignored."""
+
+    def loss_fn(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(outputs.flatten(0, 1).float(), targets.flatten(),
+                               ignore_index=-1)
+
+    return loss_fn

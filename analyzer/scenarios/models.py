@@ -364,3 +364,33 @@ def relu_embedder(in_features: int = 16, hidden: int = 32, dim: int = 8,
     model.add_module("fc2", nn.Linear(hidden, dim, bias=False))
     model.add_module("act2", nn.ReLU())
     return model
+
+
+class CausalLM(nn.Module):
+    """A one-block causal self-attention language model over token ids, written out:
+    each position attends to itself and the positions before it, and padding keys (token
+    0) are masked to -inf. A left-padded sequence's first positions see only padding."""
+
+    def __init__(self, vocab: int, dim: int, positions: int) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.pos = nn.Embedding(positions, dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.head = nn.Linear(dim, vocab)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        n = tokens.shape[1]
+        h = self.embed(tokens) + self.pos(torch.arange(n))
+        q, k, v = self.qkv(h).chunk(3, dim=-1)
+        scores = q @ k.transpose(1, 2) / q.shape[-1] ** 0.5
+        future = torch.ones(n, n, dtype=torch.bool).triu(1)
+        scores = scores.masked_fill(future | (tokens == 0).unsqueeze(1), float("-inf"))
+        out: torch.Tensor = self.head(h + torch.softmax(scores, dim=-1) @ v)
+        return out
+
+
+def causal_lm(vocab: int = 16, dim: int = 16, positions: int = 24,
+              seed: int | None = None) -> CausalLM:
+    if seed is not None:
+        torch.manual_seed(seed)
+    return CausalLM(vocab, dim, positions)

@@ -204,6 +204,12 @@ GENERATIVE: tuple[Case, ...] = (
          optimizer_kwargs={"momentum": 0.9}, steps=300, log_style="deepspeed",
          logged="full", stop_on_nonfinite_loss=False, steps_after_failure=2,
          checkpoint_every=30),
+    make("lm_left_padding", "generative", "softmax-all-masked",
+         title="causal attention LM on left-padded batches: a padded position sees no key",
+         model=Factory(f"{M}:causal_lm", {}), loss=Factory(f"{L}:lm_cross_entropy"),
+         batches=lambda s: streams.markov_text(s, left_pad_every=500), optimizer="adam",
+         lr=3e-3, steps=300, steps_per_epoch=16, log_style="metric_logger",
+         logged="loss_lr", log_name="stdout.txt", checkpoint_every=100),
 )
 
 METRIC: tuple[Case, ...] = (

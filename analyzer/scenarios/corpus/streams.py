@@ -96,11 +96,13 @@ def tokens(seed: int, n: int = 1024, length: int = 16, vocab: int = 32, empty_ev
 
 
 def markov_text(seed: int, n: int = 512, length: int = 24, vocab: int = 16,
-                unlabelled: float = 0.0, sharpness: float = 6.0, batch: int = 32
-                ) -> Iterator[Batch]:
+                unlabelled: float = 0.0, sharpness: float = 6.0, left_pad_every: int = 0,
+                batch: int = 32) -> Iterator[Batch]:
     """Sequences from a sparse random Markov chain (the larger ``sharpness``, the more
     nearly deterministic; ``inf``: each token has one successor): inputs and next-token
-    targets. A share ``unlabelled`` of the records has every target masked (``-1``)."""
+    targets. A share ``unlabelled`` of the records has every target masked (``-1``);
+    with ``left_pad_every``, tokens are 1..vocab-1 and every such record is a short one,
+    left-padded with token 0 (its padded targets ``-1``)."""
     g = _gen(seed)
     if sharpness == math.inf:
         trans = torch.eye(vocab)[torch.randperm(vocab, generator=g)]
@@ -112,6 +114,10 @@ def markov_text(seed: int, n: int = 512, length: int = 24, vocab: int = 16,
     for t in range(length):
         seq[:, t + 1] = torch.multinomial(trans[seq[:, t]], 1, generator=g).squeeze(1)
     x, y = seq[:, :-1].clone(), seq[:, 1:].clone()
+    if left_pad_every:
+        x, y = x % (vocab - 1) + 1, y % (vocab - 1) + 1
+        x[::left_pad_every, : length // 3] = 0
+        y[::left_pad_every, : length // 3] = -1
     if unlabelled:
         drop = torch.rand(n, generator=g) < unlabelled
         y[drop] = -1
