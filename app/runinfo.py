@@ -14,7 +14,7 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from analyzer.model import Run
+from analyzer.model import Location, Run
 from analyzer.model.metadata import SETTING_NAMES, MetadataFile, MetaValue
 from analyzer.wording import alignment_words
 
@@ -134,10 +134,17 @@ def metadata_rows(run: Run) -> list[dict[str, object]]:
     issues = [*meta.issues, *run.issues]
     rows: list[dict[str, object]] = []
     for f in meta.files:
-        said = sorted({f"{i.kind}: {i.message}" for i in issues if i.location.file == f.path})
+        said = sorted({f"{_at(i.location)}{i.kind}: {i.message}" for i in issues
+                       if i.location.file == f.path})
         rows.append({"file": rel(f.path, run.path), "kind": f.kind, "framework": f.framework,
                      "status": f.status, "fields": len(f.fields), "issues": "; ".join(said)})
     return rows
+
+
+def _at(loc: Location) -> str:
+    if loc.line is not None:
+        return f"line {loc.line}: "
+    return f"byte {loc.offset}: " if loc.offset is not None else ""
 
 
 def placement_lines(run: Run, source: str) -> list[str]:

@@ -854,3 +854,26 @@ def test_regression_a_resumed_lightning_version_is_marked_where_it_resumes(
     restarts = marks[marks["mark"] == "restart"]
     assert list(restarts["step"]) == [16]
     assert restarts["what"].iloc[0].startswith("lightning_logs/version_1 begins: ")
+
+
+def test_a_damaged_metadata_file_is_listed_with_its_issue(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch.utils.tensorboard import SummaryWriter
+
+    version = tmp_path / "runs" / "train" / "lightning_logs" / "version_0"
+    writer = SummaryWriter(str(version))
+    for step, loss in enumerate([1.0, 0.5, 0.25]):
+        writer.add_scalar("train_loss", loss, step)
+    writer.close()
+    (version / "hparams.yaml").write_text("lr: 0.02\nwarmup: [1, 2\n")  # cut off
+    monkeypatch.setenv("FORENSICS_RUNS", str(tmp_path / "runs"))
+    before = tree(tmp_path / "runs")
+    at = open_app()
+    at.switch_page("app_pages/run.py").run()
+    no_error(at)
+    assert "No training setting could be read for this run" in texts(at)
+    (row,) = frame_with(at, "status").to_dict("records")
+    assert (row["file"], row["status"]) == (
+        os.path.join("lightning_logs", "version_0", "hparams.yaml"), "failed")
+    assert row["issues"].startswith("line 3: bad_record: not valid YAML")
+    assert tree(tmp_path / "runs") == before

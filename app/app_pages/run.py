@@ -32,8 +32,10 @@ st.dataframe(pd.DataFrame(runinfo.file_rows(run)), hide_index=True, key="run_fil
 st.header("Training settings")
 settings = runinfo.setting_rows(run)
 if not settings:
-    st.info("No framework metadata was read for this run (hparams.yaml, training_args.bin, "
-            "trainer_state.json, config.json, a checkpoint's hyperparameters).")
+    st.info("No training setting could be read for this run: it has no framework metadata "
+            "(hparams.yaml, training_args.bin, trainer_state.json, config.json, a checkpoint's "
+            "hyperparameters) that gives one" + (", see the files below." if run.metadata
+                                                  and run.metadata.files else "."))
 else:
     st.dataframe(pd.DataFrame(settings), hide_index=True, key="run_settings")
     missing = runinfo.missing_settings(run)
