@@ -46,6 +46,28 @@ def test_corpus_size_and_families() -> None:
     assert len({c.logged for c in CASES}) >= 4 and len({c.scenario.log_style for c in CASES}) >= 5
 
 
+def test_intended_causes_are_rule_names() -> None:
+    from analyzer.rules import BY_NAME
+    from analyzer.scenarios.corpus.failing import PROPOSED
+
+    assert not set(PROPOSED) & set(BY_NAME)  # a proposal that became a rule leaves the list
+    for case in CASES:
+        assert case.intended in {*BY_NAME, *PROPOSED, HEALTHY}, case.name
+
+
+@pytest.mark.parametrize("name", ["mlp_hand_bce", "attn_empty_sequence"])
+def test_a_case_trains_the_same_twice(name: str, tmp_path: Path) -> None:
+    from analyzer.scenarios.corpus.__main__ import generate
+
+    for out in ("a", "b"):
+        generate(str(tmp_path / out), [name])
+    a, b = (json.loads((tmp_path / out / name / INFO_FILE).read_text()) for out in "ab")
+    assert a == b and a["first_nonfinite_step"] is not None
+    logged = [{tag: [repr(v) for v in values] for tag, values in _scalars(tmp_path / out / name)
+               .items()} for out in "ab"]  # repr: NaN equals NaN
+    assert logged[0] == logged[1]
+
+
 def test_split_is_deterministic_and_balanced() -> None:
     shuffled = list(CASES)
     random.Random(7).shuffle(shuffled)
