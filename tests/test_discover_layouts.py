@@ -149,8 +149,10 @@ def test_regression_torchrun_log_dir_joins_the_training(
     assert attempt.label.startswith("torchrun_logs/") and attempt.label.endswith("/attempt_0")
     logs = _rel(run, run.log_files)
     assert logs[0] == "train.log"
+    # Each worker's error.json is read with its logs (the message of the failure).
     assert sorted(os.path.relpath(p, attempt.label) for p in logs[1:]) == [
-        "0/stderr.log", "0/stdout.log", "1/stderr.log", "1/stdout.log"]
+        "0/error.json", "0/stderr.log", "0/stdout.log", "1/error.json", "1/stderr.log",
+        "1/stdout.log"]
     assert _rel(run, run.event_files)[0].startswith("tb/")
 
 

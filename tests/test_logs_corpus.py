@@ -5,12 +5,16 @@ are."""
 
 from __future__ import annotations
 
+import csv
+import json
 import math
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from analyzer.api import analyze
 from analyzer.ingest.logs import is_log_file, read_log
@@ -18,6 +22,7 @@ from analyzer.model import Event, Location
 from analyzer.onset import event_incident
 from tests.frameworks import corpus
 from tests.frameworks.truth import first_nonfinite, scalars
+from tests.fuzz.budget import fuzz_settings
 from tests.test_frameworks import console_only
 
 pytestmark = pytest.mark.slow
@@ -200,3 +205,152 @@ def test_skip_lines_between_steps_printed_apart_stay_after_the_step_before(
                    "step 20 loss 1.4 grad_norm inf\n", encoding="utf-8")
     (skip,) = [e for e in read_log(str(log)).events if e.kind == "overflow_skip"]
     assert skip.step is None and skip.detail["after_step"] == 10
+
+
+def _error_files(run: Path) -> dict[int, Path]:
+    found = sorted(run.glob("torchrun_logs/*/attempt_0/*/error.json"))
+    return {int(p.parent.name): p for p in found}
+
+
+def test_regression_torchrun_error_files_are_read_as_the_run_s_logs(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Each worker's error.json was named only in the console's table (when the console
+    was kept): its message, rank 1's FloatingPointError, was no event of the run."""
+    run = corpus.get("ddp_gloo", tmp_path_factory)
+    files = _error_files(run)
+    assert sorted(files) == [0, 1]
+    (result,) = analyze(str(run), replay=False).results
+    logs = {log.path for log in result.run.logs}
+    assert {str(p) for p in files.values()} <= logs
+    mine = [e for e in result.run.events if e.location.file == str(files[1])]
+    assert [(e.kind, e.detail.get("type"), e.detail.get("local_rank")) for e in mine] == [
+        ("error", "FloatingPointError", 1), ("nonfinite", "FloatingPointError", 1)]
+    nonfinite = mine[1]
+    assert (nonfinite.step, nonfinite.detail["tag"], nonfinite.detail["kind"]) == (5, "loss", "nan")
+    (other,) = [e for e in result.run.events if e.location.file == str(files[0])]
+    assert other.kind == "error" and other.detail["type"] == "RuntimeError"
+
+
+def test_a_torchrun_error_file_alone_fails_the_run_at_the_step_it_names(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    run = corpus.get("ddp_gloo", tmp_path_factory)
+    here = tmp_path_factory.mktemp("elastic") / "logs" / "run_x" / "attempt_0" / "1"
+    here.mkdir(parents=True)
+    shutil.copy(_error_files(run)[1], here / "error.json")
+    (result,) = analyze(str(here.parents[2]), replay=False).results
+    assert result.incident is not None
+    assert (result.incident.step, result.incident.tag) == (5, "loss")
+
+
+def test_an_error_json_elsewhere_is_not_read(tmp_path: Path) -> None:
+    data = json.dumps({"message": {"message": "FloatingPointError: loss is nan at step 5",
+                                   "extraInfo": {"timestamp": "1"}}})
+    for where in ("error.json", "logs/error.json", "attempt_x/1/error.json",
+                  "attempt_0/a/error.json"):
+        path = tmp_path / where
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(data, encoding="utf-8")
+        assert not is_log_file(str(path)), where
+    assert is_log_file(str(tmp_path / "r" / "attempt_3" / "0" / "error.json"))
+
+
+def test_an_error_file_of_another_shape_is_reported_not_read(tmp_path: Path) -> None:
+    path = tmp_path / "attempt_0" / "0" / "error.json"
+    path.parent.mkdir(parents=True)
+    for data, kind in ((b'{"error": "FloatingPointError: loss is nan"}', "bad_json"),
+                       (b"not json at all", "bad_json"), (b"  \n", "empty_file")):
+        path.write_bytes(data)
+        read = read_log(str(path))
+        assert [i.kind for i in read.issues] == [kind]
+        assert read.events == () and read.series == ()
+
+
+@pytest.mark.fuzz
+@fuzz_settings(100)
+@given(st.one_of(st.binary(max_size=400), st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=40),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+        st.sampled_from(["message", "extraInfo", "py_callstack", "timestamp", "x"]), inner,
+        max_size=4), max_leaves=12).map(lambda doc: json.dumps(doc).encode())))
+def test_fuzz_an_error_file_never_raises(tmp_path_factory: pytest.TempPathFactory,
+                                         data: bytes) -> None:
+    path = tmp_path_factory.mktemp("attempt") / "attempt_0" / "0" / "error.json"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(data)
+    read = read_log(str(path))
+    assert bool(read.issues) != bool(read.events)
+
+
+@pytest.fixture(scope="module")
+def csv_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real Lightning training logged by ``CSVLogger`` alone (no event file): SGD at
+    lr=1.0 on inputs of scale 3 diverges, as lightning_nan does, with a validation loop."""
+    from tests.frameworks._common import offline, regression, seed
+    from tests.frameworks.lightning_runs import _loader, _module
+
+    offline()
+    seed(0)
+    import lightning.pytorch as pl
+    from lightning.pytorch.loggers import CSVLogger
+
+    root = tmp_path_factory.mktemp("csv_logger")
+    data = regression(64, value=0)
+    data.tensors = (data.tensors[0] * 3.0, data.tensors[1] * 3.0)
+    trainer = pl.Trainer(default_root_dir=str(root), max_epochs=4, log_every_n_steps=1,
+                         accelerator="cpu", devices=1, enable_progress_bar=False,
+                         enable_model_summary=False, enable_checkpointing=False,
+                         logger=CSVLogger(str(root)), deterministic=True)
+    trainer.fit(_module(1.0), _loader(data), _loader(regression(16, value=0)))
+    return root
+
+
+def _csv_first_nonfinite(path: Path) -> tuple[int, str]:
+    """Oracle: the first row (file order, which is step order) with a non-finite metric,
+    read with the csv module."""
+    with path.open(newline="") as f:
+        for row in csv.DictReader(f):
+            for name, cell in row.items():
+                if name not in ("epoch", "step") and cell and not math.isfinite(float(cell)):
+                    return int(row["step"]), name
+    raise AssertionError("finite throughout")
+
+
+def test_regression_a_csv_logger_run_is_read_on_the_global_step(csv_run: Path) -> None:
+    """``lightning_logs/version_0/metrics.csv`` (and hparams.yaml) was all a CSVLogger run
+    left, and no reader took the CSV: the run was reported as having nothing to read."""
+    (metrics,) = csv_run.rglob("metrics.csv")
+    assert metrics.read_text().splitlines()[0].startswith("epoch,step,")
+    before = sorted((p, p.stat().st_size) for p in csv_run.rglob("*"))
+    (result,) = analyze(str(csv_run), replay=False).results
+    assert sorted((p, p.stat().st_size) for p in csv_run.rglob("*")) == before
+    assert result.run.path == str(csv_run)
+    assert [log.path for log in result.run.logs] == [str(metrics)]
+    assert result.run.logs[0].framework == "lightning"
+    step, tag = _csv_first_nonfinite(metrics)
+    assert result.incident is not None
+    assert (result.incident.step, result.incident.tag) == (step, tag)
+    assert all(a.confidence == "exact" and a.offset == 0 for a in result.run.alignments)
+    # Each column is a series at the rows that hold it: validation at its epoch's last step.
+    series = {s.tag: s for s in result.run.series}
+    assert set(series) == {"train_loss", "val_loss"}
+    assert series["val_loss"].steps.tolist() == [7, 15, 23, 31][: len(series["val_loss"])]
+
+
+def test_a_damaged_metrics_csv_keeps_what_it_could_read(csv_run: Path, tmp_path: Path) -> None:
+    (metrics,) = csv_run.rglob("metrics.csv")
+    lines = metrics.read_bytes().split(b"\n")
+    damaged = tmp_path / "metrics.csv"
+    cut = [*lines[:6], b"0,x,1.0,", b"0,5,1.0,2.0,3.0", b"0,5,oops,", lines[6][:5]]
+    damaged.write_bytes(b"\n".join(cut))
+    read = read_log(str(damaged))
+    assert [(i.kind, i.location.line) for i in read.issues] == [
+        ("bad_record", 7), ("bad_record", 8), ("bad_record", 9)]
+    (loss,) = read.series
+    # Steps 0-4, then the row cut mid-value ("0,5,3"): read as it stands, as a log's
+    # last line without its newline is.
+    assert loss.steps.tolist() == [0, 1, 2, 3, 4, 5] and loss.values[-1] == 3.0
+    other = tmp_path / "other" / "metrics.csv"
+    other.parent.mkdir()
+    other.write_text("epoch,loss\n0,nan\n")
+    read = read_log(str(other))
+    assert [i.kind for i in read.issues] == ["bad_record"] and read.series == ()

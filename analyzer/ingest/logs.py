@@ -20,7 +20,14 @@ reading itself reports more: see ``logformats.source``, ``logformats.reader`` an
 - ``empty_file``: no text at all, NUL bytes and blanks aside;
 - ``not_text``: the head of the file, NUL bytes aside, is more than 2% control bytes
   that text never holds (a compressed or binary file under a log's name): not read;
-- ``too_large``: a ``trainer_state.json`` above 256 MiB is refused before it is read.
+- ``too_large``: a ``trainer_state.json`` above 256 MiB, or an ``error.json`` above 16 MiB,
+  is refused before it is read.
+
+Lightning's ``CSVLogger`` ``metrics.csv`` is read by
+:mod:`analyzer.ingest.logformats.csv_logger`, on the global step (its ``step`` column).
+A torchrun worker's ``error.json`` (in ``attempt_N/<local_rank>/``, where the elastic agent
+puts it) is read by :func:`analyzer.ingest.logformats.elastic.read_error_file`: its
+message as an ``error`` event, and a ``nonfinite`` one when it reports a NaN or Inf.
 """
 
 from __future__ import annotations
@@ -34,7 +41,14 @@ import numpy as np
 
 from analyzer.ingest.logformats import reader
 from analyzer.ingest.logformats.context import Context
+from analyzer.ingest.logformats.csv_logger import METRICS_FILE, read_metrics_csv
 from analyzer.ingest.logformats.dispatch import Dispatcher
+from analyzer.ingest.logformats.elastic import (
+    ERROR_FILE,
+    ERROR_FILE_CAP,
+    error_file_rank,
+    read_error_file,
+)
 from analyzer.ingest.logformats.lightning import BATCH, IN_EPOCH, last_frames
 from analyzer.ingest.logformats.loop_skips import place_skips
 from analyzer.ingest.logformats.prefixes import PrefixRule, decide_rule
@@ -75,11 +89,16 @@ class LogRead:
 
 def is_log_file(path: str) -> bool:
     """True for the files ``read_log`` is meant for: ``*.log``, ``*.txt``, ``*.out``,
-    ``*.err`` and ``trainer_state.json``, but not README, LICENSE and the like, nor a
-    tokenizer's vocabulary (``vocab.txt``, ``merges.txt``, as ``tokenizers`` saves a model
-    and Hugging Face output folders hold them)."""
+    ``*.err``, ``trainer_state.json``, Lightning's ``CSVLogger`` ``metrics.csv`` and the
+    elastic agent's ``attempt_N/<local_rank>/error.json``; not README, LICENSE and the
+    like, nor a tokenizer's vocabulary (``vocab.txt``, ``merges.txt``, as ``tokenizers``
+    saves a model and Hugging Face output folders hold them)."""
     name = os.path.basename(path).lower()
     if name == TRAINER_STATE:
+        return True
+    if name == ERROR_FILE:
+        return error_file_rank(path) is not None
+    if name == METRICS_FILE:
         return True
     if not name.endswith(LOG_SUFFIXES) or name in _NOT_LOGS:
         return False
@@ -138,8 +157,13 @@ def read_log(path: str, deadline: Deadline | None = None) -> LogRead:
     budget = Deadline() if deadline is None else deadline
     try:
         with stream:
-            if os.path.basename(path).lower() == TRAINER_STATE:
+            name = os.path.basename(path).lower()
+            if name == TRAINER_STATE:
                 _read_state(stream, size, ctx, budget)
+            elif name == ERROR_FILE:
+                _read_error_file(stream, size, ctx)
+            elif name == METRICS_FILE:
+                read_metrics_csv(stream, size, ctx, budget)
             else:
                 _read_text(stream, size, ctx, budget)
     except OSError as exc:
@@ -157,6 +181,18 @@ def _read_state(stream: BinaryIO, size: int, ctx: Context, deadline: Deadline) -
         ctx.issue("empty_file", "the file holds no text", 1)
         return
     read_trainer_state(data, ctx, deadline)
+
+
+def _read_error_file(stream: BinaryIO, size: int, ctx: Context) -> None:
+    if size > ERROR_FILE_CAP:
+        message = f"{size} bytes, above the {ERROR_FILE_CAP} an error file holds: not read"
+        ctx.issue("too_large", message, 1)
+        return
+    data = stream.read(size)
+    if not data.strip(b" \t\r\n\x00"):
+        ctx.issue("empty_file", "the file holds no text", 1)
+        return
+    read_error_file(data, error_file_rank(ctx.source), ctx)
 
 
 def _read_text(stream: BinaryIO, size: int, ctx: Context, deadline: Deadline) -> None:

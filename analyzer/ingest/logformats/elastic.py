@@ -37,7 +37,10 @@ as the run's own.
 
 :func:`error_file_report` reads the error file itself (``error.json`` in the agent's
 ``attempt_N/<local_rank>/`` folder): ``{"message": {"message": "RuntimeError: ...",
-"extraInfo": {"py_callstack": "...", "timestamp": "..."}}}``.
+"extraInfo": {"py_callstack": "...", "timestamp": "..."}}}``; :func:`read_error_file` makes
+it events, for a run whose console was not kept. Policy: a file named ``error.json``
+elsewhere is not read (:func:`error_file_rank`); one above ``ERROR_FILE_CAP`` bytes is
+refused (``too_large``); one of another shape is reported (``bad_json``) and not read.
 """
 
 from __future__ import annotations
@@ -187,3 +190,43 @@ def error_file_report(data: bytes) -> ErrorFileReport | None:
         stamp) <= 15 else None
     return ErrorFileReport(message[:10_000], error_type(message),
                            stack[:100_000] if isinstance(stack, str) else None, timestamp)
+
+
+_ATTEMPT = re.compile(r"attempt_\d{1,9}+")
+
+
+def error_file_rank(path: str) -> int | None:
+    """The local rank of a worker's error file where ``path`` is where the elastic agent
+    puts one (``.../attempt_N/<local_rank>/error.json``), else None: another file named
+    ``error.json`` is not taken for one."""
+    parts = path.replace("\\", "/").split("/")
+    if len(parts) < 3 or parts[-1].lower() != ERROR_FILE:
+        return None
+    rank, attempt = parts[-2], parts[-3]
+    if not (rank.isdecimal() and len(rank) <= 9 and _ATTEMPT.fullmatch(attempt)):
+        return None
+    return int(rank)
+
+
+def read_error_file(data: bytes, local_rank: int | None, ctx: Context) -> None:
+    """A worker's error file as events: an ``error`` at its message (``type``,
+    ``local_rank``, ``timestamp``; the agent names its folders by local rank, which is
+    the global rank only on one node, so no ``rank`` is claimed), and a ``nonfinite``
+    one where the message reports a NaN or Inf. Not an error file's shape: ``bad_json``."""
+    report = error_file_report(data)
+    if report is None:
+        ctx.issue("bad_json", "not an elastic agent error file (no message): not read", 1)
+        return
+    ctx.line = 1
+    detail: dict[str, Any] = {"local_rank": local_rank} if local_rank is not None else {}
+    if report.type is not None:
+        detail["type"] = report.type
+    if report.timestamp is not None:
+        detail["timestamp"] = report.timestamp
+    ctx.event("error", None, report.message, detail)
+    found = nonfinite_report(report.message)
+    if found is not None:
+        tag, kind, extra, step = found
+        ctx.nonfinite(tag, kind, step, report.message, global_step=step is not None,
+                      **extra, **detail, reported_by="error_file")
+    ctx.votes["torchelastic"] += 1
