@@ -102,31 +102,32 @@ def place_skips(events: list[Event], series: Sequence[Series]) -> list[Event]:
     leaves them after the step before, as read."""
     stepless = [i for i, e in enumerate(events)
                 if e.kind == "overflow_skip" and e.step is None and e.location.line]
-    if not stepless:
+    grads = [s for s in series if role(s.tag).is_gradient and len(s) and s.axis.counts_skipped]
+    if not stepless or not grads:
         return events
-    grads = [s for s in series if role(s.tag).is_gradient and len(s)]
-    if not grads:
-        return events
-    sides: dict[int, tuple[int | None, int | None]] = {}
+    placed: list[tuple[int, int, int]] = []  # (event index, step before, step after); -1: none
     votes = [0, 0]
-    for i in stepless:
-        event = events[i]
-        line = event.location.line or 0
-        mine = [s for s in grads if s.axis == event.axis and s.axis.counts_skipped]
-        before = _neighbour(mine, line, -1)
-        after = _neighbour(mine, line, +1)
-        if before and after and after[0] != before[0] + 1:
-            continue  # steps between them were not printed: either side may be wrong
-        sides[i] = (before[0] if before else None, after[0] if after else None)
-        votes[0] += bool(before and before[1])
-        votes[1] += bool(after and after[1])
+    for axis in {events[i].axis for i in stepless}:
+        mine = [s for s in grads if s.axis == axis]
+        at = [i for i in stepless if events[i].axis == axis]
+        if not mine:
+            continue
+        lines = np.array([events[i].location.line or 0 for i in at], dtype=np.int64)
+        before, bad_before = _nearest(mine, lines, before=True)
+        after, bad_after = _nearest(mine, lines, before=False)
+        # Steps between them not printed (a log every k steps): either side may be wrong.
+        ok = (before < 0) | (after < 0) | (after == before + 1)
+        votes[0] += int((ok & bad_before).sum())
+        votes[1] += int((ok & bad_after).sum())
+        placed += [(i, int(b), int(a)) for i, b, a, good in
+                   zip(at, before.tolist(), after.tolist(), ok.tolist(), strict=True) if good]
     if votes[0] == votes[1]:
         return events
     pick = 1 if votes[1] > votes[0] else 0
     out = list(events)
-    for i, (before_step, after_step) in sides.items():
-        step = (before_step, after_step)[pick]
-        if step is not None:
+    for i, *sides in placed:
+        step = sides[pick]
+        if step >= 0:
             out[i] = replace(events[i], step=step,
                              detail={**events[i].detail, "placed_by": _PLACED[pick]})
     return out
@@ -136,25 +137,28 @@ _PLACED = ("the non-finite gradient logged on the step before it",
            "the non-finite gradient logged on the step after it")
 
 
-def _neighbour(series: Sequence[Series], line: int, side: int) -> tuple[int, bool] | None:
-    """The step of the record nearest ``line`` on ``side`` (-1 before, +1 after) among the
-    gradient series (their positions are line numbers, in file order), and whether any of
-    them is non-finite on that record's line."""
-    near: int | None = None
+def _nearest(series: Sequence[Series], lines: np.ndarray, *, before: bool
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """For each of ``lines``: the step of the nearest gradient record before it (or after
+    it), -1 where none, and whether any gradient is non-finite on that record's line.
+    A series' positions are line numbers in file order."""
+    none = np.iinfo(np.int64).max
+    near = np.full(lines.shape, -1 if before else none, dtype=np.int64)
     for s in series:
-        at = int(np.searchsorted(s.positions, line, side="left" if side < 0 else "right"))
-        k = at - 1 if side < 0 else at
-        if 0 <= k < len(s):
-            found = int(s.positions[k])
-            if near is None or abs(found - line) < abs(near - line):
-                near = found
-    if near is None:
-        return None
-    step: int | None = None
-    bad = False
+        pos = s.positions.astype(np.int64)
+        k = np.searchsorted(pos, lines, side="left" if before else "right") - int(before)
+        valid = (k >= 0) & (k < pos.size)
+        found = np.where(valid, pos[np.clip(k, 0, pos.size - 1)], near)
+        near = np.maximum(near, found) if before else np.minimum(near, found)
+    step = np.full(lines.shape, -1, dtype=np.int64)
+    bad = np.zeros(lines.shape, dtype=bool)
+    known = (near >= 0) & (near != none)
     for s in series:
-        lo, hi = np.searchsorted(s.positions, [near, near + 1])
-        if lo < hi:
-            step = int(s.steps[hi - 1])
-            bad = bad or not bool(np.isfinite(s.values[lo:hi]).all())
-    return (step, bad) if step is not None else None
+        pos = s.positions.astype(np.int64)
+        lo = np.searchsorted(pos, near, side="left")
+        hi = np.searchsorted(pos, near, side="right")
+        here = known & (hi > lo)
+        nonfinite = np.concatenate([[0], np.cumsum(~np.isfinite(s.values))])
+        step = np.where(here, s.steps[np.clip(hi - 1, 0, pos.size - 1)], step)
+        bad |= here & (nonfinite[hi] > nonfinite[lo])
+    return step, bad
