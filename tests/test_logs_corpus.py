@@ -354,3 +354,22 @@ def test_a_damaged_metrics_csv_keeps_what_it_could_read(csv_run: Path, tmp_path:
     other.write_text("epoch,loss\n0,nan\n")
     read = read_log(str(other))
     assert [i.kind for i in read.issues] == ["bad_record"] and read.series == ()
+
+
+def test_the_ddp_run_names_rank_1_as_the_failing_rank(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The whole run (console, per-rank logs, error files, rank 0's all-reduced events):
+    every incident that names a rank names rank 1, in the JSON and in the text."""
+    import contextlib
+    import io
+
+    from analyzer.cli import main
+    from tests.test_frameworks import analysed, training_run
+
+    run = training_run(analysed("ddp_gloo", tmp_path_factory))
+    ranks = {t["rank"] for t in run["tag_incidents"] if t["rank"] is not None}
+    assert ranks == {1}
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text), contextlib.redirect_stderr(io.StringIO()):
+        main(["analyze", "--no-replay", str(corpus.get("ddp_gloo", tmp_path_factory))])
+    assert "rank 1" in text.getvalue() and "rank 0 went" not in text.getvalue()
