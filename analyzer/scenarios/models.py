@@ -6,7 +6,6 @@ trains in another dtype casts it afterwards, as the capture's ``dtype`` says.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -336,7 +335,7 @@ class TemperatureEmbedder(nn.Module):
         super().__init__()
         self.fc1 = nn.Linear(in_features, hidden)
         self.fc2 = nn.Linear(hidden, dim)
-        self.log_temperature = nn.Parameter(torch.tensor(math.log(temperature)),
+        self.log_temperature = nn.Parameter(torch.tensor(temperature).log(),
                                             requires_grad=learnable)
 
     def forward(self, views: torch.Tensor) -> torch.Tensor:
