@@ -18,9 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.tensorboard import SummaryWriter
 
-from analyzer.api import analyze
-from analyzer.model import Alignment, RunResult
 from analyzer.wording import alignment_words
+from tests.aligning import only_alignment as _placed
+from tests.aligning import only_result as _result
 
 K = 4
 PER_EPOCH = 32
@@ -62,14 +62,6 @@ def _bar_log(run: Path, k: int = K, sep: str = "\r") -> None:
     (run / "train.log").write_text(sep.join(records) + "\n")
 
 
-def _result(run: Path) -> RunResult:
-    (result,) = analyze(str(run), replay=False).results
-    return result
-
-
-def _placed(result: RunResult) -> Alignment:
-    (placed,) = result.run.alignments
-    return placed
 
 
 def test_regression_a_batch_count_is_divided_by_the_accumulation_found_by_the_values(

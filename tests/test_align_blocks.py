@@ -17,9 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.tensorboard import SummaryWriter
 
-from analyzer.api import analyze
-from analyzer.model import GLOBAL, RunResult
+from analyzer.model import GLOBAL
 from analyzer.wording import alignment_words
+from tests.aligning import only_result as _result
 
 STEPS = 80
 BAD = 61
@@ -69,9 +69,6 @@ def _mixed_log(run: Path, shift: int = 0) -> None:
     (run / "train.log").write_text("\n".join(lines) + "\n")
 
 
-def _result(run: Path) -> RunResult:
-    (result,) = analyze(str(run), replay=False).results
-    return result
 
 
 def test_regression_deepspeed_lines_in_a_trainer_log_keep_their_own_numbers(

@@ -13,40 +13,15 @@ from 0); Keras 3's ``Progbar`` (from 1), beside a writer at the TensorBoard call
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
-from torch.utils.tensorboard import SummaryWriter
-
-from analyzer.api import analyze
-from analyzer.model import GLOBAL, Alignment, RunResult
+from analyzer.model import GLOBAL
 from analyzer.wording import alignment_words
-
-STEPS = 60
-BAD = 41
-"""The loop index (0-based) at which the loss goes NaN."""
-
-
-def _loss(index: int) -> float:
-    return float("nan") if index >= BAD else 3.0 * math.exp(-index / 25) + 0.013 * (index % 5)
-
-
-def _events(run: Path, tag: str, at: int, steps: range = range(STEPS)) -> None:
-    """The loss of loop index ``i`` written at step ``i + at``."""
-    writer = SummaryWriter(str(run))
-    for index in steps:
-        writer.add_scalar(tag, _loss(index), index + at)
-    writer.close()
-
-
-def _result(run: Path) -> RunResult:
-    (result,) = analyze(str(run), replay=False).results
-    return result
-
-
-def _placed(result: RunResult) -> Alignment:
-    (placed,) = result.run.alignments
-    return placed
+from tests.aligning import BAD, STEPS
+from tests.aligning import loss as _loss
+from tests.aligning import only_alignment as _placed
+from tests.aligning import only_result as _result
+from tests.aligning import write_events as _events
 
 
 def _fairseq_line(updates: int, loss: float) -> str:

@@ -17,8 +17,8 @@ from pathlib import Path
 from torch.utils.tensorboard import SummaryWriter
 
 from analyzer.align import by_saves
-from analyzer.api import analyze
-from analyzer.model import Alignment, Event, Location, RunResult, StepAxis
+from analyzer.model import Alignment, Event, Location, StepAxis
+from tests.aligning import only_result as _result
 
 STEPS = 80
 BAD = 61
@@ -33,9 +33,6 @@ def _hf(value: float) -> str:
     return "nan" if math.isnan(value) else repr(round(value, 4))
 
 
-def _result(run: Path) -> RunResult:
-    (result,) = analyze(str(run), replay=False).results
-    return result
 
 
 def test_regression_evaluation_dicts_between_training_dicts_keep_the_stride(
