@@ -12,7 +12,18 @@ from dataclasses import replace
 from typing import Any
 
 from analyzer.model import CONFIDENCE_ORDER, Finding, RunResult, SkippedRule
-from analyzer.rules import data, gradients, loss, numerics, optimizer, precision, schedule, system
+from analyzer.rules import (
+    data,
+    gradients,
+    loss,
+    numerics,
+    optimizer,
+    overflow,
+    precision,
+    schedule,
+    system,
+    temperature,
+)
 from analyzer.rules.base import SECTIONS, Rule
 from analyzer.rules.evidence import RunEvidence
 
@@ -25,6 +36,8 @@ RULES: tuple[Rule, ...] = (
     *precision.RULES,
     *data.RULES,
     *system.RULES,
+    *overflow.RULES,
+    *temperature.RULES,
 )
 RULES = tuple(sorted(RULES, key=lambda r: r.code))
 BY_CODE: dict[str, Rule] = {r.code: r for r in RULES}
