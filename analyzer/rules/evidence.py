@@ -6,6 +6,7 @@ written: a resumed run overwrites the steps it repeats), in step order.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -122,6 +123,15 @@ class RunEvidence:
     def layer_weight_norms(self) -> dict[str, Curve]:
         return self._per_layer(TagRole.LAYER_WEIGHT)
 
+    @cached_property
+    def onset(self) -> Onset | None:
+        """How the failure began in the logged curves (see :func:`onset`)."""
+        return onset(self)
+
+    @cached_property
+    def float16(self) -> list[Curve]:
+        return float16_curves(self)
+
     def events(self, kind: str) -> list[Event]:
         return [e for e in self.result.run.global_events if e.kind == kind]
 
@@ -179,3 +189,138 @@ class RunEvidence:
         }
         return "; ".join(reasons[n] for n in needs)
 
+
+
+FP16_EXACT_MIN = 8
+"""Distinct logged values, all exactly representable in float16, that show a float16 model
+(a float32 value is float16-exact by chance about once in 8,000)."""
+
+
+@dataclass(frozen=True)
+class Onset:
+    """How the training loss, gradient and weights first went non-finite, read post hoc.
+
+    ``phase`` is ``forward`` when the loss went first (or with everything else), ``backward``
+    when a gradient went non-finite at a step whose loss was still finite, ``update`` when a
+    weight norm went first while loss and gradients were finite."""
+
+    step: int
+    phase: str
+    loss_kind: str | None
+    """``+inf``, ``-inf`` or ``nan``: the loss at ``step``; None when it was finite there."""
+    prior: FloatArray
+    """The finite loss values logged before ``step``, in step order."""
+    tag: str
+    """The tag that went first (the loss's when several went at once)."""
+
+
+def _first_bad(c: Curve) -> int | None:
+    bad = np.flatnonzero(~np.isfinite(c.values))
+    return int(c.steps[bad[0]]) if bad.size else None
+
+
+def _kind(v: float) -> str:
+    return "nan" if math.isnan(v) else ("+inf" if v > 0 else "-inf")
+
+
+def onset(ev: RunEvidence) -> Onset | None:
+    """The first non-finite step of the loss, gradient or weight curves, and its phase."""
+    loss = ev.loss
+    if loss is None or not ev.failed:
+        return None
+    grads = [c for c in (ev.grad_norm, *ev.layer_grad_norms.values()) if c is not None]
+    firsts = {"loss": _first_bad(loss),
+              "grad": min((s for s in map(_first_bad, grads) if s is not None), default=None),
+              "weight": min((s for s in map(_first_bad, ev.layer_weight_norms.values())
+                             if s is not None), default=None)}
+    seen = [s for s in firsts.values() if s is not None]
+    if not seen:
+        return None
+    step = min(seen)
+    at = np.flatnonzero(loss.steps == step)
+    loss_value = float(loss.values[at[-1]]) if at.size else None
+    loss_kind = _kind(loss_value) if loss_value is not None and not math.isfinite(
+        loss_value) else None
+    if firsts["loss"] == step or loss_value is None:
+        phase, tag = "forward", loss.tag
+    elif firsts["grad"] == step:
+        phase = "backward"
+        tag = next(c.tag for c in grads if _first_bad(c) == step)
+    else:
+        phase = "update"
+        tag = next(c.tag for c in ev.layer_weight_norms.values() if _first_bad(c) == step)
+    before = loss.before(step).values
+    return Onset(step, phase, loss_kind, before[np.isfinite(before)], tag)
+
+
+def float16_curves(ev: RunEvidence) -> list[Curve]:
+    """The loss and gradient curves whose logged values are all float16-exact: a model
+    computing in float16 (values logged as rounded text are never taken for it)."""
+    out = []
+    for c in (ev.loss, ev.grad_norm):
+        if c is None:
+            continue
+        v = c.values[np.isfinite(c.values)]
+        with np.errstate(over="ignore"):
+            exact = bool(np.all(v.astype(np.float16) == v))
+        if np.unique(v).size >= FP16_EXACT_MIN and exact:
+            out.append(c)
+    return out
+
+
+SATURATED_LOSS = 1e-3
+"""A loss driven this close to 0 just before the failure: probabilities saturated at 0 or 1,
+where a log of one of them is a step away from log(0)."""
+GROWING = 10.0
+"""A last value this many times the median of those before it rose into the failure."""
+MIN_PRIOR = 5
+"""Finite loss values before the failure needed to call the loss flat, growing or saturated."""
+
+
+def rose(values: FloatArray) -> bool:
+    """Whether the last finite value is GROWING times the median of the earlier ones."""
+    v = np.abs(values[np.isfinite(values)])
+    if v.size < 2:
+        return False
+    return bool(v[-1] > GROWING * max(float(np.median(v[:-1])), 1e-30))
+
+
+def gradient_rose(ev: RunEvidence, step: int) -> bool:
+    """Whether the total gradient norm rose into ``step`` (a growth, not a sudden fault)."""
+    g = ev.grad_norm
+    return g is not None and rose(g.before(step).values)
+
+
+def saturated(o: Onset) -> bool:
+    """The loss stayed near 0 over the last values before the failure (a loss that
+    alternates between 0 and hundreds, as a float16 one can, is not saturated)."""
+    last = o.prior[-MIN_PRIOR:]
+    return (o.prior.size >= MIN_PRIOR and float(np.median(last)) < SATURATED_LOSS
+            and float(np.max(np.abs(last))) < 100 * SATURATED_LOSS)
+
+
+def lacking(step: int, op: str) -> str:
+    """What a post-hoc finding lacks, and the two lines that would decide it."""
+    return (f"not seen: the op that made the first non-finite value ({op}); a capture of "
+            f"step {step} or an anomaly traceback would name it. To record one: "
+            "`recorder = FlightRecorder(run_dir, model, optimizer)` (analyzer.capture) before "
+            "the loop and `with recorder.step(step, x, y) as rec:` around each step, or "
+            "`torch.autograd.set_detect_anomaly(True)`")
+
+
+def float16_model(ev: RunEvidence) -> str | None:
+    """Why the run's model computed in float16 itself (not autocast with a scaler), in
+    words; None when nothing shows it."""
+    meta = ev.result.run.metadata
+    precision = meta.text("precision") if meta is not None else None
+    if precision is not None and precision.lower() in ("16-true", "half", "float16"):
+        return f"the run's configuration sets precision={precision} (float16 weights)"
+    env = ev.env
+    if env is not None and env.get("default_dtype") == "float16":
+        return "env.json records torch's default dtype as float16"
+    curves = ev.float16
+    if curves:
+        names = " and ".join(c.tag for c in curves)
+        return (f"every logged value of {names} is exactly representable in float16 "
+                "(computed in float16, not float32)")
+    return None

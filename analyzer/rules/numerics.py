@@ -1,12 +1,26 @@
-"""Mathematical faults a replay pins to one op: log of zero, division by zero, sqrt at zero."""
+"""Mathematical faults a replay pins to one op: log of zero, division by zero, sqrt at zero.
+
+Without a capture or an anomaly message each rule reads its signature in the logged curves
+(:func:`analyzer.rules.evidence.onset`): what went non-finite first, its kind, and the loss's
+course before it. Such a finding is never ``high``, and its evidence says what it lacks."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from analyzer.model import Evidence, Finding, Location
 from analyzer.rules.base import Rule, rule
-from analyzer.rules.evidence import RunEvidence
+from analyzer.rules.evidence import (
+    MIN_PRIOR,
+    Onset,
+    RunEvidence,
+    gradient_rose,
+    lacking,
+    rose,
+    saturated,
+)
 from analyzer.wording import step_words
 
 _LOG_OPS = {"log", "log2", "log10", "log1p", "log_", "xlogy", "special_xlogy"}
@@ -75,11 +89,69 @@ def _math_rule(r: Rule, ev: RunEvidence, ops: set[str], anomaly: tuple[str, ...]
     found = _anomaly(ev, anomaly)
     if found and ev.failed:
         return [r.finding("medium", found, 0.5)]
-    return []
+    return _posthoc(r, ev)
+
+
+def _posthoc(r: Rule, ev: RunEvidence) -> list[Finding]:
+    """The rule's signature in the logged curves alone, when no op names the fault."""
+    o = ev.onset
+    if o is None or ev.replay is not None:
+        return []
+    signature = _SIGNATURES[r.name]
+    said = signature(ev, o)
+    if said is None:
+        return []
+    op = {"log-of-zero": "a log", "division-by-zero": "a division",
+          "sqrt-at-zero-backward": "a sqrt or norm's backward"}[r.name]
+    evidence = [Evidence(said, location=ev.loss.location_at(o.step) if ev.loss else None,
+                         step=o.step, subject=o.tag),
+                Evidence(lacking(o.step, op), step=o.step)]
+    return [r.finding("medium" if r.name != "sqrt-at-zero-backward" else "low", evidence, 0.5)]
+
+
+def _when(o: Onset) -> str:
+    return step_words(o.step, form="at")
+
+
+def _saturated_log(ev: RunEvidence, o: Onset) -> str | None:
+    """Probabilities saturated (loss near 0) just before the failure: log(0) is next."""
+    if not saturated(o):
+        return None
+    low = float(o.prior[-MIN_PRIOR:].min())
+    what = f"{o.tag} became {o.loss_kind}" if o.loss_kind else f"{o.tag} went non-finite"
+    return (f"the loss had fallen to {low:.2g} (probabilities saturated at 0 or 1) when "
+            f"{what} {_when(o)}: the signature of a log of a probability that reached 0")
+
+
+def _sudden_inf(ev: RunEvidence, o: Onset) -> str | None:
+    """The loss jumps to +inf at once from a finite value that was not growing: x/0."""
+    if (o.phase != "forward" or o.loss_kind != "+inf" or o.prior.size < MIN_PRIOR
+            or rose(o.prior) or gradient_rose(ev, o.step) or saturated(o) or ev.float16):
+        return None
+    return (f"the loss became +inf {_when(o)} at once from {o.prior[-1]:.4g}, after "
+            f"{o.prior.size} finite values that were not growing, nor was the gradient "
+            "norm: a value divided by zero "
+            "(x/0), not a growth that overflowed")
+
+
+def _backward_only(ev: RunEvidence, o: Onset) -> str | None:
+    """A gradient non-finite under a finite, unsaturated, moving loss: a backward fault."""
+    if (o.phase != "backward" or o.prior.size < MIN_PRIOR or rose(o.prior) or saturated(o)
+            or gradient_rose(ev, o.step)
+            or ev.events("overflow_skip") or ev.result.overflow_skips
+            or float(np.ptp(o.prior[-3:])) == 0.0):
+        return None
+    return (f"{o.tag} went non-finite {_when(o)} while the loss there was still finite and "
+            "had not been growing: the forward pass was fine and its backward was not, as "
+            "with the gradient of a sqrt or norm at exactly 0")
+
+
+_SIGNATURES = {"log-of-zero": _saturated_log, "division-by-zero": _sudden_inf,
+               "sqrt-at-zero-backward": _backward_only}
 
 
 @rule("NF101", "log-of-zero", "log of zero (or of a negative number)",
-      needs=("replay", "anomaly_log"))
+      needs=("replay", "anomaly_log", "loss"))
 def log_of_zero(r: Rule, ev: RunEvidence) -> list[Finding]:
     """
     ## What it detects
@@ -96,7 +168,9 @@ def log_of_zero(r: Rule, ev: RunEvidence) -> list[Finding]:
     The replay's first non-finite op is a log (forward, or LogBackward in backward) with an
     input whose smallest magnitude is 0; float64 replay stays non-finite (a mathematical
     fault, not a precision problem). Without a capture: an autograd anomaly message naming
-    `LogBackward0` in the logs.
+    `LogBackward0` in the logs; else, from the curves alone (medium), a loss that had fallen
+    below 1e-3 over its last five values (saturated probabilities) before it or a gradient
+    went non-finite.
 
     ## Fix
     Compute log-probabilities in one fused, stable op instead of log of probabilities:
@@ -117,7 +191,7 @@ def log_of_zero(r: Rule, ev: RunEvidence) -> list[Finding]:
 
 
 @rule("NF102", "division-by-zero", "division by zero or near zero",
-      needs=("replay", "anomaly_log"))
+      needs=("replay", "anomaly_log", "loss"))
 def division_by_zero(r: Rule, ev: RunEvidence) -> list[Finding]:
     """
     ## What it detects
@@ -132,7 +206,11 @@ def division_by_zero(r: Rule, ev: RunEvidence) -> list[Finding]:
     ## Evidence
     The replay's first non-finite op is a division (`div`, `reciprocal`, DivBackward) whose
     divisor's smallest magnitude is 0 or tiny; float64 replay fails too. Without a capture:
-    an autograd anomaly message naming `DivBackward0`.
+    an autograd anomaly message naming `DivBackward0`; else, from the curves alone (medium),
+    a loss that becomes +inf at once from a finite value, after at least five values of a
+    loss and a gradient norm that were not growing, in a run not computing in float16. A
+    NaN out of a flat loss (0/0) is left without a cause: a NaN in the batch or a masked
+    softmax leave the same curve.
 
     ## Fix
     Keep the divisor away from zero, or guard the empty case:
@@ -150,7 +228,7 @@ def division_by_zero(r: Rule, ev: RunEvidence) -> list[Finding]:
 
 
 @rule("NF103", "sqrt-at-zero-backward", "sqrt, pow or norm at zero in backward",
-      needs=("replay", "anomaly_log"))
+      needs=("replay", "anomaly_log", "loss"))
 def sqrt_at_zero(r: Rule, ev: RunEvidence) -> list[Finding]:
     """
     ## What it detects
@@ -167,7 +245,9 @@ def sqrt_at_zero(r: Rule, ev: RunEvidence) -> list[Finding]:
     The replay's forward is finite and the first non-finite op is in backward, with an
     autograd node whose forward op is sqrt/pow/norm and an input of exactly 0. Without a
     capture: an autograd anomaly message naming `SqrtBackward0`, `PowBackward` or
-    `NormBackward`.
+    `NormBackward`; else, from the curves alone (low: other backward faults look alike), a
+    gradient norm non-finite at a step whose loss is finite, after a loss that moved, was
+    neither growing nor saturated, with no AMP overflow skips.
 
     ## Fix
     Add an epsilon inside the root, not outside it:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from analyzer.model import Evidence, Finding
 from analyzer.rules.base import Rule, rule
-from analyzer.rules.evidence import RunEvidence
+from analyzer.rules.evidence import RunEvidence, float16_model, lacking
 
 _HALF_TINY = {"float16": 6e-8, "bfloat16": 9.2e-41}
 """Smallest positive (subnormal) values: an eps below them rounds to 0."""
 
 
 @rule("NF207", "adam-eps-too-small", "Adam's eps too small for the parameters' dtype",
-      needs=("replay", "checkpoints"))
+      needs=("replay", "checkpoints", "loss"))
 def adam_eps_too_small(r: Rule, ev: RunEvidence) -> list[Finding]:
     """
     ## What it detects
@@ -28,7 +28,9 @@ def adam_eps_too_small(r: Rule, ev: RunEvidence) -> list[Finding]:
     A replay whose forward and backward stay finite and whose optimizer step makes
     parameters non-finite, with the reason (eps rounding to 0, zeros in exp_avg_sq); the
     optimizer's eps and the dtype from the capture; Adam state in checkpoints with
-    exp_avg_sq at or below eps².
+    exp_avg_sq at or below eps². Without a capture: a model shown to compute in float16
+    whose weight norms went non-finite while the loss and gradients were still finite (the
+    update wrote the first Inf), with the configured eps where the run's metadata gives it.
 
     ## Fix
     Keep optimizer state and master weights in float32 (use autocast instead of a half
@@ -46,7 +48,9 @@ def adam_eps_too_small(r: Rule, ev: RunEvidence) -> list[Finding]:
     float32 that is harmless because eps survives.
     """
     replay = ev.replay
-    if replay is None or not ev.failed:
+    if replay is None:
+        return _posthoc(r, ev)
+    if not ev.failed:
         return []
     update = replay.update
     params = tuple(update.params)
@@ -72,6 +76,31 @@ def adam_eps_too_small(r: Rule, ev: RunEvidence) -> list[Finding]:
                                  subject="optimizer", value=float(eps)))
     confidence = "high" if eps_reasons and (rounds or dtype in _HALF_TINY) else "medium"
     return [r.finding(confidence, evidence, 0.6 + 0.2 * bool(eps_reasons) + 0.2 * rounds)]
+
+
+def _posthoc(r: Rule, ev: RunEvidence) -> list[Finding]:
+    """The update phase in the logged curves, in a float16 model."""
+    o = ev.onset
+    why = float16_model(ev)
+    if o is None or o.phase != "update" or why is None:
+        return []
+    evidence = [Evidence(f"{o.tag} went non-finite at step {o.step} while the loss and "
+                         "every gradient norm there were finite: the optimizer's update "
+                         "wrote the first Inf", step=o.step, subject=o.tag),
+                Evidence(why, subject="dtype")]
+    meta = ev.result.run.metadata
+    eps = meta.number("adam_epsilon") if meta is not None else None
+    if eps is not None:
+        rounds = eps < _HALF_TINY["float16"]
+        evidence.append(Evidence(f"configured adam eps={eps:g}"
+                                 + (" rounds to 0 in float16" if rounds else ""),
+                                 subject="optimizer", value=eps))
+    else:
+        evidence.append(Evidence("not seen: the optimizer and its eps (no metadata gives "
+                                 "them); Adam's default 1e-8 rounds to 0 in float16",
+                                 subject="optimizer"))
+    evidence.append(Evidence(lacking(o.step, "the optimizer step"), step=o.step))
+    return [r.finding("medium", evidence, 0.6 + 0.2 * (eps is not None))]
 
 
 RULES = (adam_eps_too_small,)

@@ -8,7 +8,7 @@ import numpy as np
 
 from analyzer.model import Evidence, Finding
 from analyzer.rules.base import Rule, rule
-from analyzer.rules.evidence import RunEvidence
+from analyzer.rules.evidence import RunEvidence, float16_model, lacking, rose
 from analyzer.scaler import read_scale
 from analyzer.wording import step_words
 
@@ -25,7 +25,7 @@ MIN_FALL = 8.0
 
 
 @rule("NF301", "fp16-overflow", "float16 overflow (activations beyond 65504)",
-      needs=("replay", "capture"))
+      needs=("replay", "capture", "loss"))
 def fp16_overflow(r: Rule, ev: RunEvidence) -> list[Finding]:
     """
     ## What it detects
@@ -42,7 +42,10 @@ def fp16_overflow(r: Rule, ev: RunEvidence) -> list[Finding]:
     ## Evidence
     A replay whose failing op ran in float16 and whose float64 re-run is finite (a range
     overflow, not a math fault), with the op's inputs or outputs near 65504; the capture's
-    dtype (float16 parameters) and autocast setting.
+    dtype (float16 parameters) and autocast setting. Without a capture: a model shown to
+    compute in float16 (a configured precision of 16-true, or logged losses and gradient
+    norms that are all exactly float16 values) whose loss or gradient norm rose into the
+    failure, with no loss scaler logged.
 
     ## Fix
     Keep the parameters in float32 and let autocast choose per op, with a gradient scaler:
@@ -63,6 +66,8 @@ def fp16_overflow(r: Rule, ev: RunEvidence) -> list[Finding]:
     replay = ev.replay
     op = replay.op if replay is not None else None
     meta = ev.capture_meta
+    if op is None and replay is None:
+        return _posthoc(r, ev)
     if op is None or not ev.failed:
         return []
     half_params = meta is not None and meta.dtype == "float16"
@@ -87,6 +92,31 @@ def fp16_overflow(r: Rule, ev: RunEvidence) -> list[Finding]:
     near = peak >= FP16_MAX / 16
     confidence = "high" if half_params or (near and autocast_half) else "medium"
     return [r.finding(confidence, evidence, 0.6 + 0.2 * near + 0.2 * half_params)]
+
+
+def _posthoc(r: Rule, ev: RunEvidence) -> list[Finding]:
+    """A float16 model whose values rose into a forward failure, without a scaler."""
+    o = ev.onset
+    why = float16_model(ev)
+    if o is None or why is None or o.phase != "forward" or ev.loss_scale is not None \
+            or ev.events("overflow_skip"):
+        return []
+    risen = [c for c in (ev.loss, ev.grad_norm) if c is not None and rose(c.before(o.step).values)]
+    if not risen:
+        return []
+    c = risen[-1]
+    last = c.before(o.step)
+    peak = float(np.max(np.abs(last.values[np.isfinite(last.values)])))
+    evidence = [Evidence(why, subject="dtype"),
+                Evidence(f"{c.tag} rose to {peak:.4g} just before the failure "
+                         f"{step_words(o.step, form='at')} (float16 max {FP16_MAX:g}; "
+                         "activations and sums are larger than the norms logged)",
+                         location=c.location_at(int(last.steps[-1])), step=int(last.steps[-1]),
+                         subject=c.tag, value=peak),
+                Evidence("no loss scale logged: no GradScaler, so nothing skipped the "
+                         "overflowing steps", subject="loss_scale"),
+                Evidence(lacking(o.step, "the op that overflowed"), step=o.step)]
+    return [r.finding("medium", evidence, 0.7)]
 
 
 @rule("NF302", "loss-scale-collapse", "AMP loss scale collapsed to its floor",

@@ -1,0 +1,179 @@
+"""Causes read from what a dead run leaves without a capture: the kind of the failing value,
+the phase that went first, the loss's course before it, and float16 values in the logs.
+
+Each sample run that gets its intended cause only this way is analysed from a copy without
+its capture/ folder; constructed runs pin each signature and its near misses."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import analyzer
+from analyzer.model import Finding, Run, Series
+from analyzer.onset import locate
+from analyzer.rules import evaluate
+from analyzer.rules.evidence import RunEvidence
+
+SAMPLE_RUNS = Path(__file__).resolve().parent.parent / "sample_runs"
+
+
+def _snapshot(folder: Path) -> dict[str, tuple[int, str]]:
+    return {str(p.relative_to(folder)): (p.stat().st_size,
+                                         hashlib.sha256(p.read_bytes()).hexdigest())
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _series(tag: str, values: list[float], dtype: type = np.float64) -> Series:
+    n = len(values)
+    v = np.asarray(values, dtype=dtype).astype(np.float64)
+    return Series(tag=tag, steps=np.arange(n, dtype=np.int64), values=v,
+                  wall_times=np.zeros(n), source="events",
+                  positions=np.arange(n, dtype=np.int64) * 40)
+
+
+def _findings(*series: Series) -> list[Finding]:
+    run = Run(path="r", name="r", files=("events",), series=series)
+    result = locate(run)
+    return list(result.findings or evaluate(result)[0])
+
+
+def _causes(*series: Series) -> list[str]:
+    return [f.name for f in _findings(*series) if f.role == "cause"]
+
+
+def _flat(n: int, seed: int = 0, level: float = 0.9) -> list[float]:
+    rng = np.random.default_rng(seed)
+    return list(level + 0.05 * rng.standard_normal(n))
+
+
+@pytest.mark.parametrize(("name", "cause"), [
+    ("log_softmax_underflow", "log-of-zero"),
+    ("division_by_zero", "division-by-zero"),
+    ("sqrt_at_zero", "sqrt-at-zero-backward"),
+    ("fp16_no_amp", "fp16-overflow"),
+    ("adam_eps_fp16", "adam-eps-too-small"),
+])
+def test_regression_sample_without_capture_gets_its_cause(tmp_path: Path, name: str,
+                                                          cause: str) -> None:
+    run = tmp_path / name
+    shutil.copytree(SAMPLE_RUNS / name, run, ignore=shutil.ignore_patterns("capture"))
+    before = _snapshot(run)
+    result = analyzer.analyze(str(run), replay=False).results[0]
+    failures = [f for f in result.findings if f.role in ("cause", "symptom")]
+    assert failures and failures[0].name == cause, [f.name for f in failures]
+    top = failures[0]
+    assert top.confidence != "high"  # read from curves alone: never the top confidence
+    assert any(e.text.startswith("not seen") for e in top.evidence)  # says what it lacks
+    assert _snapshot(run) == before
+
+
+def test_regression_inf_from_a_flat_loss_is_a_division() -> None:
+    loss = [*_flat(20), float("inf"), float("nan")]
+    grad = [*_flat(20, 1, 0.5), float("nan"), float("nan")]
+    found = _findings(_series("train/loss", loss), _series("train/grad_norm", grad))
+    top = next(f for f in found if f.role == "cause")
+    assert top.name == "division-by-zero"
+    assert top.evidence[0].step == 20 and "+inf" in top.evidence[0].text
+
+
+def test_inf_after_growth_is_not_a_division() -> None:
+    loss = [float(10 ** (k / 2)) for k in range(20)] + [float("inf")]
+    assert "division-by-zero" not in _causes(_series("train/loss", loss))
+
+
+def test_nan_from_a_flat_loss_names_no_division() -> None:
+    # 0/0, a NaN in the batch, a masked softmax: the curves alone cannot tell them apart
+    loss = [*_flat(20), float("nan")]
+    assert "division-by-zero" not in _causes(_series("train/loss", loss))
+
+
+def test_regression_saturated_loss_then_nan_is_a_log_of_zero() -> None:
+    loss = [1.0, 0.3, 0.05, 0.01] + [10.0 ** -k for k in range(3, 10)] + [float("nan")]
+    assert _causes(_series("train/loss", loss))[:1] == ["log-of-zero"]
+
+
+def test_loss_alternating_zero_and_hundreds_is_not_saturated() -> None:
+    loss = [0.0, 0.0, 137.6, 0.0, 0.0, 0.0, 465.8, float("nan")]
+    assert "log-of-zero" not in _causes(_series("train/loss", loss))
+
+
+def test_regression_gradient_nan_under_a_finite_loss_is_a_backward_fault() -> None:
+    loss = _flat(23)
+    grad = [*_flat(22, 2, 0.2), float("nan")]
+    found = _findings(_series("train/loss", loss), _series("train/grad_norm", grad))
+    top = next(f for f in found if f.role == "cause")
+    assert top.name == "sqrt-at-zero-backward" and top.confidence == "low"
+
+
+def test_backward_fault_needs_a_moving_loss() -> None:
+    # a loss stuck at one value (saturated outputs) is another story: no backward claim
+    loss = [3.4657] * 23
+    grad = [*_flat(22, 2, 0.2), float("nan")]
+    causes = _causes(_series("train/loss", loss), _series("train/grad_norm", grad))
+    assert "sqrt-at-zero-backward" not in causes
+
+
+def _fp16_values(start: float, n: int, seed: int) -> list[float]:
+    rng = np.random.default_rng(seed)
+    return [float(np.float16(start * (1 + 0.1 * rng.standard_normal()))) for _ in range(n)]
+
+
+def test_regression_float16_values_rising_into_the_failure_are_an_fp16_overflow() -> None:
+    loss = [*_fp16_values(20.0, 20, 3), float("nan")]
+    grad = [*_fp16_values(200.0, 19, 4), 5640.0, float("nan")]
+    found = _findings(_series("train/loss", loss), _series("train/grad_norm", grad))
+    top = next(f for f in found if f.role == "cause")
+    assert top.name == "fp16-overflow" and top.confidence == "medium"
+    assert "float16" in top.evidence[0].text
+
+
+def test_same_course_in_float32_is_no_fp16_overflow() -> None:
+    rng = np.random.default_rng(5)
+    loss = [*(20.0 + rng.random(20)), float("nan")]
+    grad = [*(200.0 + rng.random(19)), 5640.123, float("nan")]
+    causes = _causes(_series("train/loss", loss), _series("train/grad_norm", grad))
+    assert "fp16-overflow" not in causes
+
+
+def test_regression_weights_first_in_float16_is_adam_eps() -> None:
+    loss = _fp16_values(120.0, 21, 6)
+    grad = _fp16_values(12.0, 21, 7)
+    weight = [*_fp16_values(30.0, 20, 8), float("inf")]
+    found = _findings(_series("train/loss", loss), _series("train/grad_norm", grad),
+                      _series("weight_norm/fc1.weight", weight))
+    top = next(f for f in found if f.role == "cause")
+    assert top.name == "adam-eps-too-small"
+    assert "update" in top.evidence[0].text
+
+
+def test_onset_phases() -> None:
+    nan = float("nan")
+    run = Run(path="r", name="r", files=("events",), series=(
+        _series("train/loss", [1.0, 0.9, 0.8, nan]),
+        _series("train/grad_norm", [1.0, 1.0, nan, nan])))
+    o = RunEvidence(locate(run)).onset
+    assert o is not None and (o.step, o.phase, o.loss_kind) == (2, "backward", None)
+    run = replace(run, series=(_series("train/loss", [1.0, 0.9, -float("inf")]),))
+    o = RunEvidence(locate(run)).onset
+    assert o is not None and (o.step, o.phase, o.loss_kind) == (2, "forward", "-inf")
+
+
+def test_healthy_run_has_no_onset() -> None:
+    run = Run(path="r", name="r", files=("events",),
+              series=(_series("train/loss", _fp16_values(1.0, 30, 9)),))
+    ev = RunEvidence(locate(run))
+    assert ev.onset is None and not ev.result.findings
+
+
+def test_inf_after_gradient_growth_is_not_a_division() -> None:
+    # the loss barely moved, but the gradient norm grew 14 orders of magnitude into it
+    grads = [10 ** (0.5 * i) for i in range(30)] + [float("inf")]
+    loss = [1.0 + 0.1 * i for i in range(30)] + [float("inf")]
+    causes = _causes(_series("train/grad_norm", grads), _series("train/loss", loss))
+    assert "division-by-zero" not in causes
