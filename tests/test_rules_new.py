@@ -58,9 +58,13 @@ def test_exp_overflow_a_jump_to_inf_from_a_negative_poisson_loss() -> None:
     assert found[0] == ("exp-overflow", "medium")
 
 
-def test_exp_overflow_without_a_precursor_stays_low() -> None:
-    found = _findings(_series("train/loss", [*_float32_losses(20), math.inf]))
-    assert ("exp-overflow", "low") in found  # a division by zero leaves the same curve
+def test_exp_overflow_needs_a_precursor() -> None:
+    # A bare jump to +inf is as much a division by zero: not claimed.
+    assert "exp-overflow" not in dict(
+        _findings(_series("train/loss", [*_float32_losses(20), math.inf])))
+    found = _findings(_series("train/loss", [*_float32_losses(20), math.inf]),
+                      _series("train/grad_norm", [2.0] * 19 + [40.0, math.nan]))
+    assert ("exp-overflow", "medium") in found
 
 
 def test_exp_overflow_is_not_a_runaway_climb_nor_a_nan() -> None:
@@ -76,7 +80,7 @@ def test_exp_overflow_is_not_a_runaway_climb_nor_a_nan() -> None:
 
 def test_exp_overflow_needs_the_loss_to_go_first() -> None:
     loss = [*_float32_losses(10), math.inf]
-    grads = [1.0] * 8 + [math.nan, math.nan, math.nan]  # the gradients were NaN before
+    grads = [50.0] * 8 + [math.nan, math.nan, math.nan]  # the gradients were NaN before
     assert "exp-overflow" not in dict(_findings(_series("train/loss", loss),
                                                 _series("train/grad_norm", grads)))
 
@@ -164,3 +168,20 @@ def _snapshot(folder) -> dict[str, tuple[int, bytes]]:  # type: ignore[no-untype
             with open(p, "rb") as fh:
                 out[p] = (os.path.getsize(p), hashlib.sha256(fh.read()).digest())
     return out
+
+
+def test_exp_overflow_left_to_the_replay_that_names_a_division(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The sample division by zero jumps from 0.85 to +inf: with its capture the replay
+    names the division, and without it the bare jump is not claimed as an exp."""
+    import shutil
+
+    import analyzer
+
+    sample = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          "sample_runs", "division_by_zero")
+    copy = tmp_path / "division_by_zero"
+    shutil.copytree(sample, copy, ignore=shutil.ignore_patterns("capture"))
+    for folder, replay in ((copy, False), (sample, True)):
+        result = analyzer.analyze(str(folder), replay=replay).results[0]
+        assert result.failed
+        assert "exp-overflow" not in {f.name for f in result.findings}

@@ -22,6 +22,17 @@ GRADIENT_RUNAWAY = 1e6
 learning-rate rules explain; the exp then only finishes it (tune: the exp overflows' last
 gradient norms are 33 and 6,580)."""
 FP16_MAX = 65504.0
+EXP_OPS = {"exp", "exp_", "exp2", "expm1", "cosh", "sinh", "pow", "softplus", "logsumexp"}
+
+
+def _replayed_op(ev: RunEvidence) -> set[str] | None:
+    """The forward op a capture's replay found non-finite first (None: no replay op)."""
+    replay = ev.replay
+    op = replay.op if replay is not None else None
+    if op is None:
+        return None
+    names = {str(op.forward_op)} if op.phase == "backward" and op.forward_op else set(op.names)
+    return {n.split("::")[-1] for n in names}
 
 
 def _others_finite(ev: RunEvidence, step: int) -> tuple[bool, list[Evidence]]:
@@ -67,10 +78,12 @@ def exp_overflow(r: Rule, ev: RunEvidence) -> list[Finding]:
     The training loss's first non-finite value is +inf, its last finite value is below 1e6
     (a jump, not a climb), its finite values are not float16 numbers (the run computes the
     loss in float32), and the gradient norm and weight norms, where logged, are finite
-    before it. Confidence rises with a precursor: the loss running negative, or a gradient
-    norm above 10 just before; a gradient norm past 1e6 before the jump is a runaway, left
-    to the gradient and learning-rate rules. Without a capture the op itself is not seen: a division by a
-    value that reaches exactly 0 can leave the same curve.
+    before it, and a precursor says the exponent's input grew: the loss running negative, or
+    a gradient norm above 10 just before (a bare jump is as much a division by zero; a
+    gradient norm past 1e6 is a runaway, left to the gradient and learning-rate rules).
+    Without a capture the op itself is not seen (medium); a capture's replay whose first
+    non-finite op is exp, cosh, sinh, pow or softplus makes it high, and one that names
+    another op rules this cause out.
 
     ## Fix
     Stay in log space, or subtract the maximum before exponentiating:
@@ -83,14 +96,17 @@ def exp_overflow(r: Rule, ev: RunEvidence) -> list[Finding]:
 
     ## Known false positives
     A division by exactly zero with nothing else logged gives the same jump to +inf; a
-    log of zero in the loss (-log(0) = +inf) does too. The finding stays low without a
-    precursor, and a capture's replay names the op.
+    log of zero in the loss (-log(0) = +inf) does too, when the gradients were also large;
+    a capture's replay names the op.
     """
     jump = inf_jump(ev)
     if jump is None or abs(jump.last_value) >= JUMP_FROM or len(jump.finite) < 2:
         return []
     if float16_exact(jump.finite):
         return []
+    replayed = _replayed_op(ev)
+    if replayed is not None and not replayed & EXP_OPS:
+        return []  # the capture saw another op fail first: its rule names it
     ok, facts = _others_finite(ev, jump.step)
     if not ok:
         return []
@@ -118,8 +134,16 @@ def exp_overflow(r: Rule, ev: RunEvidence) -> list[Finding]:
                                      "moving fast", step=int(before.steps[-1]),
                                      subject=ev.grad_norm.tag,
                                      value=float(before.values[-1])))
-    confidence = "medium" if negative or big_grad else "low"
-    return [r.finding(confidence, evidence, 0.5 + 0.2 * negative + 0.2 * big_grad)]
+    if not (negative or big_grad or replayed):
+        return []  # a bare jump to +inf is as much a division by zero as an exp
+    confidence = "medium"
+    if replayed:
+        confidence = "high"
+        evidence.append(Evidence(f"the capture's replay: {'/'.join(sorted(replayed & EXP_OPS))} "
+                                 "is the first op to turn finite inputs non-finite",
+                                 step=ev.replay.step, subject="replay"))
+    return [r.finding(confidence, evidence, 0.5 + 0.2 * negative + 0.2 * big_grad
+                      + 0.1 * bool(replayed))]
 
 
 @rule("NF304", "fp16-reduction-overflow",
