@@ -177,3 +177,15 @@ def test_inf_after_gradient_growth_is_not_a_division() -> None:
     loss = [1.0 + 0.1 * i for i in range(30)] + [float("inf")]
     causes = _causes(_series("train/grad_norm", grads), _series("train/loss", loss))
     assert "division-by-zero" not in causes
+
+
+def test_regression_sane_first_gradient_blown_up_by_a_rate_above_any_ceiling() -> None:
+    # lr 3.0 for a CNN: the first norm is 135, the second 3e7 - the rate, not the init
+    grad = [135.3, 3.3e7, float("inf"), float("nan"), float("nan")]
+    loss = [24.4, 1.3e8, 2.3e28, float("nan"), float("nan")]
+    series = (_series("train/grad_norm", grad), _series("train/loss", loss),
+              _series("train/lr", [3.0] * 5))
+    assert _causes(*series)[:1] == ["learning-rate-too-high"]
+    # the same curves at a rate of 0.01 stay the initialisation's
+    series = (*series[:2], _series("train/lr", [0.01] * 5))
+    assert _causes(*series)[:1] == ["bad-initialisation"]

@@ -19,6 +19,9 @@ BAD_INIT_NORM = 1e5
 EARLY_STEPS = 3
 RECOVERED_NORM = 1e3
 """An early burst after which the norm falls below this did not doom the run."""
+RATE_CEILING = 1.0
+"""The highest learning rate any optimizer family is commonly run with (SGD's; adaptive
+optimizers stay near 1e-2): a logged rate above it is a mistake whatever the optimizer."""
 _RECURRENT = re.compile(r"(^|[._/])(rnn|lstm|gru|recurrent|cell)([._/\d]|$)", re.IGNORECASE)
 """A recurrent module's name, alone or inside a per-layer tag (``grad_norm/rnn.weight_hh_l0``)."""
 
@@ -33,6 +36,15 @@ def gradient_growth(ev: RunEvidence) -> tuple[Curve, Growth] | None:
         if g is not None and g.decades >= 2:
             return before, g
     return None
+
+
+def overshooting_rate(ev: RunEvidence) -> float | None:
+    """The first logged learning rate when it is above every optimizer's ceiling."""
+    lr = ev.lr
+    if lr is None or not len(lr) or not np.isfinite(lr.values[0]):
+        return None
+    first = float(lr.values[0])
+    return first if first > RATE_CEILING else None
 
 
 def growth_evidence(curve: Curve, g: Growth) -> list[Evidence]:
@@ -101,7 +113,9 @@ def bad_initialisation(r: Rule, ev: RunEvidence) -> list[Finding]:
 
     ## Evidence
     The total gradient-norm series: a value above 1e5 at one of the first three logged
-    steps, and no return below 1e3 between then and the failure.
+    steps, and no return below 1e3 between then and the failure. A first norm that was sane,
+    blown up at the next steps under a logged learning rate above 1.0 (more than any
+    optimizer family runs at), is left to learning-rate-too-high.
 
     ## Fix
     Use an initialisation scaled to the layer's fan-in and nonlinearity, and check the
@@ -130,6 +144,8 @@ def bad_initialisation(r: Rule, ev: RunEvidence) -> list[Finding]:
     later = first.values[k + 1:]
     if (np.isfinite(later) & (later < RECOVERED_NORM)).any():
         return []  # the norm came back to a sane scale: the early burst did not cause the failure
+    if k > 0 and overshooting_rate(ev) is not None:
+        return []  # a sane first norm blown up by a rate no optimizer runs at: the rate's rule
     evidence = [Evidence(f"{curve.tag} = {value:.3g} at step {step}, the "
                          f"{_ordinal(k + 1)} logged step (threshold {BAD_INIT_NORM:.0e}), and "
                          f"it never fell below {RECOVERED_NORM:.0e} before the failure",

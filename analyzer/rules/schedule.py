@@ -9,7 +9,14 @@ import numpy as np
 from analyzer.model import Evidence, Finding, Location, RunMetadata
 from analyzer.rules.base import Rule, rule
 from analyzer.rules.evidence import Curve, RunEvidence
-from analyzer.rules.gradients import BAD_INIT_NORM, gradient_growth, growth_evidence
+from analyzer.rules.gradients import (
+    BAD_INIT_NORM,
+    EARLY_STEPS,
+    RATE_CEILING,
+    gradient_growth,
+    growth_evidence,
+    overshooting_rate,
+)
 from analyzer.rules.signals import Growth
 
 JUMP = 5.0
@@ -66,7 +73,9 @@ def learning_rate_too_high(r: Rule, ev: RunEvidence) -> list[Finding]:
     step (what such a rate does at once, and not a sign of the initialisation), unless a
     replay of the failing step finds a mathematical fault or a non-finite batch, which no
     rate makes (medium confidence then). A configuration whose warm-up settings are all
-    zero is quoted.
+    zero is quoted. With too few points for a growth fit: a logged rate above 1.0 (every
+    optimizer family's ceiling) and a gradient norm sane at the first logged step that is
+    above 1e5 or non-finite within the next two (medium).
 
     ## Fix
     Lower the learning rate (by 3-10x), add a warmup, and clip gradients while tuning:
@@ -87,7 +96,7 @@ def learning_rate_too_high(r: Rule, ev: RunEvidence) -> list[Finding]:
     if configured is not None and configured.absurd:
         return [_absurd(r, ev, configured, found)]
     if found is None:
-        return []
+        return _early_overshoot(r, ev)
     curve, g = found
     evidence = growth_evidence(curve, g)
     fast = g.doubling_steps <= FAST_DOUBLING
@@ -110,6 +119,36 @@ def learning_rate_too_high(r: Rule, ev: RunEvidence) -> list[Finding]:
     high = configured is not None and configured.high
     return [r.finding(confidence, evidence, 0.4 + 0.1 * min(g.decades, 4) / 4 + 0.1 * bool(grow)
                       + 0.1 * high)]
+
+
+def _early_overshoot(r: Rule, ev: RunEvidence) -> list[Finding]:
+    """Too few points for a growth fit: a logged rate above every optimizer's ceiling and a
+    gradient norm that was sane at the first step and huge (or non-finite) within the next
+    few, the overshoot of the first updates."""
+    rate = overshooting_rate(ev)
+    grad = ev.grad_norm
+    if rate is None or grad is None or not len(grad):
+        return []
+    head = grad.values[:EARLY_STEPS]
+    if not np.isfinite(head[0]) or head[0] > BAD_INIT_NORM:
+        return []
+    later = head[1:]
+    blown = np.flatnonzero(~np.isfinite(later) | (later > BAD_INIT_NORM))
+    if not blown.size:
+        return []
+    k = int(blown[0]) + 1
+    step, value = int(grad.steps[k]), float(grad.values[k])
+    curve = ev.lr
+    assert curve is not None
+    evidence = [Evidence(f"{curve.tag} = {rate:g} from the first logged step, above "
+                         f"{RATE_CEILING:g}, the ceiling of every optimizer family",
+                         location=curve.location_at(int(curve.steps[0])),
+                         step=int(curve.steps[0]), subject=curve.tag, value=rate),
+                 Evidence(f"{grad.tag} went from {float(head[0]):.3g} at step "
+                          f"{int(grad.steps[0])} to {value:.3g} at step {step}: the first "
+                          "updates overshot (a sane first norm: not the initialisation)",
+                          location=grad.location_at(step), step=step, subject=grad.tag)]
+    return [r.finding("medium", evidence, 0.6)]
 
 
 class _Configured:
