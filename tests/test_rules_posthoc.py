@@ -189,3 +189,15 @@ def test_regression_sane_first_gradient_blown_up_by_a_rate_above_any_ceiling() -
     # the same curves at a rate of 0.01 stay the initialisation's
     series = (*series[:2], _series("train/lr", [0.01] * 5))
     assert _causes(*series)[:1] == ["bad-initialisation"]
+
+
+def test_regression_a_tie_between_two_causes_is_reported_as_undetermined() -> None:
+    from analyzer.rules import BY_NAME, rank
+
+    a = BY_NAME["division-by-zero"].finding("medium", [], 0.5)
+    b = BY_NAME["nan-in-batch"].finding("medium", [], 0.5)
+    top, second = rank([b, a])
+    assert top.name == "division-by-zero"
+    note = second.rank_note or ""
+    assert note.startswith("undetermined between division-by-zero and nan-in-batch")
+    assert "would decide" in note

@@ -102,4 +102,8 @@ def _why_lower(f: Finding, top: Finding) -> str:
         return f"lower confidence ({f.confidence} against {top.confidence})"
     if f.score < top.score:
         return f"same confidence, weaker evidence (score {f.score:.2f} against {top.score:.2f})"
+    if f.role == "cause":
+        return (f"undetermined between {top.name} and {f.name} on this evidence (listed "
+                "after it by code): a capture of the failing step (analyzer.capture's "
+                "FlightRecorder) or per-layer gradient and weight norms would decide")
     return f"as likely as {top.name} on this evidence; listed after it by code"
