@@ -45,7 +45,8 @@ def _float16_losses(n: int, seed: int = 0) -> list[float]:
 
 
 def test_new_causes_are_rules_and_left_the_proposals() -> None:
-    for name in ("exp-overflow", "fp16-reduction-overflow", "temperature-collapse"):
+    for name in ("exp-overflow", "fp16-reduction-overflow", "temperature-collapse",
+                 "zero-variance-normalisation"):
         assert name in BY_NAME and name not in PROPOSED
     assert {BY_NAME[n].code for n in ("exp-overflow", "fp16-reduction-overflow",
                                       "temperature-collapse")} == {"NF104", "NF304", "NF209"}
@@ -185,3 +186,51 @@ def test_exp_overflow_left_to_the_replay_that_names_a_division(tmp_path) -> None
         result = analyzer.analyze(str(folder), replay=replay).results[0]
         assert result.failed
         assert "exp-overflow" not in {f.name for f in result.findings}
+
+
+def _anomaly_log(path, norm: torch.nn.Module) -> None:  # type: ignore[no-untyped-def]
+    """A training step's console under detect_anomaly: torch's own warning and error text."""
+    import traceback
+    import warnings
+
+    lines = ["step 0 loss 0.6931", "step 1 loss 0.6812"]
+    x = torch.zeros(4, 8)
+    x[0] = torch.randn(8)  # three blank rows: a zero variance each
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            with torch.autograd.detect_anomaly():
+                norm(x).sum().backward()
+        except RuntimeError:
+            lines.append(traceback.format_exc())
+    lines[2:2] = [warnings.formatwarning(w.message, w.category, w.filename, w.lineno)
+                  for w in caught if "Error detected" in str(w.message)]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def test_zero_variance_normalisation_from_a_real_anomaly_message(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import analyzer
+
+    run = tmp_path / "ln_eps0"
+    run.mkdir()
+    _anomaly_log(run / "train.log", torch.nn.LayerNorm(8, eps=0.0))
+    assert "NativeLayerNormBackward0" in (run / "train.log").read_text()
+    before = _snapshot(run)
+    result = analyzer.analyze(str(run), replay=False).results[0]
+    assert _snapshot(run) == before
+    assert result.failed
+    top = next(f for f in result.findings if f.is_failure)
+    assert (top.name, top.confidence) == ("zero-variance-normalisation", "medium")
+    assert "test_rules_new.py" in top.evidence[0].text  # the user frame that called the norm
+
+
+def test_zero_variance_normalisation_not_from_a_division_anomaly() -> None:
+    from analyzer.model import Event, Location
+
+    event = Event("nonfinite", 5, Location("train.log", line=9), "RuntimeError: ...",
+                  {"tag": "loss", "kind": "nan", "function": "DivBackward0",
+                   "user_frames": ["train.py:12"]})
+    run = Run(path="r", name="r", files=("events",),
+              series=(_series("train/loss", [1.0] * 5),), events=(event,))
+    findings, _ = evaluate(locate(run))
+    assert "zero-variance-normalisation" not in {f.name for f in findings}

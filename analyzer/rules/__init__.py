@@ -16,6 +16,7 @@ from analyzer.rules import (
     data,
     gradients,
     loss,
+    normalisation,
     numerics,
     optimizer,
     overflow,
@@ -37,6 +38,7 @@ RULES: tuple[Rule, ...] = (
     *data.RULES,
     *system.RULES,
     *overflow.RULES,
+    *normalisation.RULES,
     *temperature.RULES,
 )
 RULES = tuple(sorted(RULES, key=lambda r: r.code))
