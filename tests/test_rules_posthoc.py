@@ -201,3 +201,22 @@ def test_regression_a_tie_between_two_causes_is_reported_as_undetermined() -> No
     note = second.rank_note or ""
     assert note.startswith("undetermined between division-by-zero and nan-in-batch")
     assert "would decide" in note
+
+
+def test_regression_configured_float16_and_eps_name_adam_eps() -> None:
+    from analyzer.model import RunMetadata, Setting
+
+    settings = {"precision": Setting("16-true", "hparams.yaml", "precision"),
+                "adam_epsilon": Setting(1e-8, "hparams.yaml", "adam_epsilon")}
+    rng = np.random.default_rng(10)
+    loss = list(1.0 + 0.1 * rng.random(21))  # float32 values: only the config says float16
+    weight = [*(30.0 + rng.random(20)), float("inf")]
+    run = Run(path="r", name="r", files=("events",),
+              series=(_series("train/loss", loss), _series("weight_norm/fc1.weight", weight)),
+              metadata=RunMetadata(settings=settings))
+    result = locate(run)
+    findings = result.findings or evaluate(result)[0]
+    top = next(f for f in findings if f.role == "cause")
+    assert top.name == "adam-eps-too-small"
+    texts = " | ".join(e.text for e in top.evidence)
+    assert "precision=16-true" in texts and "eps=1e-08 rounds to 0 in float16" in texts
