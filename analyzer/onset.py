@@ -27,6 +27,7 @@ from analyzer.model import (
     Series,
     nonfinite_kind,
 )
+from analyzer.place import read_place
 from analyzer.scaler import read_scale
 from analyzer.tags import layer_from_tag, role, tie_rank
 from analyzer.wording import step_words
@@ -284,6 +285,8 @@ def _with_last_finite(inc: Incident, run: Run) -> Incident:
 def locate(run: Run) -> RunResult:
     scale = read_scale(run)
     incidents = [_with_last_finite(i, run) for i in tag_incidents(run, scale.skips)]
-    return RunResult(run=run, incident=run_incident(incidents), tag_incidents=tuple(incidents),
+    first = run_incident(incidents)
+    return RunResult(run=run, incident=first, tag_incidents=tuple(incidents),
                      layer_incident=layer_incident(incidents),
+                     place=read_place(run, incidents, first),
                      overflow_skips=tuple(sorted(scale.skips)), scale=scale)

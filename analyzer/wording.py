@@ -6,11 +6,14 @@ and the dashboard.
                                    logged), ``no step``; as a phrase that follows a verb
                                    (``at step 12``) or in a table cell (``12``, ``>12``)
     failing_place(result)          where the run's first non-finite value was made: what the
-                                   replay names (a layer, the loss function), else the first
-                                   layer whose logged values went non-finite
+                                   replay names (a layer, the loss function), else what the
+                                   logged values say (``RunResult.place``: a layer, the loss
+                                   function, the optimizer update, the input data, or a tie)
     replay_place(replay)           what a replay alone names
-    place_words(place, form)       ``layer fc1``, ``in the loss function``, ``layer unknown``;
-                                   in a table cell ``fc1``, ``(loss function)``, ``?``
+    place_words(place, form)       ``layer fc1``, ``in the loss function``, ``layer unknown``,
+                                   ``undetermined between fc1 and fc2``; in a table cell
+                                   ``fc1``, ``(loss function)``, ``?``, ``undetermined (fc1,
+                                   fc2)``
 
 ``mark`` wraps the words that matter (``**`` for Markdown).
 """
@@ -22,6 +25,7 @@ from typing import Literal
 
 from analyzer.model import Alignment, Incident, ReplayResult, Run, RunResult
 from analyzer.model.replays import LOSS_NAME
+from analyzer.model.results import PlaceReading
 
 StepForm = Literal["noun", "at", "cell"]
 PlaceForm = Literal["prose", "cell"]
@@ -49,15 +53,31 @@ def step_words(step: int | None, after: bool = False, form: StepForm = "noun",
 
 @dataclass(frozen=True)
 class Place:
-    """Where a non-finite value was made: a layer of the model, the loss function, or a place
-    the replay could not name (``layer`` None, ``loss_fn`` False)."""
+    """Where a non-finite value was made: a layer of the model, the loss function, another
+    part of the step (``other``: ``optimizer update``, ``input data``), places that tie
+    (``tied``), or a place that could not be named (all empty)."""
 
     layer: str | None = None
     loss_fn: bool = False
+    other: str | None = None
+    tied: tuple[str, ...] = ()
 
     @property
     def named(self) -> bool:
-        return self.layer is not None or self.loss_fn
+        return self.layer is not None or self.loss_fn or self.other is not None
+
+
+_SHOWN_TIED = 3
+_OTHER = {"optimizer_update": "optimizer update", "input_data": "input data"}
+
+
+def reading_place(reading: PlaceReading) -> Place:
+    """The place a post-hoc reading names, or its tie."""
+    if reading.kind == "loss_function":
+        return Place(loss_fn=True)
+    if reading.kind in _OTHER:
+        return Place(other=_OTHER[reading.kind])
+    return Place(layer=reading.layer, tied=reading.candidates)
 
 
 def replay_place(replay: ReplayResult) -> Place | None:
@@ -71,23 +91,34 @@ def replay_place(replay: ReplayResult) -> Place | None:
 
 
 def failing_place(result: RunResult) -> Place | None:
-    """The replay's place when it names one, else the first layer whose logged values went
-    non-finite (logged values at one step cannot tell layers apart: the replay is the
-    better witness), else None."""
+    """The replay's place when it names one (it saw the op), else what the logged values
+    say (:mod:`analyzer.place`, a tie when they cannot tell), else None."""
     place = replay_place(result.replay) if result.replay is not None else None
     if place is not None and place.named:
         return place
-    lay = result.layer_incident
-    if lay is not None and lay.layer is not None:
-        return Place(layer=lay.layer)
+    if result.place is not None:
+        return reading_place(result.place)
     return place
 
 
 def place_words(place: Place, form: PlaceForm = "prose", mark: str = "") -> str:
-    """``prose``: ``layer fc1``, ``in the loss function``, ``layer unknown``; ``cell``:
-    ``fc1``, ``(loss function)``, ``?``."""
+    """``prose``: ``layer fc1``, ``in the loss function``, ``in the optimizer update``,
+    ``undetermined between fc1 and fc2``, ``layer unknown``; ``cell``: ``fc1``, ``(loss
+    function)``, ``(optimizer update)``, ``undetermined (fc1, fc2)``, ``?``. A tie names a few
+    of its places, then how many more."""
     if place.loss_fn:
         return "(loss function)" if form == "cell" else f"in the {mark}loss function{mark}"
+    if place.other is not None:
+        return f"({place.other})" if form == "cell" else f"in the {mark}{place.other}{mark}"
+    if place.layer is None and place.tied:
+        shown = ", ".join(place.tied[:_SHOWN_TIED])
+        more = len(place.tied) - _SHOWN_TIED
+        if form == "cell":
+            return f"undetermined ({shown}{f' and {more} more' if more > 0 else ''})"
+        if more > 0:
+            return f"undetermined between {mark}{shown}{mark} and {more} more"
+        head, last = ", ".join(place.tied[:-1]), place.tied[-1]
+        return f"undetermined between {mark}{head}{mark} and {mark}{last}{mark}"
     name = place.layer or ("?" if form == "cell" else "unknown")
     return name if form == "cell" else f"layer {mark}{name}{mark}"
 

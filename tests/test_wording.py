@@ -93,10 +93,13 @@ def test_the_failing_place_is_worded_alike_everywhere(module: str, cell: str, pr
     assert f"first non-finite value: forward, {prose}\n" in format_replay(result.replay)  # type: ignore[arg-type]
 
 
-def test_without_a_replay_the_place_is_the_first_logged_layer() -> None:
-    assert failing_place(_result(None)) == Place(layer="fc1")
-    assert _summary_layer(_result(None)) == "fc1"
-    assert failing_place(_result(_replay(None, phase=None))) == Place(layer="fc1")
+def test_without_a_replay_the_place_is_the_post_hoc_reading() -> None:
+    """The loss and the only logged layer went NaN at one step: the forward pass or the loss,
+    which the logged values cannot tell apart (no longer the first logged layer)."""
+    tie = Place(tied=("loss function", "fc1"))
+    assert failing_place(_result(None)) == tie
+    assert _summary_layer(_result(None)) == "undetermined (loss function, fc1)"
+    assert failing_place(_result(_replay(None, phase=None))) == tie
 
 
 def test_a_place_the_replay_cannot_name_is_said_so() -> None:
@@ -109,10 +112,10 @@ def test_a_place_the_replay_cannot_name_is_said_so() -> None:
 def test_regression_a_replay_that_names_no_layer_does_not_blame_the_loss_function() -> None:
     """The summary table said ``(loss fn)`` whenever the replay found the phase but no layer,
     though nothing said the loss function made the value; the dashboard showed the first
-    logged layer for the same run. Both now show the first logged layer."""
+    logged layer for the same run. Both now show what the logged values say (here a tie)."""
     result = _result(_replay(None))
-    assert _summary_layer(result) == "fc1"
-    assert run_row("r", result, None).layer == "fc1"
+    assert _summary_layer(result) == "undetermined (loss function, fc1)"
+    assert run_row("r", result, None).layer == "undetermined (loss function, fc1)"
 
 
 def test_model_records_hold_no_wording() -> None:

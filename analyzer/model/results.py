@@ -24,6 +24,30 @@ a run's ``replay`` no longer repeats the standalone replay document's ``schema``
 
 RunStatus = Literal["failed", "finite", "unreadable"]
 
+PlaceKind = Literal["layer", "loss_function", "optimizer_update", "input_data", "undetermined"]
+Phase = Literal["forward", "backward", "update", "input"]
+
+
+@dataclass(frozen=True)
+class PlaceReading:
+    """Where the run's first non-finite value was made, read from what the run logged (no
+    replay): a layer, the loss function, the optimizer update, the input data, or
+    ``undetermined`` between the ``candidates`` when the data cannot break their tie."""
+
+    kind: PlaceKind
+    layer: str | None = None
+    candidates: tuple[str, ...] = ()
+    """The places that fit equally (layers, ``loss function``) when ``kind`` is
+    ``undetermined``; else empty."""
+    phase: Phase | None = None
+    """Which part of the step the logged values point to, from what was finite at the
+    first non-finite step; None when they do not say."""
+    step: int | None = None
+    decided_by: str = ""
+    evidence: tuple[str, ...] = ()
+    would_decide: tuple[str, ...] = ()
+    """What the run would have to leave for the tie to be broken."""
+
 
 @dataclass(frozen=True)
 class RunResult:
@@ -34,6 +58,9 @@ class RunResult:
     incident: Incident | None
     tag_incidents: tuple[Incident, ...] = ()
     layer_incident: Incident | None = None
+    place: PlaceReading | None = None
+    """The failing place read post hoc (the locate stage's); a replay, when it names one,
+    is the stronger witness (:func:`analyzer.wording.failing_place`)."""
     overflow_skips: tuple[int, ...] = ()
     """Steps a dynamic loss scaler skipped; their non-finite gradients are not incidents."""
     findings: tuple[Finding, ...] = ()

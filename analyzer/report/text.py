@@ -24,6 +24,8 @@ from analyzer.wording import (
     incident_step,
     incident_unit,
     place_words,
+    reading_place,
+    replay_place,
     step_words,
 )
 
@@ -68,13 +70,7 @@ def _run_block(result: RunResult) -> str:
             lines.append(f"     {inc.decided_by}")
         elif inc.decided_by and inc.decided_by != "earliest step":
             lines.append(f"     tie: {inc.decided_by}")
-    lay = result.layer_incident
-    if lay is not None:
-        where = step_words(lay.step, lay.after, "at")
-        lines.append(f"   FIRST LAYER  {lay.layer}  ({lay.tag} = {lay.kind} {where})")
-        if lay.decided_by and lay.decided_by != "earliest step" \
-                and not lay.decided_by.startswith(_PLACEMENTS):
-            lines.append(f"     tie: {lay.decided_by}")
+    lines += _place_lines(result)
     others = [i for i in result.tag_incidents if inc is None or i.tag != inc.tag]
     if others:
         shown = ", ".join(f"{i.tag}@{incident_step(i, run, 'cell')}"
@@ -97,6 +93,34 @@ def _run_block(result: RunResult) -> str:
     if len(run.issues) > _MAX_LISTED:
         lines.append(f"   ... and {len(run.issues) - _MAX_LISTED} more read issues (see --json)")
     return "\n".join(lines)
+
+
+def _place_lines(result: RunResult) -> list[str]:
+    """The first layer: as the logged values order it when a replay names the place (the
+    replay's lines say where), else the post-hoc place, its tie and what would decide it."""
+    lay, reading = result.layer_incident, result.place
+    replayed = result.replay is not None and (p := replay_place(result.replay)) is not None \
+        and p.named
+    if replayed or reading is None:
+        if lay is None:
+            return []
+        where = step_words(lay.step, lay.after, "at")
+        lines = [f"   FIRST LAYER  {lay.layer}  ({lay.tag} = {lay.kind} {where})"]
+        if lay.decided_by and lay.decided_by != "earliest step" \
+                and not lay.decided_by.startswith(_PLACEMENTS):
+            lines.append(f"     tie: {lay.decided_by}")
+        return lines
+    cell = place_words(reading_place(reading), "cell")
+    phase = f"{reading.phase} pass" if reading.phase in ("forward", "backward") else \
+        reading.phase or "phase unknown"
+    head = "FIRST LAYER" if reading.kind in ("layer", "undetermined") else "PLACE"
+    lines = [f"   {head}  {cell}  ({phase}, {step_words(reading.step, form='noun')})"]
+    lines.append(f"     {'tie' if reading.kind == 'undetermined' else 'decided by'}: "
+                 f"{reading.decided_by}")
+    lines += [f"     evidence: {e}" for e in reading.evidence]
+    if reading.would_decide:
+        lines.append(f"     would decide: {'; '.join(reading.would_decide)}")
+    return lines
 
 
 _BRIEF_SETTINGS = ("learning_rate", "warmup_steps", "warmup_ratio", "optimizer", "precision",

@@ -13,6 +13,7 @@ from analyzer.wording import (
     incident_step,
     incident_unit,
     place_words,
+    reading_place,
     replay_place,
     step_words,
 )
@@ -32,6 +33,10 @@ if lay is not None:
 if made is not None and made.named:
     st.markdown(f"Where the replay saw the first non-finite value made: "
                 f"{place_words(made, mark='**')}.")
+elif result.place is not None:
+    st.markdown(f"Where the logged values place the first non-finite value: "
+                f"{place_words(reading_place(result.place), mark='**')}.")
+    st.caption(result.place.decided_by)
 place = failing_place(result)
 highlight = st.query_params.get("layer") or (place.layer if place is not None else None)
 first_step = result.incident.step if result.incident and result.incident.aligned else None
