@@ -234,3 +234,25 @@ def test_zero_variance_normalisation_not_from_a_division_anomaly() -> None:
               series=(_series("train/loss", [1.0] * 5),), events=(event,))
     findings, _ = evaluate(locate(run))
     assert "zero-variance-normalisation" not in {f.name for f in findings}
+
+
+def _with_replay(op_names: tuple[str, ...], *series: Series):  # type: ignore[no-untyped-def]
+    """A located run whose replay found ``op_names`` failing first (the replay's record is
+    stood in by its fields the overflow rules read)."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    result = locate(Run(path="r", name="r", files=("events",), series=series))
+    op = SimpleNamespace(phase="forward", forward_op=None, names=op_names, module="loss",
+                         inputs=(), outputs=(), parameter=None, inputs_finite=True,
+                         float64_finite=True, source=None, source_line=None, op=op_names[0])
+    verdict = SimpleNamespace(kind="range-overflow", summary="finite in float64")
+    return replace(result, replay=SimpleNamespace(op=op, step=20, verdict=verdict))
+
+
+def test_fp16_reduction_overflow_follows_the_replay() -> None:
+    loss = _series("train/loss", [*_float16_losses(20), math.inf])
+    summed, _ = evaluate(_with_replay(("aten::sum",), loss))
+    assert ("fp16-reduction-overflow", "high") in {(f.name, f.confidence) for f in summed}
+    matmul, _ = evaluate(_with_replay(("aten::mm",), loss))
+    assert "fp16-reduction-overflow" not in {f.name for f in matmul}

@@ -23,6 +23,8 @@ learning-rate rules explain; the exp then only finishes it (tune: the exp overfl
 gradient norms are 33 and 6,580)."""
 FP16_MAX = 65504.0
 EXP_OPS = {"exp", "exp_", "exp2", "expm1", "cosh", "sinh", "pow", "softplus", "logsumexp"}
+REDUCTION_OPS = {"sum", "mean", "norm", "linalg_vector_norm", "frobenius_norm", "var", "std",
+                 "var_mean", "std_mean", "mse_loss", "cumsum", "nansum", "prod", "dot"}
 
 
 def _replayed_op(ev: RunEvidence) -> set[str] | None:
@@ -165,8 +167,9 @@ def fp16_reduction_overflow(r: Rule, ev: RunEvidence) -> list[Finding]:
     ## Evidence
     The training loss's finite values are all exactly representable in float16; its first
     non-finite value is +inf; its last finite value is below 65504 (the elements are
-    finite); the gradient and weight norms, where logged, are finite before the jump. With
-    a capture, the replay names the reduction.
+    finite); the gradient and weight norms, where logged, are finite before the jump
+    (medium). A capture's replay whose first non-finite op is a sum, mean, norm, variance or
+    mse_loss makes it high; one that names another op rules this cause out.
 
     ## Fix
     Reduce in float32, or divide before summing:
@@ -186,6 +189,9 @@ def fp16_reduction_overflow(r: Rule, ev: RunEvidence) -> list[Finding]:
         return []
     if not float16_exact(jump.finite):
         return []
+    replayed = _replayed_op(ev)
+    if replayed is not None and not replayed & REDUCTION_OPS:
+        return []  # the capture saw another op overflow first: fp16-overflow names it
     ok, facts = _others_finite(ev, jump.step)
     if not ok:
         return []
@@ -199,6 +205,12 @@ def fp16_reduction_overflow(r: Rule, ev: RunEvidence) -> list[Finding]:
                          location=curve.location_at(jump.step), step=jump.step,
                          subject=curve.tag, value=jump.last_value, ratio=peak / FP16_MAX),
                 *facts]
+    if replayed:
+        evidence.append(Evidence(f"the capture's replay: "
+                                 f"{'/'.join(sorted(replayed & REDUCTION_OPS))} is the first op "
+                                 "to turn finite inputs non-finite", step=ev.replay.step,
+                                 subject="replay"))
+        return [r.finding("high", evidence, 0.9)]
     return [r.finding("medium", evidence, 0.7)]
 
 
