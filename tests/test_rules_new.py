@@ -256,3 +256,11 @@ def test_fp16_reduction_overflow_follows_the_replay() -> None:
     assert ("fp16-reduction-overflow", "high") in {(f.name, f.confidence) for f in summed}
     matmul, _ = evaluate(_with_replay(("aten::mm",), loss))
     assert "fp16-reduction-overflow" not in {f.name for f in matmul}
+
+
+def test_exp_overflow_follows_the_replay() -> None:
+    loss = _series("train/loss", [*_float32_losses(20), math.inf])  # no precursor at all
+    exp, _ = evaluate(_with_replay(("aten::exp",), loss))
+    assert ("exp-overflow", "high") in {(f.name, f.confidence) for f in exp}
+    div, _ = evaluate(_with_replay(("aten::div",), loss))
+    assert "exp-overflow" not in {f.name for f in div}
