@@ -17,10 +17,12 @@ went non-finite at ``s`` (the backward pass), or every logged layer and the loss
 forward pass: gradients and updated weights at ``s`` follow the loss, so they cannot tell the
 layers apart). Ties are broken, strongest first, by growth before the failure (a layer whose
 weight norm rose at least ``MIN_DECADES`` orders of magnitude, and ``RATIO`` times as many as
-any other candidate's), then, in the forward pass, by an infinite loss with no layer
-out-growing the others: a loss of +inf or -inf from finite weights is made in the loss
-itself (a log of 0, a division by 0, a squared error overflowing). Otherwise the place is
-undetermined, and the reading says what would decide.
+any other candidate's); then by checkpoints (the only candidate non-finite in the first
+non-finite save while others are finite, or the only one near float16's limit in the last
+finite save); then, in the forward pass, by an infinite loss with no layer out-growing the
+others: a loss of +inf or -inf from finite weights is made in the loss itself (a log of 0, a
+division by 0, a squared error overflowing). Otherwise the place is undetermined, and the
+reading says what would decide.
 """
 
 from __future__ import annotations
@@ -141,6 +143,46 @@ def _growth(run: Run, layer: str, step: int) -> tuple[float, str] | None:
     return best
 
 
+_LIMITS = {"float16": 65504.0, "torch.float16": 65504.0, "half": 65504.0}
+NEAR_LIMIT = 0.1
+"""A weight within a tenth of its dtype's largest finite value is close to overflowing."""
+
+
+def _from_checkpoints(run: Run, step: int, layers: list[str]) -> tuple[str, str] | None:
+    """The one candidate layer a save singles out: the only one non-finite in the first
+    non-finite save (at the failure or the step after it) while the others are finite, or
+    the only one whose weights in the last finite save were near their dtype's limit."""
+    history = run.checkpoints
+    if history is None or len(layers) < 2:
+        return None
+    first = history.first_nonfinite
+    if first is not None and first < len(history.scans):
+        scan = history.scans[first]
+        if scan.step is not None and step <= scan.step <= step + 1:
+            bad = {ls.layer for ls in scan.layers if ls.stats.nonfinite} & set(layers)
+            good = {ls.layer for ls in scan.layers if not ls.stats.nonfinite} & set(layers)
+            if len(bad) == 1 and good:
+                (layer,) = bad
+                return layer, (f"the first non-finite save (step {scan.step}) holds NaN or "
+                               f"Inf in {layer} only; {', '.join(sorted(good)[:3])} finite")
+    last = history.last_finite
+    if last is None or last >= len(history.scans):
+        return None
+    scan = history.scans[last]
+    dtypes = {t.name: t.dtype for t in scan.tensors}
+    near = []
+    for ls in scan.layers:
+        limit = min((_LIMITS.get(dtypes.get(n, ""), math.inf) for n in ls.tensors),
+                    default=math.inf)
+        if ls.layer in layers and ls.stats.abs_max >= NEAR_LIMIT * limit:
+            near.append((ls.layer, ls.stats.abs_max, limit))
+    if len(near) == 1:
+        layer, top, limit = near[0]
+        return layer, (f"in the last finite save (step {scan.step}) {layer} reaches "
+                       f"{top:.3g}, {top / limit:.0%} of its dtype's largest value")
+    return None
+
+
 def _logged_layers(run: Run) -> set[str]:
     return {layer for s in run.global_series
             if role(s.tag) in (TagRole.LAYER_GRAD, TagRole.LAYER_WEIGHT)
@@ -228,6 +270,12 @@ def _break_tie(run: Run, step: int, phase: Phase | None, candidates: list[str],
                                 evidence=tuple(evidence),
                                 decided_by=f"growth before the failure: {why}, {more} "
                                            "any other layer's")
+    saved = _from_checkpoints(run, step, layers)
+    if saved is not None:
+        layer, why = saved
+        evidence.append(why)
+        return PlaceReading(kind="layer", layer=layer, phase=phase, step=step,
+                            evidence=tuple(evidence), decided_by=f"checkpoints: {why}")
     if phase == "forward" and sig.loss_kinds & {"+inf", "-inf"}:
         kind = "/".join(sorted(sig.loss_kinds & {"+inf", "-inf"}))
         return PlaceReading(kind="loss_function", phase=phase, step=step,

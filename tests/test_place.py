@@ -196,3 +196,49 @@ def test_every_reading_is_a_place_or_a_tie_of_two_or_more(tags: dict[str, list[f
         assert not place.candidates
     assert place_words(failing_place(result) or Place(), "cell") != "fc1" or \
         place.kind == "layer"
+
+
+def _write_run(folder: Path, save_step: int, model: dict[str, object]) -> None:
+    import torch
+    from torch.utils.tensorboard import SummaryWriter
+
+    folder.mkdir()
+    with SummaryWriter(str(folder)) as w:
+        for step in range(7):
+            bad = step == 6
+            w.add_scalar("train/loss", 1.0, step)
+            w.add_scalar("grad_norm/fc1.weight", NAN if bad else 1.0, step)
+            w.add_scalar("grad_norm/fc2.weight", NAN if bad else 1.0, step)
+    (folder / "checkpoints").mkdir()
+    torch.save({"step": save_step, "model": model}, folder / "checkpoints" / f"step_{save_step}.pt")
+
+
+def test_the_first_non_finite_save_singles_out_one_layer(tmp_path: Path) -> None:
+    import torch
+
+    from analyzer.api import analyze
+
+    run = tmp_path / "run"
+    _write_run(run, 6, {"fc1.weight": torch.full((4, 4), NAN), "fc2.weight": torch.ones(4, 4)})
+    before = _snapshot(run)
+    (result,) = analyze(str(run)).results
+    assert result.place is not None
+    assert (result.place.kind, result.place.layer, result.place.phase) == (
+        "layer", "fc1", "backward")
+    assert result.place.decided_by.startswith("checkpoints: the first non-finite save")
+    assert _snapshot(run) == before
+
+
+def test_a_float16_weight_near_its_limit_in_the_last_finite_save_breaks_the_tie(
+        tmp_path: Path) -> None:
+    import torch
+
+    from analyzer.api import analyze
+
+    run = tmp_path / "run"
+    _write_run(run, 5, {"fc1.weight": torch.ones(4, 4, dtype=torch.float16),
+                        "fc2.weight": torch.full((4, 4), 30000.0, dtype=torch.float16)})
+    (result,) = analyze(str(run)).results
+    assert result.place is not None
+    assert (result.place.kind, result.place.layer) == ("layer", "fc2")
+    assert "dtype's largest value" in result.place.decided_by
