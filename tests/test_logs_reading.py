@@ -52,6 +52,23 @@ def test_carriage_return_runs_keep_the_last_state_and_the_nonfinite_ones(tmp_pat
     assert math.isnan(loss.values[0])
 
 
+def test_regression_a_padded_bar_frame_is_a_redraw_not_a_record(tmp_path: Path) -> None:
+    """tqdm pads a frame that is shorter than the one it draws over with spaces (the rate
+    went from 125.60it/s to 95.21it/s). The padded frame was taken for a record printed
+    onto the bar and kept, a stale value among the last states: Lightning's first frame of
+    a count still shows the step before's loss, so the console read 2.97e+25 at the step
+    whose loss was 7.02e+26, on a loaded machine only."""
+    frames = [
+        "Epoch 2:  12%|#1        | 1/8 [00:00<00:00, 125.60it/s, v_num=0, train_loss=2.97e+25]",
+        "Epoch 2:  25%|##5       | 2/8 [00:00<00:00, 95.21it/s, v_num=0, train_loss=2.97e+25] ",
+        "Epoch 2:  25%|##5       | 2/8 [00:00<00:00, 93.63it/s, v_num=0, train_loss=7.02e+26]",
+        "Epoch 2:  38%|###7      | 3/8 [00:00<00:00, 119.74it/s, v_num=0, train_loss=inf]",
+    ]
+    path = write(tmp_path, "header\n" + "\r".join(frames) + "\n")
+    (loss,) = read_log(path).series
+    assert loss.values.tolist() == [float("inf")]  # the last state, and it is non-finite
+
+
 def test_record_glued_after_a_progress_bar_is_found(tmp_path: Path) -> None:
     text = "  1%|1 | 7/500 [00:02<02:40,  3.07it/s]{'loss': nan, 'grad_norm': nan, 'epoch': 0.01}\n"
     read = read_log(write(tmp_path, text))

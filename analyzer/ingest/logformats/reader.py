@@ -87,7 +87,8 @@ def _split(
                 part = _ANSI.sub("", part)
         if not part or part.isspace():
             continue
-        redraw = part.endswith(_REDRAW_ENDS)
+        # tqdm pads a frame shorter than the one before with spaces, to cover it.
+        redraw = part.rstrip(" ").endswith(_REDRAW_ENDS)
         if held is not None and (not redraw or _mentions_nonfinite(held)):
             out.append((number, held))
         if redraw:
