@@ -20,9 +20,9 @@ from analyzer.scenarios.corpus import CASES, FAMILIES, HALVES, HEALTHY, SPLIT, s
 from analyzer.scenarios.corpus.run import INFO_FILE
 
 ROOT = Path(__file__).resolve().parent.parent
-HELDOUT_FLOOR = 3 / 13
-"""Top-cause accuracy on the held-out half measured when the corpus was made (3 of 13,
-docs/evaluation.md); later rule work may only raise it."""
+HELDOUT_FLOOR = 5 / 13
+"""Top-cause accuracy on the held-out half after the first post-hoc rules (5 of 13; 3 of 13
+when the corpus was made; docs/evaluation.md); later rule work may only raise it."""
 
 
 def _evaluate_module() -> ModuleType:
