@@ -415,7 +415,10 @@ def test_ddp_corpus_names_the_rank_that_went_nan(tmp_path_factory: pytest.TempPa
     run = corpus.get("ddp_gloo", tmp_path_factory)
     read = read_log(str(run / "train.log"))
     table = [e for e in read.events if e.kind == "error" and "root_cause" in e.detail]
-    assert sorted(str(e.detail["rank"]) for e in table) == ["0", "1"]
+    # Rank 1 fails; whether the agent's table also lists rank 0 (stopped by the closed
+    # connection, or terminated first) depends on how the two processes were scheduled.
+    ranks = sorted(str(e.detail["rank"]) for e in table)
+    assert ranks in (["0", "1"], ["1"])
     by_rank = {e.detail["rank"]: e for e in table}
     assert by_rank[1].detail["type"] == "FloatingPointError"
     assert by_rank[1].detail["exitcode"] == 1
