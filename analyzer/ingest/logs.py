@@ -171,28 +171,29 @@ def read_log(path: str, deadline: Deadline | None = None) -> LogRead:
     return _result(ctx)
 
 
-def _read_state(stream: BinaryIO, size: int, ctx: Context, deadline: Deadline) -> None:
-    if size > _TRAINER_STATE_CAP:
-        message = f"{size} bytes, above the {_TRAINER_STATE_CAP} read whole: not read"
-        ctx.issue("too_large", message, 1)
-        return
+def _whole(stream: BinaryIO, size: int, cap: int, what: str, ctx: Context) -> bytes | None:
+    """A file read whole (a JSON document), or None with the issue: over ``cap`` bytes
+    (``what`` says what the cap is), or nothing but whitespace."""
+    if size > cap:
+        ctx.issue("too_large", f"{size} bytes, above the {cap} {what}: not read", 1)
+        return None
     data = stream.read(size)
     if not data.strip(b" \t\r\n\x00"):
         ctx.issue("empty_file", "the file holds no text", 1)
-        return
-    read_trainer_state(data, ctx, deadline)
+        return None
+    return data
+
+
+def _read_state(stream: BinaryIO, size: int, ctx: Context, deadline: Deadline) -> None:
+    data = _whole(stream, size, _TRAINER_STATE_CAP, "read whole", ctx)
+    if data is not None:
+        read_trainer_state(data, ctx, deadline)
 
 
 def _read_error_file(stream: BinaryIO, size: int, ctx: Context) -> None:
-    if size > ERROR_FILE_CAP:
-        message = f"{size} bytes, above the {ERROR_FILE_CAP} an error file holds: not read"
-        ctx.issue("too_large", message, 1)
-        return
-    data = stream.read(size)
-    if not data.strip(b" \t\r\n\x00"):
-        ctx.issue("empty_file", "the file holds no text", 1)
-        return
-    read_error_file(data, error_file_rank(ctx.source), ctx)
+    data = _whole(stream, size, ERROR_FILE_CAP, "an error file holds", ctx)
+    if data is not None:
+        read_error_file(data, error_file_rank(ctx.source), ctx)
 
 
 def _read_text(stream: BinaryIO, size: int, ctx: Context, deadline: Deadline) -> None:
