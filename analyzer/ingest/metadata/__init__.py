@@ -29,6 +29,9 @@ from __future__ import annotations
 import os
 import re
 
+from analyzer.ingest.safeio import NotRegularFile
+from analyzer.model import IngestIssue, Location
+
 METADATA_NAMES = frozenset({
     "hparams.yaml", "config.json", "generation_config.json", "training_args.bin",
     "scheduler.pt", "scheduler.bin",
@@ -40,3 +43,11 @@ def is_metadata_file(path: str) -> bool:
     """True for the names of the run metadata files this package knows."""
     name = os.path.basename(path).lower()
     return name in METADATA_NAMES or bool(_PATTERNS.fullmatch(name))
+
+
+def open_failure(path: str, exc: OSError) -> IngestIssue:
+    """The issue of a metadata file that could not be opened: refused by its type (a FIFO,
+    device, socket or folder) or unreadable."""
+    if isinstance(exc, NotRegularFile):
+        return IngestIssue(Location(path), "not_regular", str(exc))
+    return IngestIssue(Location(path), "unreadable", f"cannot read: {exc.strerror or exc}")

@@ -24,6 +24,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from analyzer.ingest.metadata import open_failure
 from analyzer.ingest.metadata.keys import (
     MODEL_CONFIG,
     MODEL_CONFIG_EXTRA,
@@ -31,7 +32,7 @@ from analyzer.ingest.metadata.keys import (
     TRAINER_STATE_EXTRA,
     plain,
 )
-from analyzer.ingest.safeio import NotRegularFile, open_regular
+from analyzer.ingest.safeio import open_regular
 from analyzer.model import IngestIssue, IssueKind, Location, MetaValue
 
 MAX_BYTES = 16 << 20
@@ -75,11 +76,8 @@ def _read(path: str, out: JsonRead, whole: bool) -> tuple[bytes, bytes, int] | N
     refuses a file too large instead)."""
     try:
         handle, size = open_regular(path)
-    except NotRegularFile as exc:
-        out.issues.append(_issue(path, "not_regular", str(exc)))
-        return None
-    except OSError as exc:
-        out.issues.append(_issue(path, "unreadable", f"cannot read: {exc.strerror or exc}"))
+    except OSError as exc:  # NotRegularFile included
+        out.issues.append(open_failure(path, exc))
         return None
     with handle:
         if size <= MAX_BYTES:

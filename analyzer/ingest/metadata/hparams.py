@@ -25,8 +25,9 @@ from typing import Any
 
 import yaml
 
+from analyzer.ingest.metadata import open_failure
 from analyzer.ingest.metadata.keys import coerce, hparam_setting, plain
-from analyzer.ingest.safeio import NotRegularFile, read_regular
+from analyzer.ingest.safeio import read_regular
 from analyzer.model import IngestIssue, IssueKind, Location, MetaValue
 
 MAX_BYTES = 1 << 20
@@ -96,11 +97,8 @@ def read_hparams(path: str) -> HparamsRead:
     out = HparamsRead()
     try:
         data = read_regular(path, MAX_BYTES + 1)
-    except NotRegularFile as exc:
-        out.issues.append(_issue(path, "not_regular", str(exc)))
-        return out
-    except OSError as exc:
-        out.issues.append(_issue(path, "unreadable", f"cannot read: {exc.strerror or exc}"))
+    except OSError as exc:  # NotRegularFile included
+        out.issues.append(open_failure(path, exc))
         return out
     if len(data) > MAX_BYTES:
         out.issues.append(_issue(path, "too_large", f"over {MAX_BYTES} bytes: hyperparameters "

@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from analyzer.ingest.ckpt.archive import read_archive
 from analyzer.ingest.ckpt.ranges import FileRanges
 from analyzer.ingest.ckpt.staticpickle import Call, Obj, StaticResult, read_pickle
+from analyzer.ingest.metadata import open_failure
 from analyzer.ingest.metadata.keys import TRAINING_ARGS, TRAINING_ARGS_EXTRA, plain
-from analyzer.ingest.safeio import NotRegularFile
 from analyzer.model import IngestIssue, IssueKind, Location, MetaValue
 
 MAX_PICKLE = 4 << 20
@@ -73,11 +73,8 @@ def _pickle_of(path: str, out: SavedRead) -> _Pickle | None:
     """The file's pickle, walked statically."""
     try:
         ranges = FileRanges(path)
-    except NotRegularFile as exc:
-        out.issues.append(_issue(path, "not_regular", str(exc)))
-        return None
-    except OSError as exc:
-        out.issues.append(_issue(path, "unreadable", f"cannot read: {exc.strerror or exc}"))
+    except OSError as exc:  # NotRegularFile included
+        out.issues.append(open_failure(path, exc))
         return None
     with ranges:
         if ranges.read(0, 2) != b"PK":
