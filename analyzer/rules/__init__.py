@@ -15,6 +15,7 @@ from analyzer.model import CONFIDENCE_ORDER, Finding, RunResult, SkippedRule
 from analyzer.rules import (
     data,
     gradients,
+    inputs,
     loss,
     normalisation,
     numerics,
@@ -36,6 +37,7 @@ RULES: tuple[Rule, ...] = (
     *loss.RULES,
     *precision.RULES,
     *data.RULES,
+    *inputs.RULES,
     *system.RULES,
     *overflow.RULES,
     *normalisation.RULES,

@@ -17,6 +17,7 @@ import numpy.typing as npt
 
 from analyzer.curves import last_per_step, most_points, training
 from analyzer.model import CaptureMeta, Event, Incident, Location, RunResult, Series
+from analyzer.rules.anatomy import Anatomy, anatomy
 from analyzer.tags import TagRole, role
 
 FloatArray = npt.NDArray[np.float64]
@@ -131,6 +132,11 @@ class RunEvidence:
     @cached_property
     def float16(self) -> list[Curve]:
         return float16_curves(self)
+
+    @cached_property
+    def anatomy(self) -> Anatomy:
+        """The kinds of modules the run's names show (:mod:`analyzer.rules.anatomy`)."""
+        return anatomy(self.result)
 
     def events(self, kind: str) -> list[Event]:
         return [e for e in self.result.run.global_events if e.kind == kind]
