@@ -35,22 +35,59 @@ SAMPLES = "samples"
 CAPTURED = "samples_with_captures"
 
 
+UNDETERMINED = "undetermined"
+"""The prediction's prefix when two causes tie at the top: never counted as right."""
+
+
 @dataclass(frozen=True)
 class Scored:
     run: str
     half: str
     intended: str
     predicted: str
+    confidence: str = ""
+    """The top finding's confidence (empty for healthy, no-cause and ties)."""
 
 
-def prediction(failed: bool, findings: Iterable[tuple[str, str]]) -> str:
-    """The top finding's rule name, from ``(name, role)`` pairs ranked best first:
+@dataclass(frozen=True)
+class Ranked:
+    """What scoring reads of one finding, in the report's order."""
+
+    name: str
+    role: str
+    confidence: str = "medium"
+    score: float = 0.0
+
+
+def prediction(failed: bool, findings: Iterable[Ranked]) -> tuple[str, str]:
+    """The top finding's rule name and confidence, from findings ranked best first:
     warnings are not failure findings; a run with none is healthy, or ``no-cause`` when
-    the analysis found it failed."""
-    for name, role in findings:
-        if role in ("cause", "symptom"):
-            return name
-    return NO_CAUSE if failed else HEALTHY
+    the analysis found it failed. Two causes at the top with the same confidence and
+    score are a tie the report calls undetermined: ``undetermined (a, b)``, which is
+    never the intended cause."""
+    top = [f for f in findings if f.role in ("cause", "symptom")]
+    if not top:
+        return (NO_CAUSE if failed else HEALTHY), ""
+    first = top[0]
+    tied = [f.name for f in top[1:] if f.role == first.role == "cause"
+            and f.confidence == first.confidence and f.score == first.score]
+    if tied:
+        return f"{UNDETERMINED} ({', '.join([first.name, *tied])})", ""
+    return first.name, first.confidence
+
+
+def calibration(rows: Iterable[Scored]) -> dict[str, dict[str, Any]]:
+    """Per confidence level of the top finding, how often it named the intended cause."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        if not r.confidence or r.intended == HEALTHY:
+            continue
+        cell = out.setdefault(r.confidence, {"right": 0, "made": 0})
+        cell["made"] += 1
+        cell["right"] += r.predicted == r.intended
+    for cell in out.values():
+        cell["precision"] = cell["right"] / cell["made"]
+    return {k: out[k] for k in ("high", "medium", "low") if k in out}
 
 
 def score(rows: Iterable[Scored]) -> dict[str, Any]:
@@ -64,7 +101,8 @@ def score(rows: Iterable[Scored]) -> dict[str, Any]:
     for r in rows:
         cell = confusion.setdefault(r.intended, {})
         cell[r.predicted] = cell.get(r.predicted, 0) + 1
-    made = Counter(r.predicted for r in rows if r.predicted not in (HEALTHY, NO_CAUSE))
+    made = Counter(r.predicted for r in rows if r.predicted not in (HEALTHY, NO_CAUSE)
+                   and not r.predicted.startswith(UNDETERMINED))
     hits = Counter(r.predicted for r in rows if r.predicted == r.intended)
     precision = {name: {"right": hits[name], "made": n, "precision": hits[name] / n}
                  for name, n in sorted(made.items())}
@@ -78,6 +116,7 @@ def score(rows: Iterable[Scored]) -> dict[str, Any]:
         "false_alarm_runs": alarms,
         "confusion": {k: dict(sorted(v.items())) for k, v in sorted(confusion.items())},
         "precision": precision,
+        "calibration": calibration(rows),
         "rows": [r.__dict__ for r in rows],
     }
 
@@ -94,8 +133,9 @@ def analyse(folder: str, truth: Mapping[str, tuple[str, str]], *, replay: bool =
         if result.run.name not in truth:
             continue
         half, intended = truth[result.run.name]
-        found = [(f.name, f.role) for f in result.findings]
-        rows.append(Scored(result.run.name, half, intended, prediction(result.failed, found)))
+        found = [Ranked(f.name, f.role, f.confidence, f.score) for f in result.findings]
+        predicted, confidence = prediction(result.failed, found)
+        rows.append(Scored(result.run.name, half, intended, predicted, confidence))
     missing = set(truth) - {r.run for r in rows}
     for name in sorted(missing):  # a run the analysis did not list is not silently dropped
         half, intended = truth[name]
@@ -172,6 +212,9 @@ def render(scores: Mapping[str, Mapping[str, Any]]) -> str:
         out.append("precision per rule (right/made):")
         for name, p in s["precision"].items():
             out.append(f"  {name:28s} {p['right']}/{p['made']} ({p['precision']:.0%})")
+        if s.get("calibration"):
+            out.append("top finding right, by its confidence: " + ", ".join(
+                f"{level} {c['right']}/{c['made']}" for level, c in s["calibration"].items()))
         out.append("")
     return "\n".join(out)
 

@@ -94,10 +94,33 @@ def _sha(name: str) -> str:
 
 
 def test_prediction_skips_warnings() -> None:
-    assert ev.prediction(False, [("loss-scale-warm-up", "warning")]) == ev.HEALTHY
-    assert ev.prediction(True, [("loss-scale-warm-up", "warning")]) == ev.NO_CAUSE
-    assert ev.prediction(True, [("w", "warning"), ("loss-spike", "symptom"),
-                                ("log-of-zero", "cause")]) == "loss-spike"
+    r = ev.Ranked
+    assert ev.prediction(False, [r("loss-scale-warm-up", "warning")]) == (ev.HEALTHY, "")
+    assert ev.prediction(True, [r("loss-scale-warm-up", "warning")]) == (ev.NO_CAUSE, "")
+    assert ev.prediction(True, [r("w", "warning"), r("loss-spike", "symptom", "low"),
+                                r("log-of-zero", "cause")]) == ("loss-spike", "low")
+
+
+def test_a_tie_at_the_top_is_undetermined_and_never_right() -> None:
+    r = ev.Ranked
+    tied = [r("nan-in-batch", "cause", "low", 0.4), r("division-by-zero", "cause", "low", 0.4),
+            r("loss-spike", "symptom", "low", 0.4)]
+    assert ev.prediction(True, tied) == ("undetermined (nan-in-batch, division-by-zero)", "")
+    apart = [r("nan-in-batch", "cause", "low", 0.5), r("division-by-zero", "cause", "low", 0.4)]
+    assert ev.prediction(True, apart) == ("nan-in-batch", "low")
+    rows = [ev.Scored("a", "t", "nan-in-batch", ev.prediction(True, tied)[0])]
+    got = ev.score(rows)
+    assert got["top_cause_right"] == 0 and got["precision"] == {}
+
+
+def test_calibration_counts_the_top_finding_by_confidence() -> None:
+    s = ev.Scored
+    rows = [s("a", "t", "log-of-zero", "log-of-zero", "high"),
+            s("b", "t", "log-of-zero", "division-by-zero", "high"),
+            s("c", "t", "nan-in-batch", "nan-in-batch", "medium"),
+            s("d", "t", HEALTHY, "loss-spike", "low"), s("e", "t", "x", "no-cause")]
+    assert ev.calibration(rows) == {"high": {"right": 1, "made": 2, "precision": 0.5},
+                                    "medium": {"right": 1, "made": 1, "precision": 1.0}}
 
 
 def test_scoring_on_a_fixed_example() -> None:
