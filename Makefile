@@ -63,12 +63,13 @@ bench: setup
 # Score the analysis on dead runs without captures, per half (docs/evaluation.md).
 .PHONY: evaluate
 evaluate: setup
-	$(BIN)/python bench/evaluate.py
+	$(BIN)/python bench/evaluate.py --out docs/evaluation.json
+	$(BIN)/python -m analyzer.rules.docs sample_runs --evaluation docs/evaluation.json > docs/rules.md
 
 # Regenerate the sample runs (real training, seeded, CPU) and the rules page scored on them.
 samples: setup
 	$(BIN)/python -m analyzer.scenarios sample_runs
-	$(BIN)/python -m analyzer.rules.docs sample_runs > docs/rules.md
+	$(BIN)/python -m analyzer.rules.docs sample_runs --evaluation docs/evaluation.json > docs/rules.md
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache .mypy_cache

@@ -1,6 +1,6 @@
 """Score the post-hoc analysis on dead runs that leave no capture (docs/evaluation.md).
 
-    python bench/evaluate.py [--corpus DIR] [--json]
+    python bench/evaluate.py [--corpus DIR] [--json] [--out docs/evaluation.json]
 
 Generates the evaluation corpus (``python -m analyzer.scenarios.corpus``) into a temporary
 folder, or reads one already generated with ``--corpus``; copies the sample runs without
@@ -227,8 +227,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-captures", action="store_true",
                         help="do not score the sample runs with their captures replayed")
     parser.add_argument("--json", action="store_true", help="print the scores as JSON")
+    parser.add_argument("--out", help="also write the scores as JSON to this file "
+                                      "(make evaluate: docs/evaluation.json)")
     args = parser.parse_args(argv)
     scores = evaluate(args.corpus, samples=not args.no_samples, captures=not args.no_captures)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as fh:
+            json.dump(scores, fh, indent=1, sort_keys=True)
+            fh.write("\n")
     if args.json:
         json.dump(scores, sys.stdout, indent=2)
         sys.stdout.write("\n")

@@ -11,6 +11,7 @@ import random
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
@@ -202,11 +203,25 @@ def _snapshot(folder: Path) -> dict[str, tuple[int, str]]:
             for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-@pytest.mark.slow
-def test_heldout_score_does_not_fall(corpus: Path) -> None:
+@pytest.fixture(scope="module")
+def scores(corpus: Path) -> dict[str, Any]:
     before = _snapshot(corpus)
-    scores = ev.evaluate(str(corpus), samples=False)
+    got = ev.evaluate(str(corpus))
     assert _snapshot(corpus) == before  # the scoring reads the runs, never writes there
+    return json.loads(json.dumps(got))
+
+
+@pytest.mark.slow
+def test_the_committed_scores_are_todays(scores: dict[str, Any]) -> None:
+    """docs/evaluation.json (and the docs/rules.md rendered from it) is what the corpus
+    scores now: re-run ``make evaluate`` after changing a rule."""
+    committed = json.loads((ROOT / "docs" / "evaluation.json").read_text(encoding="utf-8"))
+    for half in ("tune", "heldout", "samples", "samples_with_captures"):
+        assert scores[half] == committed[half], f"docs/evaluation.json is stale ({half})"
+
+
+@pytest.mark.slow
+def test_heldout_score_does_not_fall(scores: dict[str, Any]) -> None:
     held = scores["heldout"]
     assert held["failing"] == sum(SPLIT[c.name] == "heldout" and c.intended != HEALTHY
                                   for c in CASES)

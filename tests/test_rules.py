@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -171,8 +172,11 @@ def test_environment_drift_against_a_healthy_sibling(tmp_path) -> None:  # type:
 def test_docs_page_is_up_to_date(sample_report) -> None:  # type: ignore[no-untyped-def]
     with open(os.path.join(ROOT, "docs", "rules.md"), encoding="utf-8") as fh:
         committed = fh.read()
-    assert render(sample_report) == committed, (
-        "docs/rules.md is stale: python -m analyzer.rules.docs sample_runs > docs/rules.md")
+    with open(os.path.join(ROOT, "docs", "evaluation.json"), encoding="utf-8") as fh:
+        evaluation = json.load(fh)
+    assert render(sample_report, evaluation) == committed, (
+        "docs/rules.md is stale: make evaluate (or python -m analyzer.rules.docs sample_runs "
+        "--evaluation docs/evaluation.json > docs/rules.md)")
 
 
 def test_missing_warmup() -> None:
