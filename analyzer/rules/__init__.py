@@ -13,6 +13,7 @@ from typing import Any
 
 from analyzer.model import CONFIDENCE_ORDER, Finding, RunResult, SkippedRule
 from analyzer.rules import (
+    clipping,
     data,
     gradients,
     inputs,
@@ -42,6 +43,7 @@ RULES: tuple[Rule, ...] = (
     *overflow.RULES,
     *normalisation.RULES,
     *temperature.RULES,
+    *clipping.RULES,
 )
 RULES = tuple(sorted(RULES, key=lambda r: r.code))
 BY_CODE: dict[str, Rule] = {r.code: r for r in RULES}
