@@ -56,3 +56,80 @@ def test_clipping_scaled_gradients_is_told_from_clipping_after_unscale(
     assert found and found[0].role == "warning" and found[0].confidence == "medium"
     assert "loss scale's factor" in found[0].evidence[0].text
     assert not result.failed  # the run stalls rather than dies: a warning, not a failure
+
+
+class _Tagger(nn.Module):
+    def __init__(self, vocab: int) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, 8)
+        self.norm = nn.LayerNorm(8)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(self.embed(x))).mean(1)
+
+
+def _train(model: nn.Module, opt: torch.optim.Optimizer, steps: int, lr_boost: float = 1.0
+           ) -> list[float]:
+    losses = []
+    for g in opt.param_groups:
+        g["lr"] *= lr_boost
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        x = torch.randint(0, 20, (16, 5), generator=gen)
+        y = torch.randint(0, 3, (16,), generator=gen)
+        loss = nn.functional.cross_entropy(model(x), y) * 1e3
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def _resumed_run(folder: Path, *, stale_state: bool) -> None:
+    """A run saved at step 20, resumed with a vocabulary grown from 20 to 24 tokens, that
+    then diverges (its learning rate was raised 1e4 times, so it really dies); the save
+    after the resume keeps the optimizer state loaded at the resume (``stale_state``), or
+    the optimizer's own."""
+    torch.manual_seed(0)
+    old = _Tagger(20)
+    opt = torch.optim.SGD(old.parameters(), lr=1e-3, momentum=0.9)
+    losses = _train(old, opt, 20)
+    (folder / "checkpoints").mkdir()
+    torch.save({"model": old.state_dict(), "optimizer": opt.state_dict(), "step": 20},
+               folder / "checkpoints" / "step_20.pt")
+    loaded = opt.state_dict()
+    new = _Tagger(24)
+    with torch.no_grad():
+        new.embed.weight[:20] = old.embed.weight
+    new.norm.load_state_dict(old.norm.state_dict())
+    new.head.load_state_dict(old.head.state_dict())
+    opt2 = torch.optim.SGD(new.parameters(), lr=1e-3, momentum=0.9)
+    after = _train(new, opt2, 12, lr_boost=1e4)
+    assert not all(map(torch.isfinite, map(torch.tensor, after)))  # the run really died
+    torch.save({"model": new.state_dict(), "optimizer": loaded if stale_state
+                else opt2.state_dict(), "step": 32}, folder / "checkpoints" / "step_32.pt")
+    for start, values in ((0, losses), (len(losses), after)):  # the resume's own writer
+        writer = SummaryWriter(str(folder), filename_suffix=f".{start}")
+        for step, value in enumerate(values, start):
+            writer.add_scalar("train/loss", value, step)
+        writer.close()
+
+
+@pytest.mark.parametrize("stale_state", [True, False])
+def test_optimizer_state_saved_for_other_parameters_is_named(tmp_path: Path,
+                                                             stale_state: bool) -> None:
+    _resumed_run(tmp_path, stale_state=stale_state)
+    result = _analyse(tmp_path)
+    assert result.failed
+    found = [f for f in result.findings if f.code == "NF210"]
+    if not stale_state:
+        # Every state fits a parameter of its own file; what is left is the loss jumping
+        # right after the resume (the raised learning rate), which a mismatch would show too.
+        assert found and found[0].confidence == "low"
+        assert "resumed at step 20" in found[0].evidence[0].text
+        return
+    assert found and found[0].confidence == "high"
+    text = found[0].evidence[0].text
+    assert "optimizer.state.0.momentum_buffer" in text and "20x8" in text
+    assert "step_32.pt" in text and "step_20.pt" not in text

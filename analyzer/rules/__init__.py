@@ -23,6 +23,7 @@ from analyzer.rules import (
     optimizer,
     overflow,
     precision,
+    resume,
     schedule,
     system,
     temperature,
@@ -44,6 +45,7 @@ RULES: tuple[Rule, ...] = (
     *normalisation.RULES,
     *temperature.RULES,
     *clipping.RULES,
+    *resume.RULES,
 )
 RULES = tuple(sorted(RULES, key=lambda r: r.code))
 BY_CODE: dict[str, Rule] = {r.code: r for r in RULES}
