@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from analyzer.model import Evidence, Finding
+from analyzer.rules import evidence_sudden
 from analyzer.rules.base import Rule, rule
 from analyzer.rules.evidence import RunEvidence
 
 
 @rule("NF401", "nan-in-batch", "NaN or Inf already in the input batch or labels",
-      needs=("replay",))
+      needs=("replay", "loss"))
 def nan_in_batch(r: Rule, ev: RunEvidence) -> list[Finding]:
     """
     ## What it detects
@@ -22,7 +23,12 @@ def nan_in_batch(r: Rule, ev: RunEvidence) -> list[Finding]:
 
     ## Evidence
     The replay's check of the captured batch: which inputs or targets are non-finite, and
-    the first module that received them.
+    the first module that received them (high). Without a capture, from the curves alone
+    (low): a loss that becomes NaN at once after steady finite values, with no growth of the
+    loss or the gradient norm, no AMP skips and no change of learning rate. A 0/0 in the loss
+    (division-by-zero), and a zero-variance normalisation or a fully masked softmax where
+    the model may have them, leave the same curve: the finding is tied with them and says
+    what would decide (`torch.isfinite(x).all()` on the batch, or a capture).
 
     ## Fix
     Validate data at the boundary and find the sample:
@@ -40,7 +46,7 @@ def nan_in_batch(r: Rule, ev: RunEvidence) -> list[Finding]:
     """
     replay = ev.replay
     if replay is None:
-        return []
+        return evidence_sudden.findings(r, ev)
     bad = tuple(replay.forward.bad_inputs)
     if not bad and replay.verdict.kind != "bad-input":
         return []

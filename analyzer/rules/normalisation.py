@@ -4,6 +4,7 @@ taken of a constant, seen in an autograd anomaly message or a capture's replay."
 from __future__ import annotations
 
 from analyzer.model import Evidence, Finding
+from analyzer.rules import evidence_sudden
 from analyzer.rules.base import Rule, rule
 from analyzer.rules.evidence import RunEvidence
 from analyzer.wording import step_words
@@ -48,7 +49,7 @@ def _anomaly(ev: RunEvidence) -> list[Evidence]:
 
 @rule("NF105", "zero-variance-normalisation",
       "normalisation of a feature with zero variance (eps 0, std of a constant)",
-      needs=("replay", "anomaly_log"))
+      needs=("replay", "anomaly_log", "loss"))
 def zero_variance_normalisation(r: Rule, ev: RunEvidence) -> list[Finding]:
     """
     ## What it detects
@@ -67,6 +68,12 @@ def zero_variance_normalisation(r: Rule, ev: RunEvidence) -> list[Finding]:
     anomaly message naming NativeLayerNormBackward0, NativeBatchNormBackward0 or
     NativeGroupNormBackward0, with the user frame that called the norm (medium). A std
     written by hand shows up as a division (DivBackward0): the division-by-zero rule names it.
+    Without either, from the curves alone: a loss that becomes NaN at once after steady
+    finite values (no growth, no AMP skips, no change of learning rate), in a model that has
+    a normalisation layer: low and tied with nan-in-batch and division-by-zero (the same
+    curve), unless the run records a normalisation with eps 0, which makes it medium and
+    decides it. In a run that names none of its modules it ranks below those two (it rests
+    on a layer nobody saw); in one whose modules include no normalisation it is ruled out.
 
     ## Fix
     Keep an epsilon inside the root, and guard constant inputs:
@@ -90,7 +97,7 @@ def zero_variance_normalisation(r: Rule, ev: RunEvidence) -> list[Finding]:
     found = _anomaly(ev)
     if found:
         return [r.finding("medium", found, 0.6)]
-    return []
+    return evidence_sudden.findings(r, ev)
 
 
 RULES = (zero_variance_normalisation,)

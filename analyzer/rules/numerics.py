@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from analyzer.model import Evidence, Finding, Location
+from analyzer.rules import evidence_sudden
 from analyzer.rules.base import Rule, rule
 from analyzer.rules.evidence import (
     MIN_PRIOR,
@@ -93,12 +92,15 @@ def _math_rule(r: Rule, ev: RunEvidence, ops: set[str], anomaly: tuple[str, ...]
 
 
 def _posthoc(r: Rule, ev: RunEvidence) -> list[Finding]:
-    """The rule's signature in the logged curves alone, when no op names the fault."""
+    """The rule's signature in the logged curves alone, when no op names the fault; a NaN
+    out of a steady run is left open among the causes it fits (rules.evidence_sudden)."""
     o = ev.onset
     if o is None or ev.replay is not None:
         return []
-    signature = _SIGNATURES[r.name]
-    said = signature(ev, o)
+    if r.name != "log-of-zero" and (o.loss_kind == "nan" or o.phase == "backward"):
+        return evidence_sudden.findings(r, ev)
+    signature = _SIGNATURES.get(r.name)
+    said = signature(ev, o) if signature is not None else None
     if said is None:
         return []
     op = {"log-of-zero": "a log", "division-by-zero": "a division",
@@ -134,20 +136,7 @@ def _sudden_inf(ev: RunEvidence, o: Onset) -> str | None:
             "(x/0), not a growth that overflowed")
 
 
-def _backward_only(ev: RunEvidence, o: Onset) -> str | None:
-    """A gradient non-finite under a finite, unsaturated, moving loss: a backward fault."""
-    if (o.phase != "backward" or o.prior.size < MIN_PRIOR or rose(o.prior) or saturated(o)
-            or gradient_rose(ev, o.step)
-            or ev.events("overflow_skip") or ev.result.overflow_skips
-            or float(np.ptp(o.prior[-3:])) == 0.0):
-        return None
-    return (f"{o.tag} went non-finite {_when(o)} while the loss there was still finite and "
-            "had not been growing: the forward pass was fine and its backward was not, as "
-            "with the gradient of a sqrt or norm at exactly 0")
-
-
-_SIGNATURES = {"log-of-zero": _saturated_log, "division-by-zero": _sudden_inf,
-               "sqrt-at-zero-backward": _backward_only}
+_SIGNATURES = {"log-of-zero": _saturated_log, "division-by-zero": _sudden_inf}
 
 
 @rule("NF101", "log-of-zero", "log of zero (or of a negative number)",
@@ -209,8 +198,10 @@ def division_by_zero(r: Rule, ev: RunEvidence) -> list[Finding]:
     an autograd anomaly message naming `DivBackward0`; else, from the curves alone (medium),
     a loss that becomes +inf at once from a finite value, after at least five values of a
     loss and a gradient norm that were not growing, in a run not computing in float16. A
-    NaN out of a flat loss (0/0) is left without a cause: a NaN in the batch or a masked
-    softmax leave the same curve.
+    NaN out of such a steady loss (0/0, a mean over an empty selection) is low and tied with
+    nan-in-batch, and with zero-variance-normalisation and softmax-all-masked where the
+    model may have those layers: their curves are the same (rules.evidence_sudden says
+    what would tell them apart).
 
     ## Fix
     Keep the divisor away from zero, or guard the empty case:
@@ -247,7 +238,9 @@ def sqrt_at_zero(r: Rule, ev: RunEvidence) -> list[Finding]:
     capture: an autograd anomaly message naming `SqrtBackward0`, `PowBackward` or
     `NormBackward`; else, from the curves alone (low: other backward faults look alike), a
     gradient norm non-finite at a step whose loss is finite, after a loss that moved, was
-    neither growing nor saturated, with no AMP overflow skips.
+    neither growing nor saturated, with no AMP overflow skips, no float16 model and no change
+    of learning rate. In a model whose attention the run names it is tied with
+    softmax-all-masked (fully masked rows that the loss ignores leave the same curve).
 
     ## Fix
     Add an epsilon inside the root, not outside it:
