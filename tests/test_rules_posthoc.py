@@ -87,10 +87,14 @@ def test_inf_after_growth_is_not_a_division() -> None:
     assert "division-by-zero" not in _causes(_series("train/loss", loss))
 
 
-def test_nan_from_a_flat_loss_names_no_division() -> None:
+def test_nan_from_a_flat_loss_leaves_division_tied_with_a_nan_batch() -> None:
     # 0/0, a NaN in the batch, a masked softmax: the curves alone cannot tell them apart
     loss = [*_flat(20), float("nan")]
-    assert "division-by-zero" not in _causes(_series("train/loss", loss))
+    found = [f for f in _findings(_series("train/loss", loss)) if f.role == "cause"]
+    top, second = found[:2]
+    assert {top.name, second.name} == {"division-by-zero", "nan-in-batch"}
+    assert (top.confidence, top.score) == (second.confidence, second.score)
+    assert top.confidence == "low" and (second.rank_note or "").startswith("undetermined")
 
 
 def test_regression_saturated_loss_then_nan_is_a_log_of_zero() -> None:
