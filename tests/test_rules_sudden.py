@@ -285,3 +285,20 @@ def test_replay_naming_the_mask_reads_as_a_masked_softmax() -> None:
         ("softmax-all-masked", "high")]
     assert "softmax-all-masked" not in {n for n, _ in replayed("aten::div", scores,
                                                                 scores / 0)}
+
+
+def test_regression_sample_nan_in_batch_without_capture_is_a_tie_not_no_cause(tmp_path: Path) \
+        -> None:
+    import shutil
+
+    sample = Path(__file__).resolve().parent.parent / "sample_runs" / "nan_in_batch"
+    run = tmp_path / "nan_in_batch"
+    shutil.copytree(sample, run, ignore=shutil.ignore_patterns("capture"))
+    before = _snapshot(run)
+    causes = _causes(analyzer.analyze(str(run), replay=False).results[0].findings)
+    assert _snapshot(run) == before
+    top, second = causes[:2]
+    assert {top.name, second.name} == {"nan-in-batch", "division-by-zero"}
+    assert (top.confidence, top.score) == (second.confidence, second.score)
+    # fc1/fc2 only: the checkpoints and per-layer tags name no norm and no attention
+    assert not {"zero-variance-normalisation", "softmax-all-masked"} & {f.name for f in causes}
