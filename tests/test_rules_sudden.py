@@ -302,3 +302,25 @@ def test_regression_sample_nan_in_batch_without_capture_is_a_tie_not_no_cause(tm
     assert (top.confidence, top.score) == (second.confidence, second.score)
     # fc1/fc2 only: the checkpoints and per-layer tags name no norm and no attention
     assert not {"zero-variance-normalisation", "softmax-all-masked"} & {f.name for f in causes}
+
+
+def test_regression_replay_of_a_masked_attention_step_reads_as_masked_softmax(
+        tmp_path: Path) -> None:
+    # a real capture of the tuning case lm_left_padding (a left-padded row that sees no key):
+    # the replayer's first non-finite op is the mask's masked_fill (-inf), and the step
+    # fails in backward as run: a masked softmax, not a fault that does not reproduce
+    from analyzer.scenarios.corpus.failing import GENERATIVE
+    from analyzer.scenarios.harness import run as train
+
+    case = next(c for c in GENERATIVE if c.name == "lm_left_padding")
+    outcome = train(case.scenario, str(tmp_path))
+    assert outcome.capture is not None
+    folder = tmp_path / case.name
+    before = _snapshot(folder)
+    result = analyzer.analyze(str(folder), replay=True).results[0]
+    assert _snapshot(folder) == before
+    assert result.replay is not None and result.replay.op is not None
+    assert result.replay.op.op.startswith("masked_fill")
+    top = next(f for f in result.findings if f.is_failure)
+    assert (top.name, top.confidence) == ("softmax-all-masked", "medium")
+    assert "masked_fill" in top.evidence[0].text

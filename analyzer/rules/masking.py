@@ -111,12 +111,15 @@ def softmax_all_masked(r: Rule, ev: RunEvidence) -> list[Finding]:
     ## Evidence
     A capture's replay whose first non-finite op is the mask itself (`masked_fill` writing
     -inf, which is the first non-finite value of any masked attention step: medium, since
-    the replay does not show that a whole row was masked), or a softmax turning -inf inputs
-    into NaN (high). Without a capture: an autograd anomaly naming `SoftmaxBackward0`, or
-    `BmmBackward0`/`MmBackward0` returning NaN in output 1, in a model that has attention or
-    does not name its modules (medium); `LogSoftmaxBackward0`, which a language model's
-    cross-entropy names when the NaN row reaches its head on an ignored position, only in a
-    model whose attention the run names. Else, from the curves alone (low): a NaN gradient
+    the replay does not show that a whole row was masked; its passes may then disagree on
+    the phase, the instrumented one stopping at the mask's -inf in the forward while the step
+    as run fails in backward, which is this fault and not a step that fails at random), or
+    a softmax turning -inf inputs into NaN (high). Without a capture: an autograd anomaly
+    naming `SoftmaxBackward0`, or `BmmBackward0`/`MmBackward0` returning NaN in output 1, in
+    a model that has attention or does not name its modules (medium);
+    `LogSoftmaxBackward0`, which a language model's cross-entropy names when the NaN row
+    reaches its head on an ignored position, only in a model whose attention the run names.
+    Else, from the curves alone (low): a NaN gradient
     under a finite loss, or a NaN loss, at once out of a steady run; tied with the other
     causes that leave the same curve (sqrt-at-zero-backward; nan-in-batch, division-by-zero,
     zero-variance-normalisation) when the run names an attention module, ranked below them
