@@ -33,6 +33,7 @@ NO_CAUSE = "no-cause"
 """The prediction for a run that failed and got no cause or symptom finding."""
 SAMPLES = "samples"
 CAPTURED = "samples_with_captures"
+FRAMEWORKS = "frameworks"
 
 
 UNDETERMINED = "undetermined"
@@ -172,13 +173,37 @@ def samples_truth(folder: str, half: str) -> dict[str, tuple[str, str]]:
     return truth
 
 
-def evaluate(corpus: str | None = None, samples: bool = True, captures: bool = True
-             ) -> dict[str, Any]:
+def frameworks_truth(folder: str) -> dict[str, tuple[str, str]]:
+    """The real-framework runs' intended causes (tests/frameworks/corpus.py INTENDED)."""
+    from tests.frameworks.corpus import INTENDED
+
+    return {name: (FRAMEWORKS, cause) for name, cause in INTENDED.items()
+            if os.path.isdir(os.path.join(folder, name))}
+
+
+def make_frameworks(out: str) -> str:
+    """Generate the real-framework runs (Lightning, the Hugging Face Trainer,
+    tensorboardX, DDP over gloo: the dev extras) into ``out``."""
+    from pathlib import Path
+
+    from tests.frameworks.corpus import FAMILIES, generate
+
+    for names in FAMILIES.values():
+        generate(Path(out), names)
+    return out
+
+
+def evaluate(corpus: str | None = None, samples: bool = True, captures: bool = True,
+             frameworks: str | None = None) -> dict[str, Any]:
     """Every set's scores: ``tune``, ``heldout``, ``samples`` (captures hidden: a copy
-    without its capture/ folders) and ``samples_with_captures`` (sample_runs/ itself,
-    read in place, captures replayed)."""
+    without its capture/ folders), ``samples_with_captures`` (sample_runs/ itself,
+    read in place, captures replayed) and, given a folder of them, ``frameworks`` (the
+    runs of tests/frameworks/, written by the real frameworks; ``""`` generates them)."""
     halves = ["tune", "heldout"]
     with tempfile.TemporaryDirectory() as tmp:
+        if frameworks is not None:
+            folder = frameworks or make_frameworks(os.path.join(tmp, "frameworks"))
+            rows_fw = analyse(folder, frameworks_truth(folder))
         if corpus is None:
             from analyzer.scenarios.corpus.__main__ import generate
 
@@ -193,6 +218,9 @@ def evaluate(corpus: str | None = None, samples: bool = True, captures: bool = T
         if samples and captures:
             rows += analyse(SAMPLE_RUNS, samples_truth(SAMPLE_RUNS, CAPTURED), replay=True)
             halves.append(CAPTURED)
+        if frameworks is not None:
+            rows += rows_fw
+            halves.append(FRAMEWORKS)
     return {half: score(r for r in rows if r.half == half) for half in halves}
 
 
@@ -226,11 +254,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-samples", action="store_true", help="score the corpus only")
     parser.add_argument("--no-captures", action="store_true",
                         help="do not score the sample runs with their captures replayed")
+    parser.add_argument("--frameworks", nargs="?", const="", metavar="DIR",
+                        help="also score the real-framework runs of tests/frameworks/ "
+                             "(generated unless DIR holds them; needs the dev extras)")
     parser.add_argument("--json", action="store_true", help="print the scores as JSON")
     parser.add_argument("--out", help="also write the scores as JSON to this file "
                                       "(make evaluate: docs/evaluation.json)")
     args = parser.parse_args(argv)
-    scores = evaluate(args.corpus, samples=not args.no_samples, captures=not args.no_captures)
+    scores = evaluate(args.corpus, samples=not args.no_samples, captures=not args.no_captures,
+                      frameworks=args.frameworks)
     if args.out:
         with open(args.out, "w", encoding="utf-8") as fh:
             json.dump(scores, fh, indent=1, sort_keys=True)

@@ -27,6 +27,17 @@ NAMES = tuple(name for names in FAMILIES.values() for name in names)
 FAILING = ("lightning_nan", "lightning_anomaly", "lightning_restart", "hf_nan", "tbx_nan",
            "ddp_gloo")
 HEALTHY = ("lightning_healthy", "hf_healthy", "amp_benign")
+INTENDED: dict[str, str] = {
+    "lightning_nan": "learning-rate-too-high",      # SGD at lr=1.0 diverges
+    "lightning_anomaly": "division-by-zero",        # x / |x| of an all-zero sample: 0/0
+    "lightning_restart": "learning-rate-too-high",  # a LambdaLR growing 6x per epoch
+    "hf_nan": "learning-rate-too-high",             # SGD warming up to lr=30
+    "tbx_nan": "log-of-zero",                       # hand-written BCE: 0 * log(0)
+    "ddp_gloo": "division-by-zero",                 # a zero batch divided by its norm
+    **{name: "healthy" for name in HEALTHY},
+}
+"""The cause each run was built to show (a rule name), from the mechanism its generator
+builds; ``bench/evaluate.py --frameworks`` scores the analysis against it."""
 REPO = Path(__file__).resolve().parents[2]
 
 _made: dict[str, Path] = {}
