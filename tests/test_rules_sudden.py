@@ -324,3 +324,18 @@ def test_regression_replay_of_a_masked_attention_step_reads_as_masked_softmax(
     top = next(f for f in result.findings if f.is_failure)
     assert (top.name, top.confidence) == ("softmax-all-masked", "medium")
     assert "masked_fill" in top.evidence[0].text
+
+
+def test_regression_captured_nan_targets_are_not_tied_with_an_exploding_rnn(
+        tmp_path: Path) -> None:
+    # the tuning case lstm_nan_target with its capture: the replay finds NaN in the batch's
+    # targets; nothing the recurrence did can come before that
+    from analyzer.scenarios.corpus.failing import RECURRENT
+    from analyzer.scenarios.harness import run as train
+
+    case = next(c for c in RECURRENT if c.name == "lstm_nan_target")
+    train(case.scenario, str(tmp_path))
+    result = analyzer.analyze(str(tmp_path / case.name), replay=True).results[0]
+    causes = _causes(result.findings)
+    assert (causes[0].name, causes[0].confidence) == ("nan-in-batch", "high")
+    assert all(f.score < causes[0].score for f in causes[1:] if f.confidence == "high")

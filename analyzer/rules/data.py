@@ -57,7 +57,9 @@ def nan_in_batch(r: Rule, ev: RunEvidence) -> list[Finding]:
     if frame is not None:
         evidence.append(Evidence(f"first module with a non-finite output: {frame.name} "
                                  f"({frame.type})", step=replay.step, subject=frame.name))
-    return [r.finding("high" if bad else "medium", evidence, 0.9 if bad else 0.5)]
+    # the step started from non-finite values: no op of the model made them, so this
+    # outweighs any reading of what the model did with them
+    return [r.finding("high" if bad else "medium", evidence, 1.0 if bad else 0.5)]
 
 
 RULES = (nan_in_batch,)
