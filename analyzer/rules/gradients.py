@@ -11,6 +11,13 @@ import numpy as np
 from analyzer.model import Evidence, Finding
 from analyzer.rules.base import Rule, rule
 from analyzer.rules.evidence import Curve, RunEvidence
+from analyzer.rules.evidence_scale import (
+    INIT_EXCESS,
+    UNNORMALIZED_RMS,
+    InitScale,
+    input_scale,
+    oversized,
+)
 from analyzer.rules.signals import Growth, growth
 from analyzer.wording import step_words
 
@@ -99,12 +106,13 @@ def exploding_gradients(r: Rule, ev: RunEvidence) -> list[Finding]:
 
 
 @rule("NF204", "bad-initialisation", "bad initialisation: huge gradients from the start",
-      needs=("grad_norm",))
+      needs=("grad_norm", "layer_norms"))
 def bad_initialisation(r: Rule, ev: RunEvidence) -> list[Finding]:
     """
     ## What it detects
-    A gradient norm above 1e5 within the first logged steps, before the optimizer has had
-    time to do damage: the weights were too large (or too small) from the start.
+    Weights drawn far larger than PyTorch's default init gives their shape, or a gradient
+    norm above 1e5 within the first logged steps, before the optimizer has had time to do
+    damage: the weights were too large (or too small) from the start.
 
     ## Why it produces NaN/Inf
     Weights drawn with too large a scale make activations and gradients grow by a constant
@@ -112,10 +120,20 @@ def bad_initialisation(r: Rule, ev: RunEvidence) -> list[Finding]:
     run overflows within a few steps.
 
     ## Evidence
-    The total gradient-norm series: a value above 1e5 at one of the first three logged
-    steps, and no return below 1e3 between then and the failure. A first norm that was sane,
-    blown up at the next steps under a logged learning rate above 1.0 (more than any
-    optimizer family runs at), is left to learning-rate-too-high.
+    - A weight norm at the first logged step, less the most the updates up to it could
+      have added (``lr · max(‖∇W‖, 10 · sqrt(numel))`` each), at least 5 times
+      ``sqrt(out / 3)``, the default init's norm for the weight's shape in a checkpoint
+      (Kaiming-normal, Xavier and orthogonal init stay within 2.5 times it; embeddings,
+      normalisation and recurrent layers are left out). With a gradient norm above 1e5 at
+      the first step too, high confidence; alone, medium, ranked above a learning rate.
+    - Else the total gradient-norm series: a value above 1e5 at one of the first three
+      logged steps, and no return below 1e3 between then and the failure. A first norm
+      that was sane, blown up at the next steps under a logged learning rate above 1.0
+      (more than any optimizer family runs at), is left to learning-rate-too-high. A huge
+      first norm is as much unnormalized inputs: with the first layer's gradients logged,
+      their quotient reads the inputs' scale (see unnormalized-inputs), and inputs far
+      from unit scale leave this rule at low confidence; with nothing to read it from,
+      the two are reported tied.
 
     ## Fix
     Use an initialisation scaled to the layer's fan-in and nonlinearity, and check the
@@ -129,30 +147,88 @@ def bad_initialisation(r: Rule, ev: RunEvidence) -> list[Finding]:
 
     ## Known false positives
     Losses summed (not averaged) over very large batches or sequences have large gradient
-    norms by construction; compare with the loss's own scale.
+    norms by construction; compare with the loss's own scale. A deliberate init larger
+    than 5 times the default (rare outside tests).
     """
-    curve = ev.grad_norm
-    if curve is None or not ev.failed:
+    if not ev.failed:
         return []
-    first = curve.before(ev.failure_step)
-    head = first.values[:EARLY_STEPS]
-    big = np.flatnonzero(np.isfinite(head) & (head > BAD_INIT_NORM))
-    if not big.size:
+    big = oversized(ev)
+    if big:
+        return [_oversized_finding(r, ev, big)]
+    burst = early_burst(ev)
+    if burst is None:
         return []
-    k = int(big[0])
-    step, value = int(first.steps[k]), float(first.values[k])
-    later = first.values[k + 1:]
-    if (np.isfinite(later) & (later < RECOVERED_NORM)).any():
-        return []  # the norm came back to a sane scale: the early burst did not cause the failure
-    if k > 0 and overshooting_rate(ev) is not None:
-        return []  # a sane first norm blown up by a rate no optimizer runs at: the rate's rule
+    curve, k, step, value = burst
     evidence = [Evidence(f"{curve.tag} = {value:.3g} at step {step}, the "
                          f"{_ordinal(k + 1)} logged step (threshold {BAD_INIT_NORM:.0e}), and "
                          f"it never fell below {RECOVERED_NORM:.0e} before the failure",
                          location=curve.location_at(step), step=step, subject=curve.tag,
                          value=value)]
     score = min(1.0, 0.6 + 0.1 * math.log10(value / BAD_INIT_NORM))
+    scale = input_scale(ev)
+    if scale is not None and scale.rms >= UNNORMALIZED_RMS:
+        evidence.append(Evidence(scale.text() + ": the inputs' scale explains the norm",
+                                 location=scale.location, step=scale.step,
+                                 subject=scale.param, value=scale.rms))
+        return [r.finding("low", evidence, 0.3)]
+    if scale is None:
+        # the inputs' scale makes the same early norms: tied with unnormalized-inputs
+        evidence.append(Evidence(
+            "not seen: the first layer's weight and bias gradient norms (per-layer tags) "
+            "or its weights' shapes (a checkpoint), which tell initial weights too large "
+            "from inputs too large", subject="weights"))
+        return [r.finding("medium", evidence, TIED_SCORE)]
+    evidence.append(Evidence(scale.text() + ": not the inputs", location=scale.location,
+                             step=scale.step, subject=scale.param, value=scale.rms))
     return [r.finding("high" if k == 0 else "medium", evidence, score)]
+
+
+def early_burst(ev: RunEvidence) -> tuple[Curve, int, int, float] | None:
+    """A total gradient norm above BAD_INIT_NORM at one of the first EARLY_STEPS logged
+    steps that never came back below RECOVERED_NORM before the failure, unless a sane first
+    norm was blown up by a rate above every optimizer's ceiling: the curve, the index among
+    the logged steps, the step and the value."""
+    curve = ev.grad_norm
+    if curve is None or not ev.failed:
+        return None
+    first = curve.before(ev.failure_step)
+    head = first.values[:EARLY_STEPS]
+    huge = np.flatnonzero(np.isfinite(head) & (head > BAD_INIT_NORM))
+    if not huge.size:
+        return None
+    k = int(huge[0])
+    later = first.values[k + 1:]
+    if (np.isfinite(later) & (later < RECOVERED_NORM)).any():
+        return None  # the norm came back to a sane scale: the early burst did not cause it
+    if k > 0 and overshooting_rate(ev) is not None:
+        return None  # a sane first norm blown up by a rate no optimizer runs at: the rate's
+    return first, k, int(first.steps[k]), float(first.values[k])
+
+
+TIED_SCORE = 0.6
+"""The score bad-initialisation and unnormalized-inputs both give a huge first gradient
+norm that nothing else tells apart: equal, so the report says it is undetermined."""
+
+
+def _oversized_finding(r: Rule, ev: RunEvidence, big: list[InitScale]) -> Finding:
+    evidence = [Evidence(f"{b.param} (shape {'x'.join(map(str, b.shape))}): norm at least "
+                         f"{b.norm:.3g} at step {b.step}, {b.ratio:.3g}x the {b.expected:.3g} "
+                         "that PyTorch's default init gives this shape",
+                         location=b.location, step=b.step, subject=b.param, value=b.norm,
+                         ratio=b.ratio) for b in big[:3]]
+    if len(big) > 3:
+        evidence.append(Evidence(f"{len(big) - 3} more weights likewise", subject="weights"))
+    burst = early_burst(ev)
+    huge = burst is not None and burst[1] == 0
+    if burst is not None:
+        curve, k, step, value = burst
+        evidence.append(Evidence(f"{curve.tag} = {value:.3g} at step {step}, the "
+                                 f"{_ordinal(k + 1)} logged step",
+                                 location=curve.location_at(step), step=step,
+                                 subject=curve.tag, value=value))
+    worst = max(b.ratio for b in big)
+    score = min(1.0, 0.75 + 0.1 * math.log10(worst / INIT_EXCESS) + 0.05 * huge)
+    return r.finding("high" if huge else "medium", evidence, score)
 
 
 @rule("NF206", "exploding-rnn", "exploding recurrent network on long sequences",

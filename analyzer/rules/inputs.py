@@ -2,16 +2,30 @@
 
 from __future__ import annotations
 
+import math
+
 from analyzer.model import Evidence, Finding
 from analyzer.rules.base import Rule, rule
-from analyzer.rules.evidence import RunEvidence
+from analyzer.rules.evidence import RunEvidence, float16_model, gradient_rose
+from analyzer.rules.evidence_scale import (
+    UNNORMALIZED_RMS,
+    input_scale,
+    oversized,
+)
+from analyzer.rules.gradients import (
+    EARLY_STEPS,
+    TIED_SCORE,
+    early_burst,
+    gradient_growth,
+    growth_evidence,
+)
 
 UNNORMALIZED_ABSMAX = 20.0
 """Network inputs are usually scaled to about unit range; beyond this they were not."""
 
 
 @rule("NF402", "unnormalized-inputs", "unnormalized inputs (e.g. raw 0-255 pixels)",
-      needs=("replay",))
+      needs=("replay", "layer_norms", "checkpoints", "grad_norm"))
 def unnormalized_inputs(r: Rule, ev: RunEvidence) -> list[Finding]:
     """
     ## What it detects
@@ -28,6 +42,20 @@ def unnormalized_inputs(r: Rule, ev: RunEvidence) -> list[Finding]:
     magnitude and the range (a range starting at 0 and reaching ~255 is image data that was
     not divided and standardized).
 
+    Without a capture, the first layer's gradients: for ``y = W x + b`` the weight gradient
+    sums ``δ xᵀ`` where the bias gradient sums ``δ``, so ``‖∇W‖ / ‖∇b‖`` over
+    ``sqrt(fan_in)`` estimates the inputs' RMS (about 1 standardized, ~100 for raw pixels;
+    above 20 counts). The norms come from per-layer gradient tags (the first weight in the
+    order the file wrote them, and its bias), else from the optimizer's momentum or first
+    moment in a checkpoint; ``fan_in`` from the checkpoint's shapes, else from ``‖W‖/‖b‖``
+    at the first logged step, which the default init makes ``sqrt(fan_in)``. The run must
+    have blown up (gradients or loss growing into the failure, or huge from the start):
+    medium confidence, ranked above a learning rate, whose growth this is; low in a model
+    that computes in float16, whose range is then the nearer cause. A total gradient
+    norm above 1e5 within the first three steps (bad-initialisation's signature), with no
+    per-layer reading, is as much inputs too large as weights too large: the two are
+    reported tied.
+
     ## Fix
     Normalize in the data pipeline:
     ```python
@@ -40,9 +68,11 @@ def unnormalized_inputs(r: Rule, ev: RunEvidence) -> list[Finding]:
     Inputs that go straight into an embedding, a normalization layer or a log: their scale
     does not reach the weights' updates the same way.
     """
-    replay = ev.replay
-    if replay is None or not ev.failed:
+    if not ev.failed:
         return []
+    replay = ev.replay
+    if replay is None:
+        return _post_hoc(r, ev)
     stats = [s for s in replay.forward.batch if s.absmax is not None and "float" in s.dtype]
     if not stats:
         return []
@@ -62,6 +92,65 @@ def unnormalized_inputs(r: Rule, ev: RunEvidence) -> list[Finding]:
                                  step=replay.step, subject=first.name))
     confidence = "high" if pixel_like else "medium"
     return [r.finding(confidence, evidence, min(1.0, 0.5 + peak / 1000))]
+
+
+def _post_hoc(r: Rule, ev: RunEvidence) -> list[Finding]:
+    """The inputs' scale from the first layer's gradients, in a run that blew up; a huge
+    first gradient norm with nothing to read the scale from, tied with bad-initialisation."""
+    scale = input_scale(ev)
+    blown = _blew_up(ev)
+    step = ev.failure_step if ev.failure_step is not None else 0
+    if scale is not None:
+        if scale.rms < UNNORMALIZED_RMS or blown is None:
+            return []
+        evidence = [Evidence(scale.text(), location=scale.location, step=scale.step,
+                             subject=scale.param, value=scale.rms),
+                    blown,
+                    Evidence(f"not seen: the inputs themselves; a capture of step {step} "
+                             "would show the batch's values. To record one: `recorder = "
+                             "FlightRecorder(run_dir, model, optimizer)` (analyzer.capture) "
+                             "before the loop and `with recorder.step(step, x, y) as rec:` "
+                             "around each step", subject="inputs")]
+        score = min(0.9, 0.75 + 0.1 * math.log10(scale.rms / UNNORMALIZED_RMS))
+        half = float16_model(ev)
+        if half is not None:
+            # float16's range is the nearer cause: in float32 these inputs still train
+            evidence.append(Evidence(f"{half}: its range overflowed first (fp16-overflow)",
+                                     subject="dtype"))
+            return [r.finding("low", evidence, score)]
+        return [r.finding("medium", evidence, score)]
+    burst = early_burst(ev)
+    if burst is None or oversized(ev):
+        return []
+    curve, _, first, value = burst
+    evidence = [Evidence(f"{curve.tag} = {value:.3g} at step {first}, within the first "
+                         f"{EARLY_STEPS} logged steps: the scale of the inputs or of the "
+                         "initial weights",
+                         location=curve.location_at(first), step=first, subject=curve.tag,
+                         value=value),
+                Evidence("not seen: the first layer's weight and bias gradient norms "
+                         "(per-layer tags), whose quotient reads the inputs' scale",
+                         subject="inputs")]
+    return [r.finding("medium", evidence, TIED_SCORE)]
+
+
+def _blew_up(ev: RunEvidence) -> Evidence | None:
+    """How the run blew up, if it did: gradients growing into the failure, or huge from the
+    start (a NaN out of a steady run is some other fault's)."""
+    found = gradient_growth(ev)
+    if found is not None:
+        return growth_evidence(*found)[0]
+    burst = early_burst(ev)
+    if burst is not None:
+        curve, _, step, value = burst
+        return Evidence(f"{curve.tag} = {value:.3g} at step {step}, from the start",
+                        location=curve.location_at(step), step=step, subject=curve.tag,
+                        value=value)
+    if ev.failure_step is not None and gradient_rose(ev, ev.failure_step):
+        g = ev.grad_norm
+        assert g is not None
+        return Evidence(f"{g.tag} rose into the failure", subject=g.tag)
+    return None
 
 
 RULES = (unnormalized_inputs,)

@@ -9,6 +9,7 @@ import numpy as np
 from analyzer.model import Evidence, Finding, Location, RunMetadata
 from analyzer.rules.base import Rule, rule
 from analyzer.rules.evidence import Curve, RunEvidence
+from analyzer.rules.evidence_scale import UNNORMALIZED_RMS, input_scale, oversized
 from analyzer.rules.gradients import (
     BAD_INIT_NORM,
     EARLY_STEPS,
@@ -61,7 +62,8 @@ def learning_rate_too_high(r: Rule, ev: RunEvidence) -> list[Finding]:
     ## Evidence
     Fast exponential growth of the gradient norm (or loss) before the failure, doubling
     within ten steps; a learning-rate series that did not jump (else learning-rate-jump
-    applies); a first gradient norm below the bad-initialisation threshold; weight norms
+    applies); a first gradient norm below the bad-initialisation threshold and no weight
+    drawn 5 times above the default init for its shape (both that rule's); weight norms
     growing in several layers; the optimizer's learning rate from the capture, else the
     logged rate at the failure (and the range a schedule moved it in before). The rate the
     run's metadata says it was configured with (training_args.bin, hparams.yaml, a
@@ -75,7 +77,9 @@ def learning_rate_too_high(r: Rule, ev: RunEvidence) -> list[Finding]:
     rate makes (medium confidence then). A configuration whose warm-up settings are all
     zero is quoted. With too few points for a growth fit: a logged rate above 1.0 (every
     optimizer family's ceiling) and a gradient norm sane at the first logged step that is
-    above 1e5 or non-finite within the next two (medium).
+    above 1e5 or non-finite within the next two (medium). Where the first layer's
+    gradients read inputs far from unit scale (see unnormalized-inputs) and no configured
+    rate is above its ceiling, the growth is the inputs' and this rule stays low.
 
     ## Fix
     Lower the learning rate (by 3-10x), add a warmup, and clip gradients while tuning:
@@ -104,6 +108,8 @@ def learning_rate_too_high(r: Rule, ev: RunEvidence) -> list[Finding]:
     head = grad.values[:3] if grad is not None else np.zeros(0)
     if head.size and float(np.nanmax(np.where(np.isfinite(head), head, 0))) > BAD_INIT_NORM:
         return []  # huge from the first step: initialisation, not the step size
+    if oversized(ev):
+        return []  # weights drawn far above the default init: bad-initialisation's
     if ev.lr is not None and _jump(ev) is not None:
         return []
     if configured is not None and configured.high:
@@ -117,6 +123,13 @@ def learning_rate_too_high(r: Rule, ev: RunEvidence) -> list[Finding]:
                                  subject="weights"))
     confidence = "medium" if fast else "low"
     high = configured is not None and configured.high
+    scale = input_scale(ev)
+    if scale is not None and scale.rms >= UNNORMALIZED_RMS and not high:
+        # a rate that suits standardized inputs overshoots on these: unnormalized-inputs'
+        evidence.append(Evidence(scale.text() + ": the inputs, not the rate, are off scale",
+                                 location=scale.location, step=scale.step,
+                                 subject=scale.param, value=scale.rms))
+        confidence = "low"
     return [r.finding(confidence, evidence, 0.4 + 0.1 * min(g.decades, 4) / 4 + 0.1 * bool(grow)
                       + 0.1 * high)]
 
