@@ -5,6 +5,7 @@ from __future__ import annotations
 from analyzer.model import Evidence, Finding
 from analyzer.rules.base import Rule, rule
 from analyzer.rules.evidence import RunEvidence, float16_model, lacking
+from analyzer.rules.evidence_ckpt import half_adam, half_weights
 
 _HALF_TINY = {"float16": 6e-8, "bfloat16": 9.2e-41}
 """Smallest positive (subnormal) values: an eps below them rounds to 0."""
@@ -29,8 +30,13 @@ def adam_eps_too_small(r: Rule, ev: RunEvidence) -> list[Finding]:
     parameters non-finite, with the reason (eps rounding to 0, zeros in exp_avg_sq); the
     optimizer's eps and the dtype from the capture; Adam state in checkpoints with
     exp_avg_sq at or below eps². Without a capture: a model shown to compute in float16
-    whose weight norms went non-finite while the loss and gradients were still finite (the
-    update wrote the first Inf), with the configured eps where the run's metadata gives it.
+    (its logged values, its configuration, or its checkpoints' float16 weights) whose weight
+    norms went non-finite while the loss and gradients were still finite (the update wrote
+    the first Inf), with the configured eps where the run's metadata gives it (medium). A
+    checkpoint whose Adam moments are float16 (or bfloat16) with an eps below half that
+    dtype's smallest number shows the division itself: `sqrt(exp_avg_sq) + eps` is computed
+    with eps = 0, and every element whose exp_avg_sq underflowed to 0 divides by 0 (high,
+    with the count of such zeros in the save).
 
     ## Fix
     Keep optimizer state and master weights in float32 (use autocast instead of a half
@@ -79,27 +85,39 @@ def adam_eps_too_small(r: Rule, ev: RunEvidence) -> list[Finding]:
 
 
 def _posthoc(r: Rule, ev: RunEvidence) -> list[Finding]:
-    """The update phase in the logged curves, in a float16 model."""
+    """The update phase in the logged curves, in a float16 model; high where a checkpoint
+    shows Adam's moments held in a half dtype whose eps rounds to 0."""
     o = ev.onset
+    if o is None or o.phase != "update":
+        return []
     why = float16_model(ev)
-    if o is None or o.phase != "update" or why is None:
+    weights = half_weights(ev)
+    adam = half_adam(ev)
+    if why is None and weights is None and adam is None:
         return []
     evidence = [Evidence(f"{o.tag} went non-finite at step {o.step} while the loss and "
                          "every gradient norm there were finite: the optimizer's update "
-                         "wrote the first Inf", step=o.step, subject=o.tag),
-                Evidence(why, subject="dtype")]
+                         "wrote the first Inf", step=o.step, subject=o.tag)]
+    if why is not None:
+        evidence.append(Evidence(why, subject="dtype"))
+    if weights is not None:
+        evidence.append(weights.evidence())
     meta = ev.result.run.metadata
     eps = meta.number("adam_epsilon") if meta is not None else None
-    if eps is not None:
+    if adam is not None:
+        evidence.extend(adam.evidence())
+    elif eps is not None:
         rounds = eps < _HALF_TINY["float16"]
         evidence.append(Evidence(f"configured adam eps={eps:g}"
                                  + (" rounds to 0 in float16" if rounds else ""),
                                  subject="optimizer", value=eps))
     else:
-        evidence.append(Evidence("not seen: the optimizer and its eps (no metadata gives "
-                                 "them); Adam's default 1e-8 rounds to 0 in float16",
-                                 subject="optimizer"))
+        evidence.append(Evidence("not seen: the optimizer and its eps (no metadata or "
+                                 "checkpoint gives them); Adam's default 1e-8 rounds to 0 in "
+                                 "float16", subject="optimizer"))
     evidence.append(Evidence(lacking(o.step, "the optimizer step"), step=o.step))
+    if adam is not None:  # the checkpoint shows the division the update makes
+        return [r.finding("high", evidence, 0.9)]
     return [r.finding("medium", evidence, 0.6 + 0.2 * (eps is not None))]
 
 

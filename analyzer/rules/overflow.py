@@ -7,7 +7,8 @@ import numpy as np
 
 from analyzer.model import Evidence, Finding
 from analyzer.rules.base import Rule, rule
-from analyzer.rules.evidence import RunEvidence
+from analyzer.rules.evidence import RunEvidence, lacking
+from analyzer.rules.evidence_ckpt import half_weights
 from analyzer.rules.evidence_loss import finite_until, float16_exact, inf_jump
 
 JUMP_FROM = 1e6
@@ -144,6 +145,9 @@ def exp_overflow(r: Rule, ev: RunEvidence) -> list[Finding]:
         evidence.append(Evidence(f"the capture's replay: {'/'.join(sorted(replayed & EXP_OPS))} "
                                  "is the first op to turn finite inputs non-finite",
                                  step=ev.replay.step, subject="replay"))
+    else:
+        evidence.append(Evidence(lacking(jump.step, "the exp, or the division that ties with "
+                                         "it"), step=jump.step))
     return [r.finding(confidence, evidence, 0.5 + 0.2 * negative + 0.2 * big_grad
                       + 0.1 * bool(replayed))]
 
@@ -168,8 +172,10 @@ def fp16_reduction_overflow(r: Rule, ev: RunEvidence) -> list[Finding]:
     The training loss's finite values are all exactly representable in float16; its first
     non-finite value is +inf; its last finite value is below 65504 (the elements are
     finite); the gradient and weight norms, where logged, are finite before the jump
-    (medium). A capture's replay whose first non-finite op is a sum, mean, norm, variance or
-    mse_loss makes it high; one that names another op rules this cause out.
+    (medium; checkpoints whose weights are float16 agree, though the loss's own values are
+    what show the reduction ran in float16). A capture's replay whose first non-finite op
+    is a sum, mean, norm, variance or mse_loss makes it high; one that names another op rules
+    this cause out.
 
     ## Fix
     Reduce in float32, or divide before summing:
@@ -211,6 +217,10 @@ def fp16_reduction_overflow(r: Rule, ev: RunEvidence) -> list[Finding]:
                                  "to turn finite inputs non-finite", step=ev.replay.step,
                                  subject="replay"))
         return [r.finding("high", evidence, 0.9)]
+    weights = half_weights(ev)
+    if weights is not None:
+        evidence.append(weights.evidence())
+    evidence.append(Evidence(lacking(jump.step, "the reduction that overflowed"), step=jump.step))
     return [r.finding("medium", evidence, 0.7)]
 
 

@@ -6,9 +6,16 @@ import math
 
 import numpy as np
 
-from analyzer.model import Evidence, Finding
+from analyzer.model import Evidence, Finding, Location
 from analyzer.rules.base import Rule, rule
-from analyzer.rules.evidence import RunEvidence, float16_model, lacking, rose
+from analyzer.rules.evidence import Curve, RunEvidence, float16_model, lacking, rose
+from analyzer.rules.evidence_ckpt import (
+    first_bad_save,
+    half_weights,
+    histogram_peaks,
+    near_limit,
+    saved_scales,
+)
 from analyzer.scaler import read_scale
 from analyzer.wording import step_words
 
@@ -44,8 +51,13 @@ def fp16_overflow(r: Rule, ev: RunEvidence) -> list[Finding]:
     overflow, not a math fault), with the op's inputs or outputs near 65504; the capture's
     dtype (float16 parameters) and autocast setting. Without a capture: a model shown to
     compute in float16 (a configured precision of 16-true, or logged losses and gradient
-    norms that are all exactly float16 values) whose loss or gradient norm rose into the
-    failure, with no loss scaler logged.
+    norms that are all exactly float16 values, or checkpoints whose weights are float16)
+    whose loss or gradient norm rose into the failure (the gradient norm, for a failure that
+    began in the backward pass), or whose float16 weights in the last finite save or
+    logged histograms came within 16 times of 65504, with no dynamic loss scaling: no
+    loss scale logged, or one that is exactly 1.0 throughout, which is what a GradScaler
+    built with `enabled=False` reports. The first non-finite save, where there is one, says
+    which layers held the overflow.
 
     ## Fix
     Keep the parameters in float32 and let autocast choose per op, with a gradient scaler:
@@ -94,33 +106,64 @@ def fp16_overflow(r: Rule, ev: RunEvidence) -> list[Finding]:
     return [r.finding(confidence, evidence, 0.6 + 0.2 * near + 0.2 * half_params)]
 
 
+def scaling_disabled(curve: Curve | None) -> bool:
+    """A loss-scale series that is exactly 1.0 at every logged point: what a GradScaler
+    built with ``enabled=False`` (or one that disabled itself for want of CUDA) reports,
+    since its ``get_scale()`` returns 1.0 then; a dynamic scaler starts at 2**16 and halves
+    on overflow, so it is never 1.0 throughout a run that overflowed."""
+    if curve is None or len(curve) < 2:
+        return False
+    return bool(np.all(curve.values == 1.0))
+
+
 def _posthoc(r: Rule, ev: RunEvidence) -> list[Finding]:
-    """A float16 model whose values rose into a forward failure, without a scaler."""
+    """A float16 model whose values rose into a forward (or backward) failure, without
+    dynamic loss scaling."""
     o = ev.onset
     why = float16_model(ev)
-    if o is None or why is None or o.phase != "forward" or ev.loss_scale is not None \
-            or ev.events("overflow_skip"):
+    weights = half_weights(ev)
+    if o is None or (why is None and weights is None) or ev.events("overflow_skip"):
         return []
-    risen = [c for c in (ev.loss, ev.grad_norm) if c is not None and rose(c.before(o.step).values)]
-    if not risen:
+    disabled = scaling_disabled(ev.loss_scale)
+    if (ev.loss_scale is not None and not disabled) or saved_scales(ev):
+        return []  # a dynamic scaler skips overflowing steps: NF302/NF303 read it
+    curves = {"forward": (ev.loss, ev.grad_norm), "backward": (ev.grad_norm,)}.get(o.phase, ())
+    risen = [c for c in curves if c is not None and rose(c.before(o.step).values)]
+    near = [n.evidence() for n in near_limit(ev)]
+    near += histogram_peaks(ev, "float16", o.step)
+    if not (risen or near):
         return []
-    c = risen[-1]
-    last = c.before(o.step)
-    peak = float(np.max(np.abs(last.values[np.isfinite(last.values)])))
-    evidence = [Evidence(why, subject="dtype"),
-                Evidence(f"{c.tag} rose to {peak:.4g} just before the failure "
-                         f"{step_words(o.step, form='at')} (float16 max {FP16_MAX:g}; "
-                         "activations and sums are larger than the norms logged)",
-                         location=c.location_at(int(last.steps[-1])), step=int(last.steps[-1]),
-                         subject=c.tag, value=peak),
-                Evidence("no loss scale logged: no GradScaler, so nothing skipped the "
-                         "overflowing steps", subject="loss_scale"),
-                Evidence(lacking(o.step, "the op that overflowed"), step=o.step)]
-    return [r.finding("medium", evidence, 0.7)]
+    evidence = [Evidence(why, subject="dtype")] if why is not None else []
+    if weights is not None:
+        evidence.append(weights.evidence())
+    if risen:
+        c = risen[-1]
+        last = c.before(o.step)
+        peak = float(np.max(np.abs(last.values[np.isfinite(last.values)])))
+        evidence.append(Evidence(
+            f"{c.tag} rose to {peak:.4g} just before the failure "
+            f"{step_words(o.step, form='at')} (float16 max {FP16_MAX:g}; activations and sums "
+            "are larger than the norms logged)", location=c.location_at(int(last.steps[-1])),
+            step=int(last.steps[-1]), subject=c.tag, value=peak))
+    evidence.extend(near)
+    if disabled:
+        assert ev.loss_scale is not None
+        evidence.append(Evidence(
+            f"{ev.loss_scale.tag} is 1.0 at every logged step: what a disabled GradScaler "
+            "reports (get_scale() is 1.0 when enabled=False), so no dynamic loss scaling "
+            "skipped the overflowing steps", subject=ev.loss_scale.tag, value=1.0))
+    else:
+        evidence.append(Evidence("no loss scale logged: no GradScaler, so nothing skipped the "
+                                 "overflowing steps", subject="loss_scale"))
+    bad = first_bad_save(ev)
+    if bad is not None:
+        evidence.append(bad)
+    evidence.append(Evidence(lacking(o.step, "the op that overflowed"), step=o.step))
+    return [r.finding("medium", evidence, 0.7 + 0.05 * bool(near))]
 
 
 @rule("NF302", "loss-scale-collapse", "AMP loss scale collapsed to its floor",
-      needs=("loss_scale",))
+      needs=("loss_scale", "checkpoints"))
 def loss_scale_collapse(r: Rule, ev: RunEvidence) -> list[Finding]:
     """
     ## What it detects
@@ -142,7 +185,10 @@ def loss_scale_collapse(r: Rule, ev: RunEvidence) -> list[Finding]:
     The loss-scale series or the logs' overflow messages: the smallest scale reached and the
     floor, how many of the last logged steps were skipped, the loss at the end, and whether
     the scale was logged before or after `scaler.update()` (decided from where non-finite
-    gradients and scale drops coincide).
+    gradients and scale drops coincide). Where no scale was logged, the scaler's state saved
+    in the checkpoints: a scale that fell at least 8 times to the floor, or was still
+    halving over the last three saves of a run whose loss ended non-finite (medium: saves
+    are a sparse view of the scale).
 
     ## Fix
     Find the overflowing op (replay the captured step), keep it in float32, or switch to
@@ -164,7 +210,9 @@ def loss_scale_collapse(r: Rule, ev: RunEvidence) -> list[Finding]:
     seen = _collapse(ev)
     if not seen.collapsed:
         return []
-    confidence = "high" if seen.at_floor and seen.falling else "medium"
+    logged = ev.loss_scale is not None or bool(ev.events("min_loss_scale"))
+    # a few saves are a sparse view of the scale: decisive only where it was logged
+    confidence = "high" if seen.at_floor and seen.falling and logged else "medium"
     score = 0.6 + 0.2 * seen.at_floor + 0.2 * seen.falling
     low = seen.lowest
     if low is not None and 0 < low < 65536:
@@ -264,6 +312,8 @@ def _collapse(ev: RunEvidence) -> _Seen:
             # A constant scale of 1 is no scaler at all: the floor counts after a real fall.
             seen.at_floor = low <= floor and low > 0 and peak / low >= MIN_FALL
             seen.falling = _falling_tail(ev, curve.steps, curve.values, set(seen.skips), seen)
+    elif saves := saved_scales(ev):
+        _from_saves(ev, saves, floor, seen)
     log_floor = ev.events("min_loss_scale")
     if log_floor:
         seen.at_floor = True
@@ -278,6 +328,34 @@ def _collapse(ev: RunEvidence) -> _Seen:
     if reading.statement is not None:
         seen.evidence.append(Evidence(reading.statement, subject="loss scale"))
     return seen
+
+
+def _from_saves(ev: RunEvidence, saves: list[tuple[int, float, str]], floor: float,
+                seen: _Seen) -> None:
+    """The scaler's scale as its checkpoints saved it, where no scale series was logged:
+    a fall of MIN_FALL or more to the floor, or one still going at the last two intervals
+    of a run whose loss ended non-finite (a scaler that settled stops falling)."""
+    scales = [scale for _, scale, _ in saves]
+    low, peak = min(scales), max(scales)
+    at, _, path = saves[scales.index(low)]
+    seen.lowest = low
+    seen.evidence.append(Evidence(
+        f"the loss scaler's scale saved in the checkpoints went from {scales[0]:g} (step "
+        f"{saves[0][0]}) to {scales[-1]:g} (step {saves[-1][0]}) over {len(saves)} saves, "
+        f"lowest {low:g} against a floor of {floor:g}", location=Location(path), step=at,
+        subject="loss scale", value=low, ratio=low / peak if peak > 0 else None))
+    fell = peak / low >= MIN_FALL if low > 0 else False
+    seen.at_floor = fell and 0 < low <= floor
+    loss = ev.loss
+    ended_bad = loss is not None and len(loss) > 0 and not math.isfinite(float(loss.values[-1]))
+    seen.falling = (ev.failed and ended_bad and fell and len(scales) >= 3
+                    and scales[-1] < scales[-2] < scales[-3])
+    if seen.falling:
+        seen.evidence.append(Evidence(
+            f"the saved scale was still halving at the last saves (steps {saves[-3][0]}, "
+            f"{saves[-2][0]}, {saves[-1][0]}) and the loss is non-finite at the end",
+            location=Location(saves[-1][2]), step=saves[-1][0], subject="loss scale",
+            value=scales[-1]))
 
 
 def _falling_tail(ev: RunEvidence, steps: np.ndarray, values: np.ndarray, skips: set[int],
