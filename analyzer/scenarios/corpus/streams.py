@@ -166,3 +166,116 @@ def views(seed: int, features: int = 16, noise: float = 0.3, batch: int = 32
                             base + noise * torch.randn(base.shape, generator=g)], dim=1)
         yield pair, y[idx]
 
+
+
+# The fresh batch's streams (analyzer.scenarios.corpus.fresh).
+
+
+def graphs(seed: int, n: int = 512, nodes: int = 6, features: int = 8, classes: int = 3,
+           isolated_every: int = 0, batch: int = 16) -> Iterator[Batch]:
+    """Small undirected graphs, each a ring plus random chords, packed as
+    ``(nodes, features + nodes)`` (features, then adjacency rows; no self-loops); a
+    node's label is the class its neighbours' features point to. In every
+    ``isolated_every``-th graph the last node has lost its edges (a lone atom)."""
+    g = _gen(seed)
+    feats = torch.randn(n, nodes, features, generator=g)
+    ring = torch.roll(torch.eye(nodes), 1, dims=1)
+    chords = (torch.rand(n, nodes, nodes, generator=g) < 0.3).float()
+    adj = ((ring + ring.T + chords + chords.transpose(1, 2)) > 0).float()
+    adj = adj * (1 - torch.eye(nodes))
+    if isolated_every:
+        adj[::isolated_every, -1, :] = 0.0
+        adj[::isolated_every, :, -1] = 0.0
+    labels = (adj @ feats[..., :classes]).argmax(-1)
+    return data.epochs((torch.cat([feats, adj], dim=-1), labels), batch, seed)
+
+
+def weighted_sources(seed: int, sources: int = 8, batch: int = 16,
+                     zero_weight_source: int = 7, share: float = 0.01) -> Iterator[Batch]:
+    """A regression read one source (domain) per batch, sources drawn by size; targets
+    carry a per-record weight column. Source ``zero_weight_source`` (a share ``share`` of
+    the records) was switched off by giving its records weight 0."""
+    x, y = data.linear_regression(4096, 16, 1, 0.1, seed)
+    g = _gen(seed + 1)
+    sizes = torch.full((sources,), (1.0 - share) / (sources - 1))
+    sizes[zero_weight_source] = share
+    source = torch.multinomial(sizes, x.shape[0], replacement=True, generator=g)
+    weights = (source != zero_weight_source).float().unsqueeze(1)
+    members = [torch.nonzero(source == s).squeeze(1) for s in range(sources)]
+    while True:
+        s = int(torch.multinomial(sizes, 1, generator=g))
+        pick = members[s][torch.randint(0, len(members[s]), (batch,), generator=g)]
+        yield x[pick], torch.cat([y[pick], weights[pick]], dim=1)
+
+
+def waveforms(seed: int, n: int = 512, length: int = 512, classes: int = 4,
+              peak: float = 1.0, batch: int = 32) -> Iterator[Batch]:
+    """Tones of a class-dependent pitch in noise, at amplitude ``peak`` (int16 PCM read
+    as is: ``peak`` about 2e4; scaled to [-1, 1]: ``peak`` 1)."""
+    g = _gen(seed)
+    labels = torch.randint(0, classes, (n,), generator=g)
+    t = torch.arange(length, dtype=torch.float32)
+    phase = torch.rand(n, 1, generator=g) * 2 * math.pi
+    freq = (labels.float().unsqueeze(1) + 1) * 0.05
+    wave = 0.6 * torch.sin(freq * t + phase) + 0.2 * torch.randn(n, length, generator=g)
+    return data.epochs(((wave * peak).round() if peak > 1 else wave * peak, labels), batch,
+                       seed)
+
+
+def sensors(seed: int, n: int = 512, length: int = 16, features: int = 3,
+            missing_at: int | None = None, outlier_at: int | None = None,
+            batch: int = 32) -> Iterator[Batch]:
+    """Multivariate sensor series; the target is the mean of the first sensor's readings.
+    With ``missing_at``, the table goes through a CSV file in which that record's reading
+    is an empty cell, parsed as NaN as ``pandas.read_csv`` does. ``outlier_at``: that
+    record's target is mis-scaled by 50 (a finite outlier)."""
+    import csv
+    import io
+
+    g = _gen(seed)
+    x = torch.randn(n, length, features, generator=g).cumsum(1) * 0.3
+    y = x[:, :, 0].mean(1, keepdim=True)
+    if outlier_at is not None:
+        y[outlier_at] *= 50.0
+    if missing_at is not None:
+        text = io.StringIO()
+        out = csv.writer(text)
+        for i, series in enumerate(x.tolist()):
+            for t, row in enumerate(series):
+                cells = [f"{v:.6f}" for v in row]
+                if i == missing_at and t == length // 2:
+                    cells[1] = ""
+                out.writerow([i, t, *cells])
+        text.seek(0)
+        parsed = [[float(c) if c.strip() else math.nan for c in row[2:]]
+                  for row in csv.reader(text)]
+        x = torch.tensor(parsed).reshape(n, length, features)
+    return data.epochs((x, y), batch, seed)
+
+
+def flow_points(seed: int, n: int = 2048, batch: int = 64) -> Iterator[Batch]:
+    """4-d points for density estimation: two noisy moons in the first two coordinates, a
+    correlated third, and a fourth that a disconnected sensor left at exactly 0."""
+    g = _gen(seed)
+    angle = torch.rand(n, generator=g) * math.pi
+    upper = torch.rand(n, generator=g) < 0.5
+    px = torch.where(upper, torch.cos(angle), 1 - torch.cos(angle))
+    py = torch.where(upper, torch.sin(angle), 0.5 - torch.sin(angle))
+    pts = torch.stack([px, py], 1) + 0.1 * torch.randn(n, 2, generator=g)
+    third = pts.sum(1, keepdim=True) * 0.5 + 0.1 * torch.randn(n, 1, generator=g)
+    x = torch.cat([pts, third, torch.zeros(n, 1)], dim=1)
+    return data.epochs((x, torch.zeros(n, dtype=torch.long)), batch, seed)
+
+
+def count_images(seed: int, n: int = 512, size: int = 16, mean: float = 1.5,
+                 batch: int = 32) -> Iterator[Batch]:
+    """Noisy images holding a Poisson number of bright 3x3 squares; the target is the
+    count (0 for an empty frame)."""
+    g = _gen(seed)
+    counts = torch.poisson(torch.full((n,), mean), generator=g).clamp(max=6)
+    x = 0.2 * torch.rand(n, 1, size, size, generator=g)
+    for i in range(n):
+        for _ in range(int(counts[i])):
+            r, c = torch.randint(0, size - 3, (2,), generator=g).tolist()
+            x[i, 0, r : r + 3, c : c + 3] = 1.0
+    return data.epochs((x, counts.unsqueeze(1)), batch, seed)
