@@ -10,7 +10,7 @@ import numpy as np
 
 from analyzer.model import Evidence, Finding
 from analyzer.rules.base import Rule, rule
-from analyzer.rules.evidence import Curve, RunEvidence
+from analyzer.rules.evidence import Curve, RunEvidence, gradient_rose, rose
 from analyzer.rules.evidence_scale import (
     INIT_EXCESS,
     UNNORMALIZED_RMS,
@@ -121,11 +121,13 @@ def bad_initialisation(r: Rule, ev: RunEvidence) -> list[Finding]:
 
     ## Evidence
     - A weight norm at the first logged step, less the most the updates up to it could
-      have added (``lr · max(‖∇W‖, 10 · sqrt(numel))`` each), at least 5 times
+      have added (``lr · max(‖∇W‖, 10 · sqrt(numel))`` each), at least 4 times
       ``sqrt(out / 3)``, the default init's norm for the weight's shape in a checkpoint
       (Kaiming-normal, Xavier and orthogonal init stay within 2.5 times it; embeddings,
-      normalisation and recurrent layers are left out). With a gradient norm above 1e5 at
-      the first step too, high confidence; alone, medium, ranked above a learning rate.
+      normalisation and recurrent layers are left out), in a run that blew up (gradients
+      or the loss growing into the failure, or huge from the start). With a gradient norm
+      above 1e5 at the first step too, high confidence; alone, medium, ranked above a
+      learning rate.
     - Else the total gradient-norm series: a value above 1e5 at one of the first three
       logged steps, and no return below 1e3 between then and the failure. A first norm
       that was sane, blown up at the next steps under a logged learning rate above 1.0
@@ -148,12 +150,12 @@ def bad_initialisation(r: Rule, ev: RunEvidence) -> list[Finding]:
     ## Known false positives
     Losses summed (not averaged) over very large batches or sequences have large gradient
     norms by construction; compare with the loss's own scale. A deliberate init larger
-    than 5 times the default (rare outside tests).
+    than 4 times the default (rare outside tests).
     """
     if not ev.failed:
         return []
     big = oversized(ev)
-    if big:
+    if big and blew_up(ev) is not None:
         return [_oversized_finding(r, ev, big)]
     burst = early_burst(ev)
     if burst is None:
@@ -203,6 +205,29 @@ def early_burst(ev: RunEvidence) -> tuple[Curve, int, int, float] | None:
     if k > 0 and overshooting_rate(ev) is not None:
         return None  # a sane first norm blown up by a rate no optimizer runs at: the rate's
     return first, k, int(first.steps[k]), float(first.values[k])
+
+
+def blew_up(ev: RunEvidence) -> Evidence | None:
+    """How the run blew up, if it did: gradients growing into the failure, or huge from the
+    start (a NaN out of a steady run is some other fault's)."""
+    found = gradient_growth(ev)
+    if found is not None:
+        return growth_evidence(*found)[0]
+    burst = early_burst(ev)
+    if burst is not None:
+        curve, _, step, value = burst
+        return Evidence(f"{curve.tag} = {value:.3g} at step {step}, from the start",
+                        location=curve.location_at(step), step=step, subject=curve.tag,
+                        value=value)
+    if ev.failure_step is not None and gradient_rose(ev, ev.failure_step):
+        g = ev.grad_norm
+        assert g is not None
+        return Evidence(f"{g.tag} rose into the failure", subject=g.tag)
+    onset = ev.onset
+    if onset is not None and rose(onset.prior):
+        return Evidence(f"the loss rose to {float(onset.prior[-1]):.3g} just before the "
+                        "failure", subject="loss")
+    return None
 
 
 TIED_SCORE = 0.6

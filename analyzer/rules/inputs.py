@@ -6,7 +6,7 @@ import math
 
 from analyzer.model import Evidence, Finding
 from analyzer.rules.base import Rule, rule
-from analyzer.rules.evidence import RunEvidence, float16_model, gradient_rose
+from analyzer.rules.evidence import RunEvidence, float16_model
 from analyzer.rules.evidence_scale import (
     UNNORMALIZED_RMS,
     input_scale,
@@ -15,9 +15,8 @@ from analyzer.rules.evidence_scale import (
 from analyzer.rules.gradients import (
     EARLY_STEPS,
     TIED_SCORE,
+    blew_up,
     early_burst,
-    gradient_growth,
-    growth_evidence,
 )
 
 UNNORMALIZED_ABSMAX = 20.0
@@ -49,7 +48,7 @@ def unnormalized_inputs(r: Rule, ev: RunEvidence) -> list[Finding]:
     order the file wrote them, and its bias), else from the optimizer's momentum or first
     moment in a checkpoint; ``fan_in`` from the checkpoint's shapes, else from ``‖W‖/‖b‖``
     at the first logged step, which the default init makes ``sqrt(fan_in)``. The run must
-    have blown up (gradients or loss growing into the failure, or huge from the start):
+    have blown up (gradients or the loss growing into the failure, or huge from the start):
     medium confidence, ranked above a learning rate, whose growth this is; low in a model
     that computes in float16, whose range is then the nearer cause. A total gradient
     norm above 1e5 within the first three steps (bad-initialisation's signature), with no
@@ -98,7 +97,7 @@ def _post_hoc(r: Rule, ev: RunEvidence) -> list[Finding]:
     """The inputs' scale from the first layer's gradients, in a run that blew up; a huge
     first gradient norm with nothing to read the scale from, tied with bad-initialisation."""
     scale = input_scale(ev)
-    blown = _blew_up(ev)
+    blown = blew_up(ev)
     step = ev.failure_step if ev.failure_step is not None else 0
     if scale is not None:
         if scale.rms < UNNORMALIZED_RMS or blown is None:
@@ -132,25 +131,6 @@ def _post_hoc(r: Rule, ev: RunEvidence) -> list[Finding]:
                          "(per-layer tags), whose quotient reads the inputs' scale",
                          subject="inputs")]
     return [r.finding("medium", evidence, TIED_SCORE)]
-
-
-def _blew_up(ev: RunEvidence) -> Evidence | None:
-    """How the run blew up, if it did: gradients growing into the failure, or huge from the
-    start (a NaN out of a steady run is some other fault's)."""
-    found = gradient_growth(ev)
-    if found is not None:
-        return growth_evidence(*found)[0]
-    burst = early_burst(ev)
-    if burst is not None:
-        curve, _, step, value = burst
-        return Evidence(f"{curve.tag} = {value:.3g} at step {step}, from the start",
-                        location=curve.location_at(step), step=step, subject=curve.tag,
-                        value=value)
-    if ev.failure_step is not None and gradient_rose(ev, ev.failure_step):
-        g = ev.grad_norm
-        assert g is not None
-        return Evidence(f"{g.tag} rose into the failure", subject=g.tag)
-    return None
 
 
 RULES = (unnormalized_inputs,)

@@ -63,7 +63,7 @@ def learning_rate_too_high(r: Rule, ev: RunEvidence) -> list[Finding]:
     Fast exponential growth of the gradient norm (or loss) before the failure, doubling
     within ten steps; a learning-rate series that did not jump (else learning-rate-jump
     applies); a first gradient norm below the bad-initialisation threshold and no weight
-    drawn 5 times above the default init for its shape (both that rule's); weight norms
+    drawn 4 times above the default init for its shape (both that rule's); weight norms
     growing in several layers; the optimizer's learning rate from the capture, else the
     logged rate at the failure (and the range a schedule moved it in before). The rate the
     run's metadata says it was configured with (training_args.bin, hparams.yaml, a
