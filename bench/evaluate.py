@@ -48,6 +48,8 @@ class Scored:
     predicted: str
     confidence: str = ""
     """The top finding's confidence (empty for healthy, no-cause and ties)."""
+    batch: str = ""
+    """The corpus batch a case belongs to (``first``, ``fresh``: docs/evaluation.md)."""
 
 
 @dataclass(frozen=True)
@@ -122,10 +124,11 @@ def score(rows: Iterable[Scored]) -> dict[str, Any]:
     }
 
 
-def analyse(folder: str, truth: Mapping[str, tuple[str, str]], *, replay: bool = False
-            ) -> list[Scored]:
+def analyse(folder: str, truth: Mapping[str, tuple[str, str]], *, replay: bool = False,
+            batches: Mapping[str, str] | None = None) -> list[Scored]:
     """``analyzer.analyze`` on ``folder`` (no replay unless asked); one row per run named
-    in ``truth`` (run name -> (half, intended cause))."""
+    in ``truth`` (run name -> (half, intended cause)), with its batch from ``batches``."""
+    batches = batches or {}
     import analyzer
 
     report = analyzer.analyze(folder, replay=replay)
@@ -136,25 +139,30 @@ def analyse(folder: str, truth: Mapping[str, tuple[str, str]], *, replay: bool =
         half, intended = truth[result.run.name]
         found = [Ranked(f.name, f.role, f.confidence, f.score) for f in result.findings]
         predicted, confidence = prediction(result.failed, found)
-        rows.append(Scored(result.run.name, half, intended, predicted, confidence))
+        rows.append(Scored(result.run.name, half, intended, predicted, confidence,
+                           batches.get(result.run.name, "")))
     missing = set(truth) - {r.run for r in rows}
     for name in sorted(missing):  # a run the analysis did not list is not silently dropped
         half, intended = truth[name]
-        rows.append(Scored(name, half, intended, "not-analysed"))
+        rows.append(Scored(name, half, intended, "not-analysed", "", batches.get(name, "")))
     return sorted(rows, key=lambda r: r.run)
 
 
-def corpus_truth(folder: str) -> dict[str, tuple[str, str]]:
+def corpus_info(folder: str) -> dict[str, dict[str, Any]]:
+    """Each corpus run's case.json."""
     from analyzer.scenarios.corpus.run import INFO_FILE
 
-    truth = {}
+    out = {}
     for name in sorted(os.listdir(folder)):
         path = os.path.join(folder, name, INFO_FILE)
         if os.path.isfile(path):
             with open(path, encoding="utf-8") as fh:
-                info = json.load(fh)
-            truth[name] = (info["split"], info["intended"])
-    return truth
+                out[name] = json.load(fh)
+    return out
+
+
+def corpus_truth(folder: str) -> dict[str, tuple[str, str]]:
+    return {name: (info["split"], info["intended"]) for name, info in corpus_info(folder).items()}
 
 
 SAMPLE_RUNS = os.path.join(ROOT, "sample_runs")
@@ -209,7 +217,9 @@ def evaluate(corpus: str | None = None, samples: bool = True, captures: bool = T
 
             corpus = os.path.join(tmp, "corpus")
             generate(corpus)
-        rows = analyse(corpus, corpus_truth(corpus))
+        info = corpus_info(corpus)
+        rows = analyse(corpus, corpus_truth(corpus),
+                       batches={n: i.get("batch", "first") for n, i in info.items()})
         if samples:
             copy = os.path.join(tmp, "samples")
             shutil.copytree(SAMPLE_RUNS, copy, ignore=shutil.ignore_patterns("capture"))
@@ -221,7 +231,12 @@ def evaluate(corpus: str | None = None, samples: bool = True, captures: bool = T
         if frameworks is not None:
             rows += rows_fw
             halves.append(FRAMEWORKS)
-    return {half: score(r for r in rows if r.half == half) for half in halves}
+    scores = {half: score(r for r in rows if r.half == half) for half in halves}
+    held = [r for r in rows if r.half == "heldout"]
+    for batch in sorted({r.batch for r in held if r.batch}):
+        if len({r.batch for r in held}) > 1:  # the held-out half per batch, when it has two
+            scores[f"heldout_{batch}"] = score(r for r in held if r.batch == batch)
+    return scores
 
 
 def render(scores: Mapping[str, Mapping[str, Any]]) -> str:

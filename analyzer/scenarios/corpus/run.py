@@ -130,6 +130,7 @@ def write_info(case: Case, out_dir: str, outcome: Outcome, split: str) -> None:
         "family": case.family,
         "intended": case.intended,
         "split": split,
+        "batch": case.batch,
         "healthy": sc.healthy,
         "logged": case.logged,
         "log_style": sc.log_style,
