@@ -7,7 +7,8 @@ The curves alone say which phase it was in, not which op. What is left open is a
 list, which the model's make-up narrows:
 
 - forward, a NaN loss: a NaN already in the batch (nan-in-batch), a 0/0 such as a mean over
-  an empty selection (division-by-zero), a normalisation of a zero-variance feature
+  an empty selection (division-by-zero), a log of a negative number or a 0·log(0) term
+  (log-of-zero), a normalisation of a zero-variance feature
   (needs a normalisation layer), a softmax over a row masked entirely to -inf (needs
   attention, when the masked row reaches the loss);
 - backward, a NaN gradient under a finite loss: a sqrt or norm at exactly 0
@@ -49,7 +50,7 @@ changed the dynamics: a schedule's doing, not a sudden fault (learning-rate-jump
 NEEDS = {"zero-variance-normalisation": "normalisation", "softmax-all-masked": "attention"}
 """The module kind without which a candidate cannot have happened."""
 
-_FORWARD = ("nan-in-batch", "division-by-zero", "zero-variance-normalisation",
+_FORWARD = ("nan-in-batch", "division-by-zero", "log-of-zero", "zero-variance-normalisation",
             "softmax-all-masked")
 _BACKWARD = ("sqrt-at-zero-backward", "softmax-all-masked")
 _EPS_ZERO = re.compile(r"\beps\s*[=:]\s*(0(?:\.0*)?(?:[eE][+-]?\d+)?)(?![\d.])")
@@ -59,6 +60,8 @@ _DECIDE = {
                     "batch before the forward",
     "division-by-zero": "the divisor's value at that step (a count such as `mask.sum()`, "
                         "a norm or a std that can be 0)",
+    "log-of-zero": "the smallest input of each log at that step (a probability of 0 in an "
+                   "x·log(x) term, or 1 - p below 0)",
     "zero-variance-normalisation": "the variance the norm saw (`x.var(-1).min()`) and its "
                                    "eps",
     "softmax-all-masked": "the number of fully masked rows, `mask.all(-1).sum()` (True = "

@@ -97,12 +97,10 @@ def _posthoc(r: Rule, ev: RunEvidence) -> list[Finding]:
     o = ev.onset
     if o is None or ev.replay is not None:
         return []
-    if r.name != "log-of-zero" and (o.loss_kind == "nan" or o.phase == "backward"):
-        return evidence_sudden.findings(r, ev)
     signature = _SIGNATURES.get(r.name)
     said = signature(ev, o) if signature is not None else None
     if said is None:
-        return []
+        return evidence_sudden.findings(r, ev)
     op = {"log-of-zero": "a log", "division-by-zero": "a division",
           "sqrt-at-zero-backward": "a sqrt or norm's backward"}[r.name]
     evidence = [Evidence(said, location=ev.loss.location_at(o.step) if ev.loss else None,
@@ -159,7 +157,9 @@ def log_of_zero(r: Rule, ev: RunEvidence) -> list[Finding]:
     fault, not a precision problem). Without a capture: an autograd anomaly message naming
     `LogBackward0` in the logs; else, from the curves alone (medium), a loss that had fallen
     below 1e-3 over its last five values (saturated probabilities) before it or a gradient
-    went non-finite.
+    went non-finite. A NaN loss at once out of a steady, unsaturated loss fits too (a log of
+    a negative number, or 0·log(0) in a hand-written entropy or BCE): low, and tied with the
+    other causes of such a NaN (rules.evidence_sudden).
 
     ## Fix
     Compute log-probabilities in one fused, stable op instead of log of probabilities:
