@@ -86,16 +86,19 @@ def test_a_disabled_grad_scaler_reports_a_scale_of_one() -> None:
         assert torch.amp.GradScaler("cpu").get_scale() == 2.0 ** 16
 
 
-def test_regression_a_unit_loss_scale_does_not_hide_an_fp16_overflow(tmp_path: Path) -> None:
+def test_regression_fp16_overflow_in_the_backward_pass_under_a_unit_loss_scale(
+        tmp_path: Path) -> None:
+    # The gradients pass 65504 first (the loss is float32); before, only a forward failure
+    # counted, and a logged scale of 1.0 blocked the reading as if a scaler were on.
     disabled, unlogged = tmp_path / "disabled", tmp_path / "unlogged"
     _half_regression(disabled, scaler_enabled=False, save=False)
     _half_regression(unlogged, scaler_enabled=None, save=False)
-    for folder in (disabled, unlogged):
-        top = _top(_analyze(folder))
-        assert top is not None and top.name == "fp16-overflow", folder.name
+    tops = {folder.name: _top(_analyze(folder)) for folder in (disabled, unlogged)}
+    for name, top in tops.items():
+        assert top is not None and top.name == "fp16-overflow", name
         assert top.confidence == "medium"
         assert any(e.text.startswith("not seen") for e in top.evidence)
-    top = _top(_analyze(disabled))
+    top = tops["disabled"]
     assert top is not None
     scale = [e for e in top.evidence if e.subject == "train/loss_scale"]
     assert scale and "disabled GradScaler" in scale[0].text and scale[0].value == 1.0
@@ -236,14 +239,18 @@ def test_float16_weights_near_65504_in_the_last_finite_save(tmp_path: Path) -> N
     assert "7.28 times below float16's largest" in near[0].evidence().text
 
 
-def _drifting_activations(folder: Path) -> None:
+def _drifting_activations(folder: Path, *, log_scale: bool = False) -> None:
     """A float16 layer trained on readings whose scale doubles every step, its output's
-    histogram logged: the activations climb to 65504 and the forward overflows at step 14."""
+    histogram and its float16 gradient norm logged: the activations climb to 65504 and the
+    forward overflows. ``log_scale`` logs a disabled GradScaler's get_scale()."""
     from torch.utils.tensorboard import SummaryWriter
 
     torch.manual_seed(0)
     model = torch.nn.Linear(16, 8).half()
     opt = torch.optim.SGD(model.parameters(), lr=1e-6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        scaler = torch.amp.GradScaler("cpu", enabled=False)
     writer = SummaryWriter(str(folder))
     g = torch.Generator().manual_seed(1)
     for step in range(30):
@@ -251,14 +258,35 @@ def _drifting_activations(folder: Path) -> None:
         out = model(x)
         loss = out.float().pow(2).mean().sqrt()
         opt.zero_grad()
-        loss.backward()
-        opt.step()
+        scaler.scale(loss).backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), math.inf)
+        scaler.step(opt)
+        scaler.update()
         writer.add_scalar("train/loss", loss.item(), step)
+        writer.add_scalar("train/grad_norm", norm.item(), step)
+        if log_scale:
+            writer.add_scalar("train/loss_scale", scaler.get_scale(), step)
         if torch.isfinite(out).all():  # the writer refuses a histogram of inf
             writer.add_histogram("activations/fc", out.detach().float(), step)
         if not math.isfinite(loss.item()):
             break
     writer.close()
+
+
+def test_regression_a_unit_loss_scale_does_not_hide_a_forward_fp16_overflow(
+        tmp_path: Path) -> None:
+    # The forward overflows (loss and gradient norm go at the same step) in a model whose
+    # float16 gradient norms show it, and a disabled scaler logged 1.0 throughout: before,
+    # that series was taken for a dynamic scaler and the run got no cause.
+    run = tmp_path / "run"
+    _drifting_activations(run, log_scale=True)
+    result = _analyze(run)
+    top = _top(result)
+    assert top is not None and top.name == "fp16-overflow", [f.name for f in result.findings]
+    # a disabled scaler skipped nothing: no warm-up note read from its constant 1.0
+    assert "loss-scale-warm-up" not in [f.name for f in result.findings]
+    subjects = {e.subject for e in top.evidence}
+    assert {"train/loss_scale", "activations/fc"} <= subjects, subjects
 
 
 def test_activation_histograms_approaching_65504_in_a_float16_model(tmp_path: Path) -> None:

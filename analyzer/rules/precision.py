@@ -250,6 +250,8 @@ def loss_scale_warm_up(r: Rule, ev: RunEvidence) -> list[Finding]:
     ## Known false positives
     None known: the rule is a note, and a collapse (NF302) takes precedence.
     """
+    if scaling_disabled(ev.loss_scale) and not ev.events("overflow_skip"):
+        return []  # a disabled scaler skips nothing: NaN gradients under it are the failure
     seen = _collapse(ev)
     if seen.collapsed or not seen.count:
         return []
