@@ -139,7 +139,10 @@ def softmax_all_masked(r: Rule, ev: RunEvidence) -> list[Finding]:
     ## Known false positives
     A model whose NaN came from elsewhere and reached the attention weights (a NaN batch, an
     overflow upstream) gives the same anomaly message; from the curves alone any sudden NaN
-    in an attention model fits, which is why that finding is low and tied.
+    in an attention model fits, which is why that finding is low and tied. A replay of any
+    failing step of a model that masks with -inf stops at the mask: a fault later in the same
+    step (a float16 overflow of the scores) reads as this one, which is why the mask alone
+    makes it medium, not high.
     """
     if not ev.failed:
         return []
