@@ -143,7 +143,8 @@ def test_checkpoints_show_float16_weights_and_the_first_non_finite_save(tmp_path
     assert first[0].location is not None and first[0].location.file.endswith("step_29.pt")
 
 
-def _frozen_backbone_adam(folder: Path, dtype: torch.dtype, save: bool = True) -> None:
+def _frozen_backbone_adam(folder: Path, dtype: torch.dtype, save: bool = True,
+                          saves: tuple[int, ...] = (4, 9), norms: bool = True) -> None:
     """A head trained alone with Adam(eps=1e-8), its backbone unfrozen at step 6. An input
     feature is always 0, so the backbone's weights on it get a gradient of exactly 0; in
     float16 eps rounds to 0 and their update is 0/0, while loss and gradients are finite."""
@@ -171,8 +172,9 @@ def _frozen_backbone_adam(folder: Path, dtype: torch.dtype, save: bool = True) -
         writer.add_scalar("train/loss", loss.item(), step)
         writer.add_scalar("train/grad_norm", norm.item(), step)
         for name, p in model.named_parameters():
-            writer.add_scalar(f"weight_norm/{name}", p.detach().float().norm().item(), step)
-        if save and step % 5 == 4:
+            if norms:
+                writer.add_scalar(f"weight_norm/{name}", p.detach().float().norm().item(), step)
+        if save and step in saves:
             torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
                         "global_step": step}, folder / "checkpoints" / f"step_{step}.pt")
         if not math.isfinite(loss.item()):
@@ -206,6 +208,21 @@ def test_float32_adam_with_zero_second_moments_is_no_half_adam(tmp_path: Path) -
     scans = ev.result.run.checkpoints
     assert scans is not None and any(a.v_zero for s in scans.scans for a in s.adam)
     assert half_adam(ev) is None and half_weights(ev) is None  # eps survives in float32
+
+
+def test_regression_a_save_at_the_failure_shows_the_update_with_only_the_loss_logged(
+        tmp_path: Path) -> None:
+    # No weight norms: the loss goes NaN at step 7 and the curves alone say forward. The
+    # save of step 6 holds NaN weights beside finite Adam moments: the update wrote them.
+    run = tmp_path / "half"
+    _frozen_backbone_adam(run, torch.float16, saves=(4, 6), norms=False)
+    result = _analyze(run)
+    top = _top(result)
+    assert top is not None and top.name == "adam-eps-too-small", [f.name for f in result.findings]
+    assert top.confidence == "high"
+    wrote = [e for e in top.evidence if e.subject == "optimizer update"]
+    assert wrote and wrote[0].step == 6 and wrote[0].tensor == "0.weight"
+    assert not any("went non-finite at step" in e.text for e in top.evidence)
 
 
 def test_without_its_checkpoints_nothing_shows_the_float16_update(tmp_path: Path) -> None:

@@ -12,7 +12,9 @@ read from:
   ``exp_avg_sq`` that are exactly 0, where the update divides by nothing;
 - layers held in a half dtype whose finite abs-max in the last finite save is near that
   dtype's largest value;
-- the last finite save against the first non-finite one: which layers went first;
+- the last finite save against the first non-finite one: which layers went first, and a
+  first non-finite save whose weights are non-finite beside finite Adam moments (the update
+  wrote the value);
 - the loss scaler's saved scale at each save;
 - histogram minima and maxima (weights, gradients, activations) approaching a dtype's limit.
 """
@@ -238,3 +240,37 @@ def histogram_peaks(ev: RunEvidence, dtype: str, before: int | None) -> list[Evi
                                 location=h.location(i), step=int(h.steps[i]), subject=h.tag,
                                 value=peak, ratio=peak / limit))
     return out
+
+
+@dataclass(frozen=True)
+class UpdateWrote:
+    """A save whose weights hold NaN or Inf while every Adam moment beside them is finite."""
+
+    scan: CheckpointScan
+    tensors: tuple[str, ...]
+
+    def evidence(self) -> Evidence:
+        shown = ", ".join(self.tensors[:3]) + (f" and {len(self.tensors) - 3} more"
+                                               if len(self.tensors) > 3 else "")
+        return Evidence(f"checkpoint {_name(self.scan.path)} (step {self.scan.step}): the "
+                        f"weights {shown} hold NaN or Inf while every Adam moment is finite: "
+                        "the moments are updated from the gradient before the weights, so "
+                        "the gradient was finite and the update itself wrote the value",
+                        location=Location(self.scan.path), step=self.scan.step,
+                        subject="optimizer update", tensor=self.tensors[0])
+
+
+def update_wrote(ev: RunEvidence) -> UpdateWrote | None:
+    """The first non-finite save, when only its weights are non-finite and its Adam state
+    is finite: Adam folds each gradient into exp_avg and exp_avg_sq before it steps, so a
+    NaN or Inf from the forward or backward pass would be in the moments too."""
+    history = ev.result.run.checkpoints
+    if history is None or history.first_nonfinite is None:
+        return None
+    scan = history.scans[history.first_nonfinite]
+    bad = scan.nonfinite_tensors
+    if not scan.adam or not bad or any(a.nonfinite for a in scan.adam):
+        return None
+    if any(t.role != "weights" for t in bad):
+        return None
+    return UpdateWrote(scan, tuple(t.name for t in bad))

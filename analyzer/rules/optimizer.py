@@ -5,7 +5,7 @@ from __future__ import annotations
 from analyzer.model import Evidence, Finding
 from analyzer.rules.base import Rule, rule
 from analyzer.rules.evidence import RunEvidence, float16_model, lacking
-from analyzer.rules.evidence_ckpt import half_adam, half_weights
+from analyzer.rules.evidence_ckpt import half_adam, half_weights, update_wrote
 
 _HALF_TINY = {"float16": 6e-8, "bfloat16": 9.2e-41}
 """Smallest positive (subnormal) values: an eps below them rounds to 0."""
@@ -36,7 +36,10 @@ def adam_eps_too_small(r: Rule, ev: RunEvidence) -> list[Finding]:
     checkpoint whose Adam moments are float16 (or bfloat16) with an eps below half that
     dtype's smallest number shows the division itself: `sqrt(exp_avg_sq) + eps` is computed
     with eps = 0, and every element whose exp_avg_sq underflowed to 0 divides by 0 (high,
-    with the count of such zeros in the save).
+    with the count of such zeros in the save). The update phase may come from a checkpoint
+    instead of the curves: a first non-finite save whose weights hold NaN or Inf beside
+    finite Adam moments (Adam folds the gradient into its moments before it steps, so a
+    non-finite gradient would show there too).
 
     ## Fix
     Keep optimizer state and master weights in float32 (use autocast instead of a half
@@ -88,16 +91,21 @@ def _posthoc(r: Rule, ev: RunEvidence) -> list[Finding]:
     """The update phase in the logged curves, in a float16 model; high where a checkpoint
     shows Adam's moments held in a half dtype whose eps rounds to 0."""
     o = ev.onset
-    if o is None or o.phase != "update":
+    wrote = update_wrote(ev)
+    if o is None or (o.phase != "update" and wrote is None):
         return []
     why = float16_model(ev)
     weights = half_weights(ev)
     adam = half_adam(ev)
     if why is None and weights is None and adam is None:
         return []
-    evidence = [Evidence(f"{o.tag} went non-finite at step {o.step} while the loss and "
-                         "every gradient norm there were finite: the optimizer's update "
-                         "wrote the first Inf", step=o.step, subject=o.tag)]
+    evidence = []
+    if o.phase == "update":
+        evidence.append(Evidence(f"{o.tag} went non-finite at step {o.step} while the loss and "
+                                 "every gradient norm there were finite: the optimizer's update "
+                                 "wrote the first Inf", step=o.step, subject=o.tag))
+    if wrote is not None:
+        evidence.append(wrote.evidence())
     if why is not None:
         evidence.append(Evidence(why, subject="dtype"))
     if weights is not None:
