@@ -383,3 +383,24 @@ def test_regression_a_scale_collapse_read_from_the_saved_scaler_state(tmp_path: 
     assert saved and saved[0].value is not None and saved[0].value < 1.0
     assert saved[0].location is not None and saved[0].location.file.endswith("step_19.pt")
     assert "fp16-overflow" not in [f.name for f in result.findings]  # the scaler was on
+
+
+def test_float16_weights_with_float32_masters_are_no_half_model(tmp_path: Path) -> None:
+    # DeepSpeed's fp16 engine saves float16 module weights and keeps float32 masters in
+    # its optimizer partitions: the update runs in float32, not in a .half() model.
+    from analyzer.rules.evidence import RunEvidence
+    from analyzer.rules.evidence_ckpt import half_weights, weight_dtype
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2)).half()
+    engine, plain = tmp_path / "engine", tmp_path / "plain"
+    (engine / "global_step10").mkdir(parents=True)
+    plain.mkdir()
+    torch.save({"module": model.state_dict(), "global_steps": 10, "ds_version": "0.16.4",
+                "ds_config": {"fp16": {"enabled": True}}},
+               engine / "global_step10" / "mp_rank_00_model_states.pt")
+    torch.save({"model": model.state_dict(), "global_step": 10}, plain / "step_10.pt")
+    for folder, half in ((engine, False), (plain, True)):
+        ev = RunEvidence(_analyze(folder))
+        found = weight_dtype(ev)
+        assert found is not None and found.dtype == "float16", folder.name
+        assert (half_weights(ev) is not None) is half, folder.name

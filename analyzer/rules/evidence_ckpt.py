@@ -93,11 +93,21 @@ def weight_dtype(ev: RunEvidence) -> WeightDtype | None:
     return None
 
 
+MIXED = ("16-mixed", "bf16-mixed", "fp16", "bf16")
+"""Precisions a trainer saved that keep float32 master weights beside the half copies
+(Lightning's mixed precision, DeepSpeed's fp16/bf16): their float16 weights are no .half()."""
+
+
 def half_weights(ev: RunEvidence) -> WeightDtype | None:
-    """A save whose weights are mostly float16: the model itself computes in float16."""
+    """A save whose weights are mostly float16 and whose trainer kept no float32 master
+    copy: the model itself computes in float16."""
     found = weight_dtype(ev)
-    return found if found is not None and found.dtype == "float16" and found.share >= 0.5 \
-        else None
+    if found is None or found.dtype != "float16" or found.share < 0.5:
+        return None
+    meta = found.scan.meta
+    if found.scan.format == "deepspeed" or (meta is not None and meta.precision in MIXED):
+        return None
+    return found
 
 
 @dataclass(frozen=True)
