@@ -383,6 +383,7 @@ def test_regression_a_scale_collapse_read_from_the_saved_scaler_state(tmp_path: 
     assert saved and saved[0].value is not None and saved[0].value < 1.0
     assert saved[0].location is not None and saved[0].location.file.endswith("step_19.pt")
     assert "fp16-overflow" not in [f.name for f in result.findings]  # the scaler was on
+    assert any(e.text.startswith("not seen: the scale") for e in top.evidence)
 
 
 def test_float16_weights_with_float32_masters_are_no_half_model(tmp_path: Path) -> None:

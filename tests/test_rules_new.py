@@ -155,6 +155,7 @@ def test_temperature_collapse_from_checkpoints(tmp_path) -> None:  # type: ignor
     assert found and found[0].confidence == "medium"
     assert found[0].evidence[0].tensor == "log_temperature"
     assert "e^-60" in found[0].evidence[0].text
+    assert found[0].evidence[-1].text.startswith("not seen: the op")  # says what it lacks
     assert not [f for f in results["steady"].findings if f.name == "temperature-collapse"]
     assert not [f for f in results["ok"].findings if f.is_failure]
 

@@ -358,6 +358,10 @@ def _from_saves(ev: RunEvidence, saves: list[tuple[int, float, str]], floor: flo
             f"{saves[-2][0]}, {saves[-1][0]}) and the loss is non-finite at the end",
             location=Location(saves[-1][2]), step=saves[-1][0], subject="loss scale",
             value=scales[-1]))
+    seen.evidence.append(Evidence(
+        "not seen: the scale and the skipped steps between the saves; logging "
+        "`scaler.get_scale()` every step (`writer.add_scalar('train/loss_scale', "
+        "scaler.get_scale(), step)`) would show each halving", subject="loss scale"))
 
 
 def _falling_tail(ev: RunEvidence, steps: np.ndarray, values: np.ndarray, skips: set[int],

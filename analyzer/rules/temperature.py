@@ -9,7 +9,7 @@ import numpy as np
 
 from analyzer.model import Evidence, Finding, Location
 from analyzer.rules.base import Rule, rule
-from analyzer.rules.evidence import RunEvidence
+from analyzer.rules.evidence import RunEvidence, lacking
 
 _NAME = re.compile(r"(temperature|(^|[._])(temp|tau)($|[._])|logit_scale)", re.IGNORECASE)
 _LOG_SPACE = re.compile(r"(log|logit_scale)", re.IGNORECASE)
@@ -124,6 +124,9 @@ def temperature_collapse(r: Rule, ev: RunEvidence) -> list[Finding]:
     evidence = _from_norms(ev) + _from_checkpoints(ev)
     if not evidence:
         return []
+    step = ev.failure_step
+    if step is not None and ev.replay is None:
+        evidence.append(Evidence(lacking(step, "the op that the scaled logits broke"), step=step))
     return [r.finding("medium", evidence, 0.8)]
 
 
