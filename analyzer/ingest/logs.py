@@ -8,7 +8,8 @@ and how sure that guess is. Each format lives in its own module under
 
 Event kinds produced: ``nonfinite`` (a line reports a NaN/Inf without a number to
 plot; detail ``tag`` and ``kind``), ``overflow_skip``, ``loss_scale``,
-``min_loss_scale`` and ``error``.
+``min_loss_scale``, ``error``, ``checkpoint_save`` and ``model_description`` (a model
+summary or printed module: :mod:`analyzer.ingest.logformats.model_print`).
 
 A log may come from anyone, so it is opened through :mod:`analyzer.ingest.safeio` and
 never read past the size it had when opened. Policy for the kinds reported here (the

@@ -164,7 +164,7 @@ class Histogram:
 
 
 EventKind = Literal["restart", "nonfinite", "overflow_skip", "loss_scale", "min_loss_scale",
-                    "error", "checkpoint_save"]
+                    "error", "checkpoint_save", "model_description"]
 
 
 @dataclass(frozen=True)
@@ -177,7 +177,9 @@ class Event:
     step skipped for overflow), ``loss_scale`` (the loss scale changed),
     ``min_loss_scale`` (the scaler reached its floor), ``error`` (an error the run
     printed, e.g. ``FloatingPointError``), ``checkpoint_save`` (a save the log announced,
-    detail ``global_step``: the Hugging Face Trainer's ``checkpoint-N``). A log event
+    detail ``global_step``: the Hugging Face Trainer's ``checkpoint-N``),
+    ``model_description`` (a model summary or printed module the log holds, detail
+    ``modules``: see :mod:`analyzer.ingest.logformats.model_print`). A log event
     without a step of its own carries
     ``detail["after_step"]``, the last step the log numbered before it.
     """
@@ -303,9 +305,12 @@ class Run:
         many times."""
         if not any(not a.aligned for a in self.alignments):
             return None
+        # An event on no step at all (a model printed before the first record) is on no
+        # numbering: it must not make its axis look placed.
         placed = {(s.source, s.axis) for s in self.series if self.is_aligned(s.source, s.axis)
                   } | {(e.location.file, e.axis) for e in self.events
-                       if self.is_aligned(e.location.file, e.axis)}
+                       if (e.step is not None or "after_step" in e.detail)
+                       and self.is_aligned(e.location.file, e.axis)}
         if placed:
             return frozenset(placed)
         points: dict[tuple[str, StepAxis], int] = {}

@@ -6,7 +6,8 @@ shapes, and the generic fallback runs only on records no other parser recognised
 Parsers of one-off messages whose triggers are common words (a loop's own skip lines,
 the elastic agent's failure table) come late, so that their triggers do not keep the
 formats read in bulk (Megatron, mmengine, Hugging Face) from it; the elastic table goes
-before the anomaly parser, whose traceback lines it holds.
+before the anomaly parser, whose traceback lines it holds. A printed model's lines come
+last: their triggers (parentheses, table bars) are in most formats' lines.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from analyzer.ingest.logformats.megatron import MegatronParser
 from analyzer.ingest.logformats.metric_logger import MetricLoggerParser
 from analyzer.ingest.logformats.mixed_precision import MixedPrecisionParser
 from analyzer.ingest.logformats.mmengine import MMEngineParser
+from analyzer.ingest.logformats.model_print import ModelPrintParser
 from analyzer.ingest.logformats.nanogpt import NanoGPTParser
 from analyzer.ingest.logformats.progress_meter import ProgressMeterParser
 from analyzer.ingest.logformats.stopping import StoppingParser
@@ -53,6 +55,7 @@ PARSERS: tuple[type[LineParser], ...] = (
     StoppingParser,
     ElasticParser,
     AnomalyParser,
+    ModelPrintParser,
 )
 """Tried in this order on every record holding one of their triggers."""
 

@@ -81,10 +81,11 @@ TRAINER_STATE_EXTRA = ("epoch", "eval_steps", "save_steps", "best_metric",
 MODEL_CONFIG: dict[str, str] = {
     "model_type": "model_type", "torch_dtype": "dtype", "dtype": "dtype",
     "layer_norm_eps": "layer_norm_eps", "layer_norm_epsilon": "layer_norm_eps",
-    "rms_norm_eps": "layer_norm_eps",
+    "rms_norm_eps": "layer_norm_eps", "norm_eps": "layer_norm_eps",
 }  # fmt: skip
 MODEL_CONFIG_EXTRA = ("architectures", "hidden_size", "n_embd", "d_model", "num_hidden_layers",
-                      "n_layer", "num_attention_heads", "n_head", "intermediate_size",
+                      "n_layer", "num_attention_heads", "n_head", "num_heads", "n_heads",
+                      "encoder_attention_heads", "decoder_attention_heads", "intermediate_size",
                       "vocab_size", "max_position_embeddings", "n_positions",
                       "transformers_version")
 
