@@ -20,10 +20,11 @@ and the dashboard.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from analyzer.model import Alignment, Incident, ReplayResult, Run, RunResult
+from analyzer.model import Alignment, Finding, Incident, ReplayResult, Run, RunResult, top_tie
 from analyzer.model.replays import LOSS_NAME
 from analyzer.model.results import PlaceReading
 
@@ -163,3 +164,17 @@ def alignment_words(alignment: Alignment) -> str:
         agree = round(alignment.agreement * alignment.points)
         how += f" ({agree} of {alignment.points} agree)"
     return f"{alignment.confidence}: {mapping}{how}"
+
+
+def cause_words(findings: Sequence[Finding]) -> str | None:
+    """The run's cause as a cell says it: the top failure finding's name, or
+    ``undetermined (a, b)`` (``and N more``) for causes the evidence cannot tell apart;
+    None without a failure finding."""
+    tie = top_tie(findings)
+    if not tie:
+        return None
+    if len(tie) == 1:
+        return tie[0].name
+    more = f" and {len(tie) - 2} more" if len(tie) > 2 else ""
+    return f"undetermined ({', '.join(f.name for f in tie[:2])}{more})"
+

@@ -14,7 +14,14 @@ import pandas as pd
 import streamlit as st
 
 from analyzer.model import Run, RunResult
-from analyzer.wording import failing_place, incident_step, incident_unit, place_words, step_words
+from analyzer.wording import (
+    cause_words,
+    failing_place,
+    incident_step,
+    incident_unit,
+    place_words,
+    step_words,
+)
 from app import data, views
 
 PAGES: list[tuple[str, str, str]] = [
@@ -125,7 +132,8 @@ def headline(sel: Selected, result: RunResult) -> None:
     if result.findings:
         top = result.findings[0]
         what = "cause" if top.is_failure else "warning"
-        parts.append(f"{what} **{top.name}** ({top.confidence} confidence)")
+        name = cause_words(result.findings) if top.is_failure else top.name
+        parts.append(f"{what} **{name}** ({top.confidence} confidence)")
     elif inc is not None:
         parts.append("no ranked cause")
     if result.run.issues:

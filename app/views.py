@@ -21,6 +21,7 @@ from analyzer.model import Event, Incident, Location, Run, RunResult, Series
 from analyzer.tags import TagRole, layer_from_tag, role
 from analyzer.wording import (
     alignment_words,
+    cause_words,
     failing_place,
     incident_step,
     incident_unit,
@@ -183,7 +184,8 @@ def run_row(name: str, result: RunResult | None, error: str | None) -> RunRow:
         kind=inc.kind if inc else None,
         last_finite=inc.last_finite_step if inc else None,
         layer=place_words(place, "cell") if (place := failing_place(result)) else None,
-        cause=(top.name if top.is_failure else f"warning: {top.name}") if top else None,
+        cause=(cause_words(result.findings) if top.is_failure else f"warning: {top.name}")
+        if top else None,
         confidence=top.confidence if top else None,
         replay=replay_brief(result),
         sources=sources_text(result.run),

@@ -68,15 +68,14 @@ def prediction(failed: bool, findings: Iterable[Ranked]) -> tuple[str, str]:
     the analysis found it failed. Two causes at the top with the same confidence and
     score are a tie the report calls undetermined: ``undetermined (a, b)``, which is
     never the intended cause."""
-    top = [f for f in findings if f.role in ("cause", "symptom")]
-    if not top:
+    from analyzer.model import top_tie
+
+    tie = top_tie(list(findings))
+    if not tie:
         return (NO_CAUSE if failed else HEALTHY), ""
-    first = top[0]
-    tied = [f.name for f in top[1:] if f.role == first.role == "cause"
-            and f.confidence == first.confidence and f.score == first.score]
-    if tied:
-        return f"{UNDETERMINED} ({', '.join([first.name, *tied])})", ""
-    return first.name, first.confidence
+    if len(tie) > 1:
+        return f"{UNDETERMINED} ({', '.join(f.name for f in tie)})", ""
+    return tie[0].name, tie[0].confidence
 
 
 def calibration(rows: Iterable[Scored]) -> dict[str, dict[str, Any]]:

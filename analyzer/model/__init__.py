@@ -65,6 +65,7 @@ from analyzer.model.findings import (
     FindingRole,
     Incident,
     SkippedRule,
+    top_tie,
 )
 from analyzer.model.issues import (
     IngestIssue,
@@ -214,4 +215,5 @@ __all__ = [
     "encode",
     "nonfinite_kind",
     "param_module",
+    "top_tie",
 ]

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, TypeVar
 
 from analyzer.model.issues import Location
 from analyzer.model.jsonform import encode
@@ -108,6 +109,34 @@ class Finding:
     @property
     def is_failure(self) -> bool:
         return self.role in ("cause", "symptom")
+
+
+class _Ranked(Protocol):
+    @property
+    def role(self) -> str: ...
+    @property
+    def confidence(self) -> str: ...
+    @property
+    def score(self) -> float: ...
+
+
+R = TypeVar("R", bound=_Ranked)
+
+
+def top_tie(findings: Sequence[R]) -> tuple[R, ...]:
+    """The failure findings the evidence cannot tell apart from the top one, top first: the
+    causes with its confidence and score, when it is a cause. One finding when nothing ties
+    with it; none when there is no failure finding. Findings come ranked best first
+    (:func:`analyzer.rules.rank`), so a tie is the first few."""
+    failures = [f for f in findings if f.role in ("cause", "symptom")]
+    if not failures:
+        return ()
+    top = failures[0]
+    if top.role != "cause":
+        return (top,)
+    tied = [f for f in failures[1:] if f.role == "cause" and f.confidence == top.confidence
+            and f.score == top.score]
+    return (top, *tied)
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,12 @@ from analyzer.model import (
     Report,
     Run,
     RunResult,
+    top_tie,
 )
 from analyzer.report.replay import brief_replay
 from analyzer.wording import (
     alignment_words,
+    cause_words,
     failing_place,
     incident_step,
     incident_unit,
@@ -180,7 +182,15 @@ def _finding_lines(result: RunResult) -> list[str]:
             else []
     top, rest = result.findings[0], result.findings[1:]
     label = "CAUSE" if top.role == "cause" else top.role.upper()
-    lines = [f"   {label}  {top.code} {top.name} ({top.confidence}): {top.title}"]
+    lines = []
+    tie = top_tie(result.findings)
+    if len(tie) > 1:
+        names = [f"{f.code} {f.name}" for f in tie]
+        lines.append(f"   UNDETERMINED between {', '.join(names[:-1])} and {names[-1]} "
+                     f"({top.confidence}): the evidence fits each equally; the first is "
+                     "shown, each finding says what would decide")
+        label = "CAUSE?"
+    lines.append(f"   {label}  {top.code} {top.name} ({top.confidence}): {top.title}")
     lines += [f"     - {e.text}" + (f"  [{_shown(e.location)}]" if e.location else "")
               for e in top.evidence]
     lines += _fix_lines(top)
@@ -252,8 +262,8 @@ def _summary(report: Report) -> str:
             last = "-" if inc.last_finite_step is None else \
                 step_words(inc.last_finite_step, form="cell", unit=unit)
             place = failing_place(r)
-            cause = next((f"{f.name} ({f.confidence})" for f in r.findings if f.is_failure),
-                         "-")
+            words = cause_words(r.findings)
+            cause = f"{words} ({top_tie(r.findings)[0].confidence})" if words else "-"
             step = incident_step(inc, r.run, "cell")
             layer = place_words(place, "cell") if place is not None else "-"
             rows.append((r.run.name, "FAILED", step, inc.tag, inc.kind, last, layer, cause))

@@ -114,6 +114,5 @@ def _why_lower(f: Finding, top: Finding) -> str:
         return f"same confidence, weaker evidence (score {f.score:.2f} against {top.score:.2f})"
     if f.role == "cause":
         return (f"undetermined between {top.name} and {f.name} on this evidence (listed "
-                "after it by code): a capture of the failing step (analyzer.capture's "
-                "FlightRecorder) or per-layer gradient and weight norms would decide")
+                f"after it by code); {top.name}'s evidence says what would decide")
     return f"as likely as {top.name} on this evidence; listed after it by code"

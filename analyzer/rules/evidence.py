@@ -75,6 +75,15 @@ class RunEvidence:
         return self.result.incident is not None
 
     @property
+    def unit(self) -> str:
+        """What the failure's step counts: ``step``, or its log's own word (``record``)
+        where the log could not be placed on the run's steps."""
+        from analyzer.wording import incident_unit
+
+        inc = self.result.incident
+        return incident_unit(inc, self.result.run) if inc is not None else "step"
+
+    @property
     def failure_step(self) -> int | None:
         """The first step that can hold the failure: the incident's, or the one after it
         for a log line placed after a step (``Incident.after``)."""
@@ -305,10 +314,10 @@ def saturated(o: Onset) -> bool:
             and float(np.max(np.abs(last))) < 100 * SATURATED_LOSS)
 
 
-def lacking(step: int, op: str) -> str:
+def lacking(step: int, op: str, unit: str = "step") -> str:
     """What a post-hoc finding lacks, and the two lines that would decide it."""
     return (f"not seen: the op that made the first non-finite value ({op}); a capture of "
-            f"step {step} or an anomaly traceback would name it. To record one: "
+            f"{unit} {step} or an anomaly traceback would name it. To record one: "
             "`recorder = FlightRecorder(run_dir, model, optimizer)` (analyzer.capture) before "
             "the loop and `with recorder.step(step, x, y) as rec:` around each step, or "
             "`torch.autograd.set_detect_anomaly(True)`")

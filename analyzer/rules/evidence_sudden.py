@@ -85,6 +85,8 @@ class Sudden:
     """Candidates left open only because the run did not name its modules."""
     logged: tuple[str, ...] = ()
     """Which of ``grad_norm`` and ``lr`` the run logged (what its steadiness rests on)."""
+    unit: str = "step"
+    """What the onset's number counts (:attr:`RunEvidence.unit`)."""
 
     @property
     def step(self) -> int:
@@ -96,7 +98,7 @@ class Sudden:
                 else f"{o.tag} went non-finite under a finite loss")
         grad = ", nor was the gradient norm" if "grad_norm" in self.logged else ""
         lr = " and no change of learning rate" if "lr" in self.logged else ""
-        return (f"{went} at step {o.step} at once, after {o.prior.size} finite loss values "
+        return (f"{went} at {self.unit} {o.step} at once, after {o.prior.size} finite loss values "
                 f"that were not growing{grad}, with no AMP overflow skip{lr}: a sudden fault "
                 f"in the {o.phase} pass, not a growth")
 
@@ -110,7 +112,7 @@ class Sudden:
         if rest:
             head += (f" ({' and '.join(rest)} would fit as well if the model has the layers "
                      "they need: the run names none of its modules)")
-        return (f"{head}; a capture of step {self.step} (analyzer.capture's FlightRecorder) "
+        return (f"{head}; a capture of {self.unit} {self.step} (analyzer.capture's FlightRecorder) "
                 f"would name the op, else check {others}")
 
 
@@ -175,7 +177,7 @@ def sudden(ev: RunEvidence) -> Sudden | None:
         keep.append(name)
     logged = tuple(n for n, c in (("grad_norm", ev.grad_norm), ("lr", ev.lr)) if c is not None)
     return Sudden(o, tuple(keep), tuple(out), _eps_zero(ev) if o.phase == "forward" else None,
-                  tuple(unseen), logged)
+                  tuple(unseen), logged, ev.unit)
 
 
 def weight(s: Sudden, name: str) -> tuple[str, float] | None:

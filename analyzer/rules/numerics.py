@@ -105,12 +105,12 @@ def _posthoc(r: Rule, ev: RunEvidence) -> list[Finding]:
           "sqrt-at-zero-backward": "a sqrt or norm's backward"}[r.name]
     evidence = [Evidence(said, location=ev.loss.location_at(o.step) if ev.loss else None,
                          step=o.step, subject=o.tag),
-                Evidence(lacking(o.step, op), step=o.step)]
+                Evidence(lacking(o.step, op, ev.unit), step=o.step)]
     return [r.finding("medium" if r.name != "sqrt-at-zero-backward" else "low", evidence, 0.5)]
 
 
-def _when(o: Onset) -> str:
-    return step_words(o.step, form="at")
+def _when(o: Onset, unit: str = "step") -> str:
+    return step_words(o.step, form="at", unit=unit)
 
 
 def _saturated_log(ev: RunEvidence, o: Onset) -> str | None:
@@ -120,7 +120,7 @@ def _saturated_log(ev: RunEvidence, o: Onset) -> str | None:
     low = float(o.prior[-MIN_PRIOR:].min())
     what = f"{o.tag} became {o.loss_kind}" if o.loss_kind else f"{o.tag} went non-finite"
     return (f"the loss had fallen to {low:.2g} (probabilities saturated at 0 or 1) when "
-            f"{what} {_when(o)}: the signature of a log of a probability that reached 0")
+            f"{what} {_when(o, ev.unit)}: the signature of a log of a probability that reached 0")
 
 
 def _sudden_inf(ev: RunEvidence, o: Onset) -> str | None:
@@ -128,7 +128,7 @@ def _sudden_inf(ev: RunEvidence, o: Onset) -> str | None:
     if (o.phase != "forward" or o.loss_kind != "+inf" or o.prior.size < MIN_PRIOR
             or rose(o.prior) or gradient_rose(ev, o.step) or saturated(o) or ev.float16):
         return None
-    return (f"the loss became +inf {_when(o)} at once from {o.prior[-1]:.4g}, after "
+    return (f"the loss became +inf {_when(o, ev.unit)} at once from {o.prior[-1]:.4g}, after "
             f"{o.prior.size} finite values that were not growing, nor was the gradient "
             "norm: a value divided by zero "
             "(x/0), not a growth that overflowed")
