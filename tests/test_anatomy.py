@@ -315,3 +315,42 @@ def test_a_description_cut_by_another_keeps_only_the_second(tmp_path: Path) -> N
     second = repr(nn.Sequential(nn.BatchNorm1d(3, eps=0.0)))
     (event,) = _described("\n".join([*first, second]) + "\n", tmp_path)
     assert [(m["name"], m["class"]) for m in event.detail["modules"]] == [("0", "BatchNorm1d")]
+
+
+def test_a_class_rich_cut_short_is_no_class(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                            ) -> None:
+    """RichModelSummary on a narrow console crops cells (``Multihea…``): a cut class would
+    show no kind and rule out the name; such rows are left out, the whole ones kept."""
+    import io
+
+    import lightning.pytorch as pl
+    import rich
+    from lightning.pytorch.callbacks import RichModelSummary
+    from lightning.pytorch.utilities.model_summary import summarize
+    from rich.console import Console
+
+    class Wide(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.attention_block_with_long_name = nn.MultiheadAttention(4, 2)
+            self.norm = nn.LayerNorm(4, eps=0.0)
+
+    out = io.StringIO()
+    monkeypatch.setattr(rich, "_console", Console(file=out, width=84))
+    s = summarize(Wide(), max_depth=-1)
+    RichModelSummary.summarize(s._get_summary_data(), s.total_parameters,
+                               s.trainable_parameters, s.model_size, s.total_training_modes, 0)
+    assert "Multihea…" in out.getvalue()
+    (event,) = _described(out.getvalue(), tmp_path)
+    assert [(m["name"], m["class"]) for m in event.detail["modules"]] == [("norm", "LayerNorm")]
+
+
+def test_a_repr_after_a_logging_header_is_read(tmp_path: Path) -> None:
+    """fairseq logs the model with ``logger.info(model)``: its first line after the
+    logging header, the rest bare; detectron2 logs ``Model:`` and the repr under it."""
+    lines = repr(nn.Sequential(nn.Linear(2, 2), nn.LayerNorm(2, eps=0.0))).splitlines()
+    text = "\n".join([f"2024-01-01 10:00:00 | INFO | fairseq_cli.train | {lines[0]}",
+                      *lines[1:], "[01/01 10:00:00 d2.engine.defaults]: Model:", *lines])
+    events = _described(text + "\n", tmp_path)
+    assert [[(m["class"], m.get("eps")) for m in e.detail["modules"]] for e in events] == [
+        [("Linear", None), ("LayerNorm", 0.0)]] * 2

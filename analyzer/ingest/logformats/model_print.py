@@ -7,7 +7,8 @@ can tell (a module called ``norm`` may be a ``Linear``):
   Type | Params | Mode``, a rule of dashes, one row per module, a closing rule) or, with
   ``rich`` installed, ``RichModelSummary``'s box (``┃ Name ┃ Type ┃``, rows ``│ 0 │ net │
   Sequential │``, closed by ``└``). A cell that rich wrapped onto a row of its own (an
-  empty index) is joined to the row above it.
+  empty index) is joined to the row above it; a row whose name or class rich cut short
+  (``MultiheadAtt…``) is left out.
 - A module's ``repr`` (``print(model)``; detectron2 and fairseq log it at start-up): a
   line ``Net(``, then per module ``(norm): LayerNorm((64,), eps=0.0, ...)`` two spaces
   deeper than its parent, a container's ``(layers): ModuleList(`` closed by ``)`` at its own
@@ -199,8 +200,10 @@ class ModelPrintParser:
         if box and not index and not name and state.modules:  # rich wrapped a Type cell
             state.modules[-1]["class"] += cls
             return True
-        if not index and name:
-            return True  # Lightning's last row: the parameters no module holds
+        if (not index and name) or "…" in name or "…" in cls:
+            # Lightning's last row (the parameters no module holds), or a cell rich cut
+            # short to fit the console: a cut class or name is no module's.
+            return True
         if not index.isdigit() or not name or not cls:
             self._drop(ctx)
             return False
