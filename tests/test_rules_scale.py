@@ -35,7 +35,8 @@ def _snapshot(folder: Path) -> dict[str, tuple[int, str]]:
 
 
 def _train(run: Path, model: torch.nn.Module, batches: Batches, *, lr: float, steps: int,
-           per_layer: bool = True, save_every: int | None = None, adam: bool = False) -> None:
+           per_layer: bool = True, save_every: int | None = None, adam: bool = False,
+           histograms: bool = False) -> None:
     """A plain loop: MSE regression, one optimizer step per batch; the loss, the total and
     per-parameter gradient norms (before the step), weight norms (after it) and the rate
     logged every step; a checkpoint every ``save_every`` steps; stops two steps after the
@@ -57,6 +58,9 @@ def _train(run: Path, model: torch.nn.Module, batches: Batches, *, lr: float, st
         if per_layer:
             for n, p in named:
                 writer.add_scalar(f"grad_norm/{n}", float(p.grad.norm()), step)  # type: ignore[union-attr]
+        if histograms:
+            for n, p in named:
+                writer.add_histogram(f"grads/{n}", p.grad, step)
         opt.step()
         if per_layer:
             for n, p in named:
@@ -179,6 +183,35 @@ def test_regression_first_layer_is_the_first_the_file_wrote_not_by_name(tmp_path
     scale = input_scale(RunEvidence(_analyze(tmp_path / "run")))
     assert scale is not None and scale.param == "zz_in.weight"
     assert scale.rms > UNNORMALIZED_RMS
+
+
+def test_gradient_histograms_read_the_inputs_scale(tmp_path: Path) -> None:
+    # a histogram holds the tensor's sum of squares and element count: its norm and size
+    for raw in (True, False):
+        run = tmp_path / f"raw_{raw}"
+        _train(run, _cnn(), _images(raw), lr=1e-7, steps=3, per_layer=False, histograms=True)
+        scale = input_scale(RunEvidence(_analyze(run)))
+        assert scale is not None and scale.grad_source.startswith("gradient histograms")
+        assert scale.fan_in == 9 and scale.fan_source == "histograms' element counts"
+        assert (scale.rms >= UNNORMALIZED_RMS) is raw, scale.text()
+
+
+def test_a_checkpoint_that_starts_elsewhere_rules_out_a_later_layers_tags(
+        tmp_path: Path) -> None:
+    # per-layer tags of the head only: its inputs are activations, not the data
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(20, 16), torch.nn.Tanh(),
+                                torch.nn.Linear(16, 1))
+    run = tmp_path / "run"
+    _train(run, model, _features(True, (20,)), lr=1e-7, steps=3, save_every=3)
+    for tag in ("grad_norm/0.weight", "grad_norm/0.bias"):
+        assert tag in {s.tag for s in _analyze(run).run.series}
+    ev = RunEvidence(_analyze(run))
+    ev.layer_grad_norms.pop("grad_norm/0.weight")
+    ev.layer_grad_norms.pop("grad_norm/0.bias")
+    scale = input_scale(ev)  # not the head's tags: the saved momentum of the first layer
+    assert scale is not None and scale.param == "0.weight"
+    assert scale.grad_source.startswith("momentum_buffer")
 
 
 def test_a_bias_free_first_layer_gives_no_reading(tmp_path: Path) -> None:

@@ -13,8 +13,10 @@ without one, from ``‖W‖ / ‖b‖`` at the first logged step, which PyTorch'
 ``sqrt(fan_in)``. The quotient estimates the inputs' RMS: about 1 for standardized data
 (up to ~10 for a recurrent layer, whose bias gradients cancel over time), ~100 for raw
 pixels. A bias-free first layer (an embedding, ``bias=False``) gives no reading. Without
-per-layer gradient tags, the optimizer's moments in a checkpoint (``exp_avg``,
-``momentum_buffer``: running sums of the same gradients) give the same quotient.
+per-layer gradient tags, gradient histograms (a tensor's histogram holds its sum of squares
+and its element count: its norm and its size) or the optimizer's moments in a checkpoint
+(``exp_avg``, ``momentum_buffer``: running sums of the same gradients) give the same
+quotient.
 
 **The initial weights' scale.** PyTorch's default init gives a weight of shape
 ``(out, in, *k)`` entries of variance ``1 / (3 · in · prod(k))``, so ``‖W‖ ≈ sqrt(out / 3)``;
@@ -33,10 +35,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from analyzer.model import Location
+from analyzer.model import Location, Series
 from analyzer.model.checkpoints import CheckpointScan, TensorRecord
 from analyzer.rules.anatomy import kinds_of
-from analyzer.rules.evidence import Curve, RunEvidence
+from analyzer.rules.evidence import Curve, RunEvidence, merge
+from analyzer.tags import layer_from_tag
 
 _STAT_PARTS = {"norm", "l2", "l2_norm", "value", "max", "mean", "rms"}
 _MOMENT = re.compile(r"^(?P<prefix>.*?)state\.(?P<index>\d+)\.(?P<kind>exp_avg|momentum_buffer)$")
@@ -145,6 +148,15 @@ def _shape(ev: RunEvidence, param: str) -> tuple[tuple[int, ...], str] | None:
     return None
 
 
+def _first_weight(ev: RunEvidence) -> str | None:
+    """The first parameter a checkpoint saves, in state-dict (model) order."""
+    for scan in _tensors(ev):
+        for t in scan.tensors:
+            if t.group == "model" and t.stats is not None and not t.name.endswith(_BUFFERS):
+                return t.name
+    return None
+
+
 def _numel(shape: tuple[int, ...]) -> int:
     return int(np.prod(shape)) if shape else 1
 
@@ -157,15 +169,56 @@ def _at(c: Curve, step: int) -> float | None:
 def input_scale(ev: RunEvidence) -> InputScale | None:
     """The inputs' RMS from the first layer's logged gradient norms, else from the
     optimizer's moments in a checkpoint; None when neither reads."""
-    found = _from_tags(ev)
-    return found if found is not None else _from_moments(ev)
+    hists = _histograms(ev)
+    for grad_curves, weight_curves, kind in (
+            (ev.layer_grad_norms, ev.layer_weight_norms, "grad-norm tags"),
+            (hists.grads, hists.weights, "gradient histograms")):
+        found = _from_tags(ev, grad_curves, weight_curves, hists.counts, kind)
+        if found is not None:
+            return found
+    return _from_moments(ev)
 
 
-def _from_tags(ev: RunEvidence) -> InputScale | None:
-    grads = {param_name(t): c for t, c in ev.layer_grad_norms.items()}
-    pair = _first_pair(_in_file_order(ev.layer_grad_norms))
+@dataclass(frozen=True)
+class _Histograms:
+    """Per-parameter norms from histogram tags (``sqrt(sum_squares)``) and each
+    parameter's element count: a histogram of a tensor is its norm and its size."""
+
+    grads: dict[str, Curve]
+    weights: dict[str, Curve]
+    counts: dict[str, int]
+
+
+def _histograms(ev: RunEvidence) -> _Histograms:
+    grads: dict[str, Curve] = {}
+    weights: dict[str, Curve] = {}
+    counts: dict[str, int] = {}
+    for h in ev.result.run.histograms:
+        if layer_from_tag(h.tag) is None or not len(h):
+            continue
+        norms = np.sqrt(np.where(h.sum_squares >= 0, h.sum_squares, np.nan))
+        curve = merge([Series(tag=h.tag, steps=h.steps, values=norms, wall_times=h.wall_times,
+                              source=h.source, positions=h.positions)])
+        if curve is None:
+            continue
+        (grads if "grad" in h.tag.lower() else weights)[h.tag] = curve
+        counts.setdefault(param_name(h.tag), int(h.counts[0]))
+    return _Histograms(grads, weights, counts)
+
+
+def _from_tags(ev: RunEvidence, grad_curves: dict[str, Curve],
+               weight_curves: dict[str, Curve], counts: dict[str, int],
+               kind: str) -> InputScale | None:
+    grads = {param_name(t): c for t, c in grad_curves.items()}
+    if kind == "gradient histograms" and len(grads) < 4:
+        return None  # a few layers picked out, not the model's parameters from the first
+    pair = _first_pair(_in_file_order(grad_curves))
     if pair is None:
         return None
+    first_saved = _first_weight(ev)
+    if first_saved is not None and first_saved != pair[0] and not (
+            first_saved.endswith("." + pair[0]) or pair[0].endswith("." + first_saved)):
+        return None  # a checkpoint shows the model starts elsewhere: not its inputs
     w_name, b_name = pair
     gw, gb = grads[w_name].before(ev.failure_step), grads[b_name].before(ev.failure_step)
     steps = np.intersect1d(gw.steps, gb.steps)
@@ -177,23 +230,27 @@ def _from_tags(ev: RunEvidence) -> InputScale | None:
     if not ratios:
         return None
     ratio = float(np.median(ratios))
-    fan = _fan_in(ev, w_name, b_name)
+    fan = _fan_in(ev, w_name, b_name, weight_curves, counts)
     if fan is None:
         return None
     fan_in, fan_source = fan
     first = int(steps[0])
     span = f"step {first}" if len(steps) == 1 else f"median over steps {first}-{int(steps[-1])}"
     return InputScale(w_name, ratio / math.sqrt(fan_in), ratio, fan_in, fan_source,
-                      f"grad-norm tags, {span}", first, gw.location_at(first))
+                      f"{kind}, {span}", first, gw.location_at(first))
 
 
-def _fan_in(ev: RunEvidence, w_name: str, b_name: str) -> tuple[float, str] | None:
-    """``numel(W) / numel(b)`` from a checkpoint's shapes; else ``(‖W‖ / ‖b‖)²`` at the
-    first logged step, which the default init makes the fan-in."""
+def _fan_in(ev: RunEvidence, w_name: str, b_name: str, weight_curves: dict[str, Curve],
+            counts: dict[str, int]) -> tuple[float, str] | None:
+    """``numel(W) / numel(b)`` from a checkpoint's shapes or histograms' element counts;
+    else ``(‖W‖ / ‖b‖)²`` at the first logged step, which the default init makes the
+    fan-in."""
     w_shape, b_shape = _shape(ev, w_name), _shape(ev, b_name)
     if w_shape is not None and b_shape is not None and _numel(b_shape[0]):
         return _numel(w_shape[0]) / _numel(b_shape[0]), f"shapes in {w_shape[1]}"
-    weights = {param_name(t): c for t, c in ev.layer_weight_norms.items()}
+    if counts.get(w_name, 0) > 0 and counts.get(b_name, 0) > 0:
+        return counts[w_name] / counts[b_name], "histograms' element counts"
+    weights = {param_name(t): c for t, c in weight_curves.items()}
     cw, cb = weights.get(w_name), weights.get(b_name)
     loss = ev.loss
     if cw is None or cb is None or not len(cw) or (loss is not None and len(loss)
