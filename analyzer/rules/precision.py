@@ -239,7 +239,9 @@ def loss_scale_warm_up(r: Rule, ev: RunEvidence) -> list[Finding]:
     The skipped steps, the scale's lowest value and its floor, and whether the scale
     was logged before or after `scaler.update()`: a skipped step has non-finite unscaled
     gradients and the scale halves across it; where drops and non-finite gradients coincide
-    decides which logged step a drop belongs to.
+    decides which logged step a drop belongs to. A scale of exactly 1.0 at every logged
+    step is a disabled GradScaler (its `get_scale()` is 1.0 when `enabled=False`), which
+    skips nothing: no note is made from it.
 
     ## Fix
     Nothing to fix. To skip fewer steps at the start, begin at a scale that fits:
