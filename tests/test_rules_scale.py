@@ -340,3 +340,38 @@ def test_regression_a_huge_second_norm_at_a_sane_rate_is_tied_between_the_scales
     top, second = [f for f in result.findings or evaluate(result)[0] if f.role == "cause"][:2]
     assert {top.name, second.name} == {"bad-initialisation", "unnormalized-inputs"}
     assert (top.confidence, top.score) == (second.confidence, second.score)
+
+
+def _constructed(loss_scale: list[float] | None) -> list[Finding]:
+    """A blow-up whose first layer reads inputs of RMS ~200 (‖∇W‖/‖∇b‖ = 800 against
+    ‖W‖/‖b‖ = 4 at step 0), the per-parameter tags in the order a writer logs them."""
+    n = 12
+    rng = np.random.default_rng(0)  # float32-looking values, not float16-exact ones
+    grads = [10.0 * 4.0 ** i * (1 + 0.1 * rng.random()) for i in range(n - 1)] + [math.inf]
+    curves = {"train/loss": [1.3 * 4.0 ** i * (1 + 0.1 * rng.random())
+                             for i in range(n - 1)] + [math.inf],
+              "train/grad_norm": grads,
+              "grad_norm/fc.weight": [g * 0.9 for g in grads],
+              "grad_norm/fc.bias": [g * 0.9 / 800 for g in grads],
+              "weight_norm/fc.weight": [2.0 + 0.1 * i for i in range(n)],
+              "weight_norm/fc.bias": [0.5] * n,
+              "train/lr": [0.01] * n}
+    if loss_scale is not None:
+        curves["amp/loss_scale"] = loss_scale
+    series = tuple(Series(tag=tag, steps=np.arange(n, dtype=np.int64),
+                          values=np.asarray(v, dtype=np.float64), wall_times=np.zeros(n),
+                          source="events", positions=np.arange(n, dtype=np.int64) * 1000 + k)
+                   for k, (tag, v) in enumerate(curves.items()))
+    result = locate(Run(path="r", name="r", files=("events",), series=series))
+    return [f for f in result.findings or evaluate(result)[0] if f.role == "cause"]
+
+
+def test_regression_a_unit_loss_scale_is_no_autocast_to_defer_to() -> None:
+    # some log formats print "loss scale: 1.0" for every run: a disabled scaler
+    for scale in (None, [1.0] * 12):
+        top = _constructed(scale)[0]
+        assert (top.name, top.confidence) == ("unnormalized-inputs", "medium")
+    # a working scaler means float16 autocast: its range is the nearer cause
+    nf402 = next(f for f in _constructed([65536.0] * 6 + [32768.0] * 6)
+                 if f.name == "unnormalized-inputs")
+    assert nf402.confidence == "low"

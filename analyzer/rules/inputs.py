@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from analyzer.model import Evidence, Finding
 from analyzer.rules.base import Rule, rule
 from analyzer.rules.evidence import RunEvidence, float16_model
@@ -50,7 +52,8 @@ def unnormalized_inputs(r: Rule, ev: RunEvidence) -> list[Finding]:
     at the first logged step, which the default init makes ``sqrt(fan_in)``. The run must
     have blown up (gradients or the loss growing into the failure, or huge from the start):
     medium confidence, ranked above a learning rate, whose growth this is; low in a model
-    that computes in float16, whose range is then the nearer cause. A total gradient
+    that computes in float16 (its weights, its logged values, or a loss scaler under
+    autocast), whose range is then the nearer cause. A total gradient
     norm above 1e5 within the first three steps (bad-initialisation's signature), with no
     per-layer reading, is as much inputs too large as weights too large: the two are
     reported tied.
@@ -111,7 +114,7 @@ def _post_hoc(r: Rule, ev: RunEvidence) -> list[Finding]:
                              "before the loop and `with recorder.step(step, x, y) as rec:` "
                              "around each step", subject="inputs")]
         score = min(0.9, 0.75 + 0.1 * math.log10(scale.rms / UNNORMALIZED_RMS))
-        half = float16_model(ev)
+        half = float16_model(ev) or _scaled(ev)
         if half is not None:
             # float16's range is the nearer cause: in float32 these inputs still train
             evidence.append(Evidence(f"{half}: its range overflowed first (fp16-overflow)",
@@ -131,6 +134,22 @@ def _post_hoc(r: Rule, ev: RunEvidence) -> list[Finding]:
                          "(per-layer tags), whose quotient reads the inputs' scale",
                          subject="inputs")]
     return [r.finding("medium", evidence, TIED_SCORE)]
+
+
+def _scaled(ev: RunEvidence) -> str | None:
+    """A loss scaler at work, in words: a logged scale other than 1.0 (a disabled
+    GradScaler reports 1.0, and some log formats print it for every run), or skipped
+    overflowing steps; float16 autocast ran then."""
+    scale = ev.loss_scale
+    if scale is not None:
+        v = scale.values[np.isfinite(scale.values)]
+        if v.size and bool(np.any(v != 1.0)):
+            return f"{scale.tag} is logged with values other than 1.0 (float16 autocast)"
+        if v.size:
+            return None  # a scale of 1.0 throughout: no scaler, whatever a step is read as
+    if ev.events("overflow_skip") or ev.result.overflow_skips:
+        return "the loss scaler skipped overflowing steps (float16 autocast)"
+    return None
 
 
 RULES = (unnormalized_inputs,)
