@@ -130,8 +130,9 @@ class HalfAdam:
                         "eps = 0", location=where, step=self.scan.step, subject="optimizer",
                         value=self.eps)]
         if self.v_zero:
-            out.append(Evidence(f"{self.v_zero} element(s) of exp_avg_sq are exactly 0 in that "
-                                "save: their update divides by 0 as soon as exp_avg is not",
+            out.append(Evidence(f"{self.v_zero} element(s) of exp_avg_sq are exactly 0 in the "
+                                f"save of step {self.scan.step}: their update divides by 0 as "
+                                "soon as exp_avg is not",
                                 location=where, step=self.scan.step, subject="exp_avg_sq",
                                 value=float(self.v_zero)))
         return out
@@ -169,8 +170,7 @@ class NearLimit:
         limit = LIMITS[self.dtype]
         return Evidence(f"checkpoint {_name(self.scan.path)} (step {self.scan.step}): layer "
                         f"{self.layer}'s largest finite value is {self.abs_max:.4g}, "
-                        f"{limit / self.abs_max:.3g} times below {self.dtype}'s largest "
-                        f"({limit:g})",
+                        f"{self.abs_max / limit:.0%} of {self.dtype}'s largest ({limit:g})",
                         location=Location(self.scan.path), step=self.scan.step,
                         subject=self.layer, value=self.abs_max, ratio=self.abs_max / limit)
 
@@ -246,7 +246,7 @@ def histogram_peaks(ev: RunEvidence, dtype: str, before: int | None) -> list[Evi
         peak = float(peaks[i])
         if peak * NEAR >= limit:
             out.append(Evidence(f"histogram {h.tag} reached {peak:.4g} at step {int(h.steps[i])}, "
-                                f"{limit / peak:.3g} times below {dtype}'s largest ({limit:g})",
+                                f"{peak / limit:.0%} of {dtype}'s largest ({limit:g})",
                                 location=h.location(i), step=int(h.steps[i]), subject=h.tag,
                                 value=peak, ratio=peak / limit))
     return out

@@ -141,10 +141,11 @@ def _posthoc(r: Rule, ev: RunEvidence) -> list[Finding]:
         last = c.before(o.step)
         peak = float(np.max(np.abs(last.values[np.isfinite(last.values)])))
         evidence.append(Evidence(
-            f"{c.tag} rose to {peak:.4g} just before the failure "
-            f"{step_words(o.step, form='at')} (float16 max {FP16_MAX:g}; activations and sums "
-            "are larger than the norms logged)", location=c.location_at(int(last.steps[-1])),
-            step=int(last.steps[-1]), subject=c.tag, value=peak))
+            f"{c.tag} rose to {peak:.4g} by step {int(last.steps[-1])}, just before the "
+            f"failure {step_words(o.step, form='at')} (float16 max {FP16_MAX:g}; activations "
+            "and sums are larger than the norms logged)",
+            location=c.location_at(int(last.steps[-1])), step=int(last.steps[-1]),
+            subject=c.tag, value=peak))
     evidence.extend(near)
     if disabled:
         assert ev.loss_scale is not None
@@ -344,9 +345,9 @@ def _from_saves(ev: RunEvidence, saves: list[tuple[int, float, str]], floor: flo
     at, _, path = saves[scales.index(low)]
     seen.lowest = low
     seen.evidence.append(Evidence(
-        f"the loss scaler's scale saved in the checkpoints went from {scales[0]:g} (step "
-        f"{saves[0][0]}) to {scales[-1]:g} (step {saves[-1][0]}) over {len(saves)} saves, "
-        f"lowest {low:g} against a floor of {floor:g}", location=Location(path), step=at,
+        f"the loss scaler's scale saved in the checkpoints went from {peak:g} to {low:g} "
+        f"(step {at}) over {len(saves)} saves (steps {saves[0][0]} to {saves[-1][0]}), "
+        f"against a floor of {floor:g}", location=Location(path), step=at,
         subject="loss scale", value=low, ratio=low / peak if peak > 0 else None))
     fell = peak / low >= MIN_FALL if low > 0 else False
     seen.at_floor = fell and 0 < low <= floor
@@ -356,8 +357,9 @@ def _from_saves(ev: RunEvidence, saves: list[tuple[int, float, str]], floor: flo
                     and scales[-1] < scales[-2] < scales[-3])
     if seen.falling:
         seen.evidence.append(Evidence(
-            f"the saved scale was still halving at the last saves (steps {saves[-3][0]}, "
-            f"{saves[-2][0]}, {saves[-1][0]}) and the loss is non-finite at the end",
+            f"the saved scale was still falling at the last saves (steps {saves[-3][0]}, "
+            f"{saves[-2][0]}, step {saves[-1][0]}: {scales[-1]:g}) and the loss is non-finite "
+            "at the end",
             location=Location(saves[-1][2]), step=saves[-1][0], subject="loss scale",
             value=scales[-1]))
     seen.evidence.append(Evidence(
