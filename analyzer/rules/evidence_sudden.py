@@ -133,8 +133,12 @@ def _steady(ev: RunEvidence, o: Onset) -> bool:
 
 
 def names_known(ev: RunEvidence) -> bool:
-    """Whether the run named its modules at all (so a kind's absence means something)."""
-    if ev.layer_grad_norms or ev.layer_weight_norms:
+    """Whether the run named its modules at all (so a kind's absence means something):
+    per-layer tags, a checkpoint's model tensors, a model summary or printed module in its
+    logs, or a component read from its configuration."""
+    if ev.layer_grad_norms or ev.layer_weight_norms or ev.anatomy.known:
+        return True
+    if ev.events("model_description"):
         return True
     history = ev.result.run.checkpoints
     return history is not None and any(t.group == "model" for s in history.scans
@@ -142,6 +146,9 @@ def names_known(ev: RunEvidence) -> bool:
 
 
 def _eps_zero(ev: RunEvidence) -> str | None:
+    zero = ev.anatomy.eps_zero()
+    if zero:
+        return zero[0].brief()
     for c in ev.anatomy.of("normalisation"):
         m = _EPS_ZERO.search(c.detail)
         if m is not None and float(m.group(1)) == 0.0:
