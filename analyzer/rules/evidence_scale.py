@@ -108,7 +108,8 @@ def bias_of(weight: str) -> str | None:
 def _in_file_order(curves: dict[str, Curve]) -> list[tuple[str, Curve]]:
     """Per-layer curves by parameter: in the order the file wrote them at their first step
     (a writer logs parameters in model order; readers sort tags by name). Only the source
-    file holding most of them is used, where positions compare."""
+    file holding most of them is used, where positions compare; none when the first two
+    share a position (one text line holding several)."""
     files: dict[str, int] = {}
     for c in curves.values():
         files[c.source.source] = files.get(c.source.source, 0) + 1
@@ -117,6 +118,9 @@ def _in_file_order(curves: dict[str, Curve]) -> list[tuple[str, Curve]]:
     main = max(files, key=lambda f: files[f])
     same = [c for c in curves.values() if c.source.source == main and len(c.source)]
     same.sort(key=lambda c: int(c.source.positions[0]))
+    starts = [int(c.source.positions[0]) for c in same]
+    if len(starts) > 1 and starts[0] == starts[1]:
+        return []  # several parameters on one log line: the order they were written is lost
     return [(param_name(c.tag), c) for c in same]
 
 
