@@ -21,9 +21,11 @@ from analyzer.scenarios.corpus import CASES, FAMILIES, HALVES, HEALTHY, SPLIT, s
 from analyzer.scenarios.corpus.run import INFO_FILE
 
 ROOT = Path(__file__).resolve().parent.parent
-HELDOUT_FLOOR = 5 / 13
-"""Top-cause accuracy on the held-out half after the first post-hoc rules (5 of 13; 3 of 13
-when the corpus was made; docs/evaluation.md); later rule work may only raise it."""
+HELDOUT_FLOOR = 12 / 23
+"""Top-cause accuracy on the whole held-out set (the first batch's held-out half and the
+fresh batch): 12 of 23 after the post-hoc readings of scale, sudden faults, checkpoints and
+the model's make-up (7 of 13 on the first batch's half, 5 of 10 on the fresh batch;
+docs/evaluation.md). Later rule work may only raise it."""
 
 
 def _evaluate_module() -> ModuleType:
@@ -217,7 +219,8 @@ def test_the_committed_scores_are_todays(scores: dict[str, Any]) -> None:
     """docs/evaluation.json (and the docs/rules.md rendered from it) is what the corpus
     scores now: re-run ``make evaluate`` after changing a rule."""
     committed = json.loads((ROOT / "docs" / "evaluation.json").read_text(encoding="utf-8"))
-    for half in ("tune", "heldout", "samples", "samples_with_captures"):
+    assert set(scores) == set(committed) - {"frameworks"}
+    for half in scores:
         assert scores[half] == committed[half], f"docs/evaluation.json is stale ({half})"
 
 

@@ -242,7 +242,9 @@ def _oversized_finding(r: Rule, ev: RunEvidence, big: list[InitScale]) -> Findin
                          location=b.location, step=b.step, subject=b.param, value=b.norm,
                          ratio=b.ratio) for b in big[:3]]
     if len(big) > 3:
-        evidence.append(Evidence(f"{len(big) - 3} more weights likewise", subject="weights"))
+        more = len(big) - 3
+        evidence.append(Evidence(f"{more} more weight{'s' if more != 1 else ''} likewise",
+                                 subject="weights"))
     burst = early_burst(ev)
     huge = burst is not None and burst[1] == 0
     if burst is not None:
