@@ -20,6 +20,7 @@ and the dashboard.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -177,4 +178,13 @@ def cause_words(findings: Sequence[Finding]) -> str | None:
         return tie[0].name
     more = f" and {len(tie) - 2} more" if len(tie) > 2 else ""
     return f"undetermined ({', '.join(f.name for f in tie[:2])}{more})"
+
+
+def relative_path(path: str, root: str) -> str:
+    """``path`` as seen from ``root`` (a run's folder), or as given when it lies outside."""
+    try:
+        rel = os.path.relpath(path, root)
+    except ValueError:  # another drive
+        return path
+    return path if rel.startswith("..") else rel
 

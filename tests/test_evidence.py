@@ -60,7 +60,7 @@ def _names_number(text: str, value: float) -> bool:
 
 
 def _names_ratio(text: str, ratio: float) -> bool:
-    if f"{ratio:.0%}" in text or f"x{ratio:.3g}" in text:
+    if f"{ratio:.0%}" in text or f"x{ratio:.3g}" in text or f"{ratio:.3g}x " in text:
         return True
     if ratio > 0 and f"{math.log10(ratio):.1f} orders of magnitude" in text:
         return True

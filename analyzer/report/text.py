@@ -76,6 +76,7 @@ def _run_block(result: RunResult) -> str:
     others = [i for i in result.tag_incidents if inc is None or i.tag != inc.tag]
     if others:
         shown = ", ".join(f"{i.tag}@{incident_step(i, run, 'cell')}"
+                          + (f" on rank {i.rank}" if i.rank is not None else "")
                           for i in others[:_MAX_LISTED])
         more = f" and {len(others) - _MAX_LISTED} more" if len(others) > _MAX_LISTED else ""
         lines.append(f"   also non-finite: {shown}{more}")

@@ -29,13 +29,13 @@ finding: rules use it to weigh the causes a curve leaves open.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from analyzer.model import RunResult
 from analyzer.tags import TagRole, role
+from analyzer.wording import relative_path
 
 KINDS = ("attention", "normalisation", "recurrent", "convolution", "embedding", "temperature")
 """The module kinds an anatomy tells apart."""
@@ -244,7 +244,7 @@ def _described(result: RunResult) -> list[_Described]:
         modules = e.detail.get("modules")
         if not isinstance(modules, list):
             continue
-        where = _relative(e.location.file, run.path)
+        where = relative_path(e.location.file, run.path)
         for m in modules:
             name, cls = m.get("name"), m.get("class")
             if not isinstance(name, str) or not isinstance(cls, str) or not name:
@@ -254,14 +254,6 @@ def _described(result: RunResult) -> list[_Described]:
                                   f"log {where}:{m.get('line')}",
                                   float(eps) if isinstance(eps, int | float) else None))
     return out
-
-
-def _relative(path: str, root: str) -> str:
-    try:
-        rel = os.path.relpath(path, root)
-    except ValueError:  # another drive
-        return path
-    return path if rel.startswith("..") else rel
 
 
 def _class_components(described: list[_Described]) -> Iterable[Component]:
@@ -277,7 +269,7 @@ def _config_components(result: RunResult) -> Iterable[Component]:
     for f in meta.files if meta is not None else ():
         if f.kind != "model_config":
             continue
-        source = f"config {_relative(f.path, result.run.path)}"
+        source = f"config {relative_path(f.path, result.run.path)}"
         fields = f.fields
         model = fields.get("model_type")
         model_type = model if isinstance(model, str) else ""
@@ -336,7 +328,7 @@ def _checkpoint_names(result: RunResult) -> Iterable[tuple[str, str, str]]:
     if history is None:
         return
     for scan in history.scans:
-        source = f"checkpoint {_relative(scan.path, result.run.path)}"
+        source = f"checkpoint {relative_path(scan.path, result.run.path)}"
         for t in scan.tensors:
             if t.group != "model":
                 continue

@@ -21,7 +21,6 @@ read from:
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,7 +42,7 @@ handful of steps (a healthy network's weights and activations sit near 1)."""
 
 def _name(path: str) -> str:
     """A save's file name for a sentence (the evidence's location carries the path)."""
-    return os.path.basename(path.rstrip("/")) or path
+    return path.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1] or path
 
 
 def _dtype(name: str) -> str:

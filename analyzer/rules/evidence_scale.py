@@ -239,7 +239,7 @@ def _from_tags(ev: RunEvidence, grad_curves: dict[str, Curve],
         return None
     fan_in, fan_source = fan
     first = int(steps[0])
-    span = f"step {first}" if len(steps) == 1 else f"median over steps {first}-{int(steps[-1])}"
+    span = f"step {first}" if len(steps) == 1 else f"median from step {first} to {int(steps[-1])}"
     return InputScale(w_name, ratio / math.sqrt(fan_in), ratio, fan_in, fan_source,
                       f"{kind}, {span}", first, gw.location_at(first))
 
