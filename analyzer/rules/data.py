@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from analyzer.model import Evidence, Finding
-from analyzer.rules import evidence_sudden
+from analyzer.rules import evidence_periodic, evidence_sudden
 from analyzer.rules.base import Rule, rule
 from analyzer.rules.evidence import RunEvidence
 
@@ -30,6 +30,19 @@ def nan_in_batch(r: Rule, ev: RunEvidence) -> list[Finding]:
     the model may have them, leave the same curve: the finding is tied with them and says
     what would decide (`torch.isfinite(x).all()` on the batch, or a capture).
 
+    A run that survives its non-finite steps (a GradScaler, a loop that skips a non-finite
+    loss, DeepSpeed) shows more (medium): a non-finite loss that recurs at one position of
+    every epoch, `step % steps_per_epoch` constant, the steps beside it finite. That is a
+    bad record read again each epoch by a loader that does not shuffle, not the model's
+    numerics: a scaler's own overflows leave the loss finite (only the scaled gradients
+    overflow) and come in a block at the start or densely in a collapse. The period is the
+    run's steps per epoch where its metadata gives it (an `epoch` scalar, `max_steps` over
+    `num_train_epochs`), with at least two epochs bad at that position and every epoch
+    after the first; otherwise at least three recurrences one fixed period apart. A loop
+    with no scaler that prints a skip line and logs nothing else for the step counts as a
+    non-finite loss there. The finding names the steps, the period, the batch's position
+    and what decides: that batch's records (`dataset[i]`).
+
     ## Fix
     Validate data at the boundary and find the sample:
     ```python
@@ -41,12 +54,15 @@ def nan_in_batch(r: Rule, ev: RunEvidence) -> list[Finding]:
     ```
 
     ## Known false positives
-    None known: a non-finite batch is a fault by itself, even when the model happens to
-    mask it.
+    A non-finite batch is a fault by itself, even when the model happens to mask it. The
+    recurrence reading cannot tell a record holding NaN from a finite one that makes a 0/0
+    (a selection empty for that batch): both are that batch's doing, and the check of its
+    records decides. A schedule that raises the learning rate at that position of each
+    epoch explains the recurrence as well: such steps are left out.
     """
     replay = ev.replay
     if replay is None:
-        return evidence_sudden.findings(r, ev)
+        return _periodic(r, ev) or evidence_sudden.findings(r, ev)
     bad = tuple(replay.forward.bad_inputs)
     if not bad and replay.verdict.kind != "bad-input":
         return []
@@ -60,6 +76,30 @@ def nan_in_batch(r: Rule, ev: RunEvidence) -> list[Finding]:
     # the step started from non-finite values: no op of the model made them, so this
     # outweighs any reading of what the model did with them
     return [r.finding("high" if bad else "medium", evidence, 1.0 if bad else 0.5)]
+
+
+def _periodic(r: Rule, ev: RunEvidence) -> list[Finding]:
+    """Non-finite steps at one position of every epoch (rules.evidence_periodic)."""
+    p = evidence_periodic.periodic(ev)
+    if p is None:
+        return []
+    loss = ev.loss
+    first = p.steps[0]
+    evidence = [Evidence(p.describe(), location=loss.location_at(first) if loss else None,
+                         step=first, subject="batch", value=float(p.period))]
+    batch = ev.result.run.metadata.integer("batch_size") if ev.result.run.metadata else None
+    records = (f"`dataset[i]` for i in range({p.position * batch}, {(p.position + 1) * batch})"
+               if batch else f"`dataset[i]` for the indices of batch {p.position}")
+    evidence.append(Evidence(
+        "a model's own numerics do not fail at one position of each epoch: a scaler's own "
+        "overflows leave the loss finite and come in a block at the start or densely in a "
+        "collapse, so the batch read there is bad (a NaN or Inf in a record, or one that "
+        "makes a 0/0 such as an empty selection)", subject="batch"))
+    evidence.append(Evidence(
+        f"not seen: the batch itself; would decide: check the batch at position "
+        f"{p.position} of the epoch ({records}, with the loader's shuffle off), e.g. "
+        "`torch.isfinite(x).all()` on each of its tensors", step=first, subject="batch"))
+    return [r.finding("medium", evidence, 0.75)]
 
 
 RULES = (nan_in_batch,)

@@ -16,6 +16,7 @@ from analyzer.rules.evidence_ckpt import (
     near_limit,
     saved_scales,
 )
+from analyzer.rules.evidence_periodic import periodic
 from analyzer.scaler import read_scale
 from analyzer.wording import step_words
 
@@ -242,7 +243,9 @@ def loss_scale_warm_up(r: Rule, ev: RunEvidence) -> list[Finding]:
     gradients and the scale halves across it; where drops and non-finite gradients coincide
     decides which logged step a drop belongs to. A scale of exactly 1.0 at every logged
     step is a disabled GradScaler (its `get_scale()` is 1.0 when `enabled=False`), which
-    skips nothing: no note is made from it.
+    skips nothing: no note is made from it. Skips that recur at one position of every epoch
+    are no warm-up but a bad batch read each epoch: nan-in-batch (NF401) reads them, and no
+    note is made.
 
     ## Fix
     Nothing to fix. To skip fewer steps at the start, begin at a scale that fits:
@@ -256,7 +259,7 @@ def loss_scale_warm_up(r: Rule, ev: RunEvidence) -> list[Finding]:
     if scaling_disabled(ev.loss_scale) and not ev.events("overflow_skip"):
         return []  # a disabled scaler skips nothing: NaN gradients under it are the failure
     seen = _collapse(ev)
-    if seen.collapsed or not seen.count:
+    if seen.collapsed or not seen.count or periodic(ev) is not None:
         return []
     which = f" ({_steps(seen.skips)})" if seen.skips else ""
     then = ("then the scale held or grew again" if ev.loss_scale is not None
