@@ -63,7 +63,7 @@ bench: setup
 # Score the analysis on dead runs without captures, per half (docs/evaluation.md).
 .PHONY: evaluate
 evaluate: setup
-	$(BIN)/python bench/evaluate.py --out docs/evaluation.json
+	$(BIN)/python bench/evaluate.py --frameworks --out docs/evaluation.json
 	$(BIN)/python -m analyzer.rules.docs sample_runs --evaluation docs/evaluation.json > docs/rules.md
 
 # Regenerate the sample runs (real training, seeded, CPU) and the rules page scored on them.

@@ -110,6 +110,20 @@ def _is_learning_rate(tag: str) -> bool:
     return bool(_LR.search(last)) and "momentum" not in last.lower()
 
 
+def param_from_tag(tag: str) -> str | None:
+    """The parameter a per-layer tag names, dotted: ``grad_norm/conv1.weight`` and
+    ``grad_norm/conv1/weight`` -> ``conv1.weight``; None for a tag that names no layer."""
+    parts = [p for p in tag.split("/") if p]
+    while len(parts) > 1 and parts[-1].lower() in _STAT:
+        parts.pop()
+    families = 0
+    while families < len(parts) - 1 and _FAMILY.search(parts[families]):
+        families += 1
+    if families == 0 or "/".join(parts[families:]).lower() in _NOT_LAYER:
+        return None
+    return ".".join(parts[families:])
+
+
 def layer_from_tag(tag: str) -> str | None:
     """The layer a per-layer tag names, e.g. ``grads/fc1.weight`` -> ``fc1``.
 

@@ -78,11 +78,20 @@ def prediction(failed: bool, findings: Iterable[Ranked]) -> tuple[str, str]:
     return tie[0].name, tie[0].confidence
 
 
+def in_tie(row: Scored) -> bool:
+    """Whether a tie at the top names the intended cause among the causes it leaves."""
+    if not row.predicted.startswith(UNDETERMINED):
+        return False
+    names = row.predicted[len(UNDETERMINED):].strip(" ()").split(", ")
+    return row.intended in names
+
+
 def calibration(rows: Iterable[Scored]) -> dict[str, dict[str, Any]]:
-    """Per confidence level of the top finding, how often it named the intended cause."""
+    """Per confidence level of the top finding, how often it named the intended cause (a
+    finding on a healthy control is made and never right)."""
     out: dict[str, dict[str, Any]] = {}
-    for r in rows:
-        if not r.confidence or r.intended == HEALTHY:
+    for r in rows:  # a false alarm counts against its confidence too
+        if not r.confidence:
             continue
         cell = out.setdefault(r.confidence, {"right": 0, "made": 0})
         cell["made"] += 1
@@ -98,6 +107,7 @@ def score(rows: Iterable[Scored]) -> dict[str, Any]:
     failing = [r for r in rows if r.intended != HEALTHY]
     healthy = [r for r in rows if r.intended == HEALTHY]
     right = sum(r.predicted == r.intended for r in failing)
+    named = sum(r.predicted == r.intended or in_tie(r) for r in failing)
     alarms = [r.run for r in healthy if r.predicted != HEALTHY]
     confusion: dict[str, dict[str, int]] = {}
     for r in rows:
@@ -113,6 +123,7 @@ def score(rows: Iterable[Scored]) -> dict[str, Any]:
         "failing": len(failing),
         "top_cause_right": right,
         "top_cause_accuracy": right / len(failing) if failing else None,
+        "right_cause_named": named,
         "healthy": len(healthy),
         "false_alarms": len(alarms),
         "false_alarm_runs": alarms,
@@ -245,6 +256,8 @@ def render(scores: Mapping[str, Mapping[str, Any]]) -> str:
         out.append(f"== {half}: {s['runs']} runs")
         out.append(f"top cause right: {s['top_cause_right']}/{s['failing']}"
                    + (f" ({acc:.0%})" if acc is not None else ""))
+        out.append(f"right cause named, alone or in a tie: {s['right_cause_named']}/"
+                   f"{s['failing']}")
         out.append(f"false alarms on healthy: {s['false_alarms']}/{s['healthy']}"
                    + (f" ({', '.join(s['false_alarm_runs'])})" if s["false_alarm_runs"] else ""))
         out.append("confusion (intended -> top finding: count):")

@@ -117,6 +117,15 @@ def test_a_tie_at_the_top_is_undetermined_and_never_right() -> None:
     assert got["top_cause_right"] == 0 and got["precision"] == {}
 
 
+def test_a_tie_that_names_the_intended_cause_is_counted_apart() -> None:
+    s = ev.Scored
+    rows = [s("a", "t", "nan-in-batch", "undetermined (division-by-zero, nan-in-batch)"),
+            s("b", "t", "log-of-zero", "undetermined (division-by-zero, nan-in-batch)"),
+            s("c", "t", "log-of-zero", "log-of-zero", "medium")]
+    got = ev.score(rows)
+    assert got["top_cause_right"] == 1 and got["right_cause_named"] == 2
+
+
 def test_calibration_counts_the_top_finding_by_confidence() -> None:
     s = ev.Scored
     rows = [s("a", "t", "log-of-zero", "log-of-zero", "high"),
@@ -124,7 +133,8 @@ def test_calibration_counts_the_top_finding_by_confidence() -> None:
             s("c", "t", "nan-in-batch", "nan-in-batch", "medium"),
             s("d", "t", HEALTHY, "loss-spike", "low"), s("e", "t", "x", "no-cause")]
     assert ev.calibration(rows) == {"high": {"right": 1, "made": 2, "precision": 0.5},
-                                    "medium": {"right": 1, "made": 1, "precision": 1.0}}
+                                    "medium": {"right": 1, "made": 1, "precision": 1.0},
+                                    "low": {"right": 0, "made": 1, "precision": 0.0}}
 
 
 def test_scoring_on_a_fixed_example() -> None:

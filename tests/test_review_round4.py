@@ -22,9 +22,6 @@ def _series(tag: str, values: list[float]) -> Series:
                   source="events", positions=np.arange(n, dtype=np.int64) * 40)
 
 
-@pytest.mark.xfail(strict=True, reason="evidence_sudden.sudden calls np.ptp on the empty "
-                   "prior of a gradient that is NaN at the first step: ValueError, and six "
-                   "rules are skipped as failed")
 def test_a_gradient_nan_at_the_first_step_fails_no_rule() -> None:
     run = Run(path="r", name="r", files=("events",), series=(
         _series("train/loss", [0.9, 0.8, 0.7]),
@@ -34,10 +31,6 @@ def test_a_gradient_nan_at_the_first_step_fails_no_rule() -> None:
     assert failed == []
 
 
-@pytest.mark.xfail(strict=True, reason="a Lightning summary at its default max_depth=1 "
-                   "lists only top-level children, yet names_known() takes it as the whole "
-                   "model: the user's encoder (holding a LayerNorm with eps=0) rules out "
-                   "zero-variance-normalisation, the run's real cause")
 def test_a_depth_one_lightning_summary_does_not_rule_out_a_norm_it_does_not_show(
         tmp_path: Path) -> None:
     import lightning.pytorch as pl
@@ -64,10 +57,6 @@ def _layer(tag: str, value: float, position: int, n: int = 12) -> Series:
                   positions=np.arange(n, dtype=np.int64) * 100 + position)
 
 
-@pytest.mark.xfail(strict=True, reason="evidence_scale.param_name keeps only the last "
-                   "'/'-part of a tag: grad_norm/fc1/weight and grad_norm/fc2/weight both "
-                   "become 'weight', the dict keeps the last layer's curve, and the input "
-                   "scale is read from fc2 under the first layer's place")
 def test_slash_separated_layer_tags_read_the_first_layer() -> None:
     from analyzer.rules.evidence import RunEvidence
     from analyzer.rules.evidence_scale import input_scale
@@ -86,9 +75,6 @@ def test_slash_separated_layer_tags_read_the_first_layer() -> None:
     assert scale is not None and scale.rms == pytest.approx(100.0)
 
 
-@pytest.mark.xfail(strict=True, reason="NF210's evidence prints the checkpoint's full path "
-                   "and the restart event's detail dict ({'reason': 'new_file'}), and does "
-                   "not name the step, value and ratio it carries (test_evidence.mismatches)")
 def test_optimizer_state_mismatch_names_what_it_carries(tmp_path: Path) -> None:
     from tests.test_evidence import mismatches
     from tests.test_rules_clip_resume import _analyse, _resumed_run
@@ -101,10 +87,6 @@ def test_optimizer_state_mismatch_names_what_it_carries(tmp_path: Path) -> None:
     assert not [m for e in found[0].evidence for m in mismatches(e, None)]
 
 
-@pytest.mark.xfail(strict=True, reason="resume._parameters drops shape-() parameters, so "
-                   "Adam's scalar state for a learnable temperature (CLIP's logit_scale) has "
-                   "'shape scalar, which no parameter of the model has': NF210 high on a run "
-                   "that never resumed")
 def test_a_scalar_parameter_is_no_optimizer_state_mismatch(tmp_path: Path) -> None:
     import torch
     from torch import nn

@@ -135,7 +135,7 @@ def top_tie(findings: Sequence[R]) -> tuple[R, ...]:
     if top.role != "cause":
         return (top,)
     tied = [f for f in failures[1:] if f.role == "cause" and f.confidence == top.confidence
-            and f.score == top.score]
+            and round(f.score, 6) == round(top.score, 6)]
     return (top, *tied)
 
 

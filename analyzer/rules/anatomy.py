@@ -79,6 +79,31 @@ _CLASSES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("embedding", re.compile(r"Embedding")),
 )
 _CONTAINERS = frozenset({"Sequential", "ModuleList", "ModuleDict"})
+TORCH_LEAVES = frozenset({
+    "Linear", "Bilinear", "LazyLinear", "Identity", "Flatten", "Unflatten",
+    "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
+    "LazyConv1d", "LazyConv2d", "LazyConv3d",
+    "Embedding", "EmbeddingBag",
+    "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm", "LayerNorm", "GroupNorm",
+    "InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d", "RMSNorm", "LocalResponseNorm",
+    "RNN", "LSTM", "GRU", "RNNCell", "LSTMCell", "GRUCell", "MultiheadAttention",
+    "ReLU", "ReLU6", "LeakyReLU", "PReLU", "RReLU", "ELU", "SELU", "CELU", "GELU", "SiLU",
+    "Mish", "Tanh", "Sigmoid", "Hardtanh", "Hardsigmoid", "Hardswish", "Softplus",
+    "Softsign", "Softshrink", "Hardshrink", "Tanhshrink", "Threshold", "GLU", "LogSigmoid",
+    "Softmax", "Softmax2d", "LogSoftmax", "Softmin",
+    "Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "AlphaDropout", "FeatureAlphaDropout",
+    "MaxPool1d", "MaxPool2d", "MaxPool3d", "AvgPool1d", "AvgPool2d", "AvgPool3d",
+    "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "AdaptiveAvgPool3d", "AdaptiveMaxPool1d",
+    "AdaptiveMaxPool2d", "AdaptiveMaxPool3d", "LPPool1d", "LPPool2d",
+    "Upsample", "UpsamplingNearest2d", "UpsamplingBilinear2d", "PixelShuffle",
+    "PixelUnshuffle", "ZeroPad1d", "ZeroPad2d", "ZeroPad3d", "ConstantPad1d", "ConstantPad2d",
+    "ReflectionPad1d", "ReflectionPad2d", "ReplicationPad1d", "ReplicationPad2d",
+    "ChannelShuffle", "CosineSimilarity", "PairwiseDistance",
+})
+"""torch.nn's leaf modules: a described module of one of these classes holds no other
+module, so what it is not, the model does not have there. A class of the user's own (a
+Lightning summary at its default depth lists only the top-level children) may hold
+anything: it rules nothing out."""
 
 _HEADS = ("num_attention_heads", "n_head", "num_heads", "n_heads", "encoder_attention_heads")
 _EPS_KEYS = ("layer_norm_eps", "layer_norm_epsilon", "rms_norm_eps", "norm_eps")
@@ -232,7 +257,7 @@ class _Classes:
             return None
         if kind in class_kinds(found.cls):
             return True
-        return False if found.leaf and found.cls not in _CONTAINERS else None
+        return False if found.leaf and found.cls in TORCH_LEAVES else None
 
 
 def _described(result: RunResult) -> list[_Described]:
@@ -348,3 +373,19 @@ def anatomy(result: RunResult) -> Anatomy:
     names = [*_tag_names(result), *_checkpoint_names(result), *_described_names(described)]
     return Anatomy(_collect([*_class_components(described), *_config_components(result),
                              *_name_components(names, classes)]))
+
+
+def described_whole(result: RunResult) -> bool:
+    """Whether a log's model description lists the whole model down to torch.nn's own
+    leaf modules (a printed repr, a summary deep enough): only then does a kind missing
+    from it mean the model has none."""
+    events = [e for e in result.run.events if e.kind == "model_description"]
+    for e in events:
+        modules = e.detail.get("modules")
+        if not isinstance(modules, list) or not modules:
+            continue
+        leaves = [m for m in modules if isinstance(m, dict) and m.get("leaf") is not False]
+        if leaves and all(m.get("class") in TORCH_LEAVES for m in leaves):
+            return True
+    return False
+

@@ -74,7 +74,8 @@ def clip_before_unscale(r: Rule, ev: RunEvidence) -> list[Finding]:
     of 2 or more), and 80% of them, are followed by the gradient norm: the median of its
     log over the few points after the change differs from the median over the few points
     before by nearer the scale's factor than nothing. An unscaled gradient norm has no
-    reason to halve when the scaler halves, nor to double when it grows.
+    reason to halve when the scaler halves, nor to double when it grows. Medium from 4
+    followed changes on, low with 2 or 3.
 
     ## Fix
     Unscale first, then clip, then step:
@@ -103,9 +104,10 @@ def clip_before_unscale(r: Rule, ev: RunEvidence) -> list[Finding]:
     if changes < MIN_CHANGES or followed < TRACKED_SHARE * changes:
         return []
     evidence = [Evidence(f"{grad.tag} changed by the loss scale's factor at {followed} of its "
-                         f"{changes} changes ({scale.tag}): the logged norm is of scaled "
-                         "gradients", subject=grad.tag, value=float(followed),
-                         ratio=followed / changes, location=grad.location_at(int(grad.steps[0]))),
+                         f"{changes} changes ({followed / changes:.0%}, {scale.tag}): the "
+                         "logged norm is of scaled gradients", subject=grad.tag,
+                         value=float(followed), ratio=followed / changes,
+                         location=grad.location_at(int(grad.steps[0]))),
                 Evidence(f"median {grad.tag} / {scale.tag} = {ratio:.3g}: the norm of the "
                          "gradients once unscaled", subject=scale.tag, value=ratio)]
     confidence = "medium" if changes >= 4 else "low"

@@ -23,6 +23,7 @@ from typing import Any
 from analyzer.model import Report
 from analyzer.rules import RULES
 from analyzer.rules.evidence import RunEvidence
+from analyzer.wording import cause_words
 
 NONE = "(none)"
 
@@ -42,8 +43,8 @@ def expected_causes(report: Report) -> dict[str, str]:
 
 
 def top_causes(report: Report) -> dict[str, str]:
-    return {r.run.name: next((f.name for f in r.findings if f.is_failure), NONE)
-            for r in report.results}
+    """Each run's top cause as the summary names it (``undetermined (a, b)`` for a tie)."""
+    return {r.run.name: cause_words(r.findings) or NONE for r in report.results}
 
 
 def render(report: Report, evaluation: Mapping[str, Any] | None = None) -> str:
@@ -89,12 +90,16 @@ def _confusion(expected: dict[str, str], got: dict[str, str]) -> list[str]:
     return out
 
 
-SETS = (("heldout", "held-out half (the score: no threshold was fit to it)"),
+SETS = (("heldout", "held-out runs (the score: no threshold was fit to them)"),
+        ("heldout_first", "held-out half of the first batch"),
+        ("heldout_fresh", "fresh batch (held out whole)"),
         ("tune", "tuning half"),
         ("samples", "sample runs, captures hidden"),
-        ("samples_with_captures", "sample runs, captures replayed"))
-SHORT = {"heldout": "held-out", "tune": "tune", "samples": "samples, hidden",
-         "samples_with_captures": "samples, replayed"}
+        ("samples_with_captures", "sample runs, captures replayed"),
+        ("frameworks", "runs written by Lightning, the HF Trainer, tensorboardX and DDP"))
+SHORT = {"heldout": "held-out", "heldout_first": "held-out, first", "heldout_fresh": "fresh",
+         "tune": "tune", "samples": "samples, hidden",
+         "samples_with_captures": "samples, replayed", "frameworks": "frameworks"}
 
 
 def _evaluation(scores: Mapping[str, Any]) -> list[str]:
@@ -105,14 +110,18 @@ def _evaluation(scores: Mapping[str, Any]) -> list[str]:
            "false alarms, then the confusion, with the intended cause in rows and what the "
            "top finding named. `no-cause`: the run was found failed and no cause named; "
            "`undetermined (a, b)`: two causes tied at the top, which never counts as right.",
-           "", "| set | top cause right | false alarms on healthy runs |", "|---|---|---|"]
+           "", "| set | top cause right | right cause named, alone or in a tie | false alarms "
+           "on healthy runs |", "|---|---|---|---|"]
     for key, title in sets:
         s = scores[key]
         acc = s["top_cause_accuracy"]
         share = f" ({acc:.0%})" if acc is not None else ""
         out.append(f"| {title} | {s['top_cause_right']} of {s['failing']}{share} | "
+                   f"{s.get('right_cause_named', '')} of {s['failing']} | "
                    f"{s['false_alarms']} of {s['healthy']} |")
     for key, title in sets:
+        if key.startswith("heldout_"):
+            continue  # the whole held-out set's table has their rows
         out += ["", f"### Confusion: {title}", "", "| intended | top finding (runs) |",
                 "|---|---|"]
         for intended, cells in scores[key]["confusion"].items():

@@ -7,10 +7,10 @@ written: a resumed run overwrites the steps it repeats), in step order.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -20,6 +20,7 @@ from analyzer.model import CaptureMeta, Event, Incident, Location, RunResult, Se
 from analyzer.rules.anatomy import Anatomy, anatomy
 from analyzer.tags import TagRole, role
 
+T = TypeVar("T")
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
@@ -65,6 +66,14 @@ class RunEvidence:
     result: RunResult
     siblings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     """env.json contents of the healthy runs beside this one, by run name."""
+    _memo: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def cached(self, key: str, compute: Callable[[], T]) -> T:
+        """A reading computed once per run, for readings several rules ask for (defined
+        beside their rules, which this module cannot import)."""
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return cast(T, self._memo[key])
 
     @property
     def incident(self) -> Incident | None:
@@ -314,13 +323,17 @@ def saturated(o: Onset) -> bool:
             and float(np.max(np.abs(last))) < 100 * SATURATED_LOSS)
 
 
+RECORD_ONE = ("To record one: `recorder = FlightRecorder(run_dir, model, optimizer)` "
+              "(analyzer.capture) before the loop and `with recorder.step(step, x, y) as rec:` "
+              "around each step")
+"""The two lines that leave a capture of the failing step, for a finding's 'not seen'."""
+ANOMALY = "`torch.autograd.set_detect_anomaly(True)`"
+
+
 def lacking(step: int, op: str, unit: str = "step") -> str:
     """What a post-hoc finding lacks, and the two lines that would decide it."""
     return (f"not seen: the op that made the first non-finite value ({op}); a capture of "
-            f"{unit} {step} or an anomaly traceback would name it. To record one: "
-            "`recorder = FlightRecorder(run_dir, model, optimizer)` (analyzer.capture) before "
-            "the loop and `with recorder.step(step, x, y) as rec:` around each step, or "
-            "`torch.autograd.set_detect_anomaly(True)`")
+            f"{unit} {step} or an anomaly traceback would name it. {RECORD_ONE}, or {ANOMALY}")
 
 
 def float16_model(ev: RunEvidence) -> str | None:

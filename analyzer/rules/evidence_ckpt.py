@@ -40,6 +40,11 @@ which a weight norm growing by a few percent a step or an activation squared cov
 handful of steps (a healthy network's weights and activations sit near 1)."""
 
 
+def _save(path: str, step: int | None) -> str:
+    """A save in a sentence: ``checkpoint step_3.pt (step 3)``, without a step unknown."""
+    return f"checkpoint {_name(path)}" + (f" (step {step})" if step is not None else "")
+
+
 def _name(path: str) -> str:
     """A save's file name for a sentence (the evidence's location carries the path)."""
     return path.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1] or path
@@ -68,7 +73,7 @@ class WeightDtype:
     scan: CheckpointScan
 
     def evidence(self) -> Evidence:
-        return Evidence(f"checkpoint {_name(self.scan.path)} (step {self.scan.step}): "
+        return Evidence(f"{_save(self.scan.path, self.scan.step)}: "
                         f"{self.share:.0%} of the model's floating weights are {self.dtype}"
                         + (" (a model cast with .half(): autocast keeps float32 parameters)"
                            if self.dtype == "float16" else ""),
@@ -87,7 +92,7 @@ def weight_dtype(ev: RunEvidence) -> WeightDtype | None:
         for t in weights:
             assert t.stats is not None
             by[_dtype(t.dtype)] = by.get(_dtype(t.dtype), 0) + t.stats.numel
-        dtype, n = max(by.items(), key=lambda kv: kv[1])
+        dtype, n = max(sorted(by.items()), key=lambda kv: kv[1])  # a tie by name, not order
         return WeightDtype(dtype, n / total, scan)
     return None
 
@@ -101,7 +106,7 @@ def half_weights(ev: RunEvidence) -> WeightDtype | None:
     """A save whose weights are mostly float16 and whose trainer kept no float32 master
     copy: the model itself computes in float16."""
     found = weight_dtype(ev)
-    if found is None or found.dtype != "float16" or found.share < 0.5:
+    if found is None or found.dtype != "float16" or found.share <= 0.5:
         return None
     meta = found.scan.meta
     if found.scan.format == "deepspeed" or (meta is not None and meta.precision in MIXED):
@@ -122,7 +127,7 @@ class HalfAdam:
 
     def evidence(self) -> list[Evidence]:
         where = Location(self.scan.path)
-        out = [Evidence(f"checkpoint {_name(self.scan.path)} (step {self.scan.step}): Adam's "
+        out = [Evidence(f"{_save(self.scan.path, self.scan.step)}: Adam's "
                         f"moments of {self.params} parameter(s) are {self.dtype} and its "
                         f"eps={self.eps:g} is below half of {self.dtype}'s smallest number "
                         f"({TINY[self.dtype]:.3g}): sqrt(exp_avg_sq) + eps is computed with "
@@ -167,7 +172,7 @@ class NearLimit:
 
     def evidence(self) -> Evidence:
         limit = LIMITS[self.dtype]
-        return Evidence(f"checkpoint {_name(self.scan.path)} (step {self.scan.step}): layer "
+        return Evidence(f"{_save(self.scan.path, self.scan.step)}: layer "
                         f"{self.layer}'s largest finite value is {self.abs_max:.4g}, "
                         f"{self.abs_max / limit:.0%} of {self.dtype}'s largest ({limit:g})",
                         location=Location(self.scan.path), step=self.scan.step,
@@ -213,7 +218,7 @@ def first_bad_save(ev: RunEvidence) -> Evidence | None:
     last = history.last_finite
     since = (f"; the last finite save is step {history.saves[last].step}"
              if last is not None else "; no save before it is finite")
-    return Evidence(f"checkpoint {_name(bad.path)} (step {bad.step}) is the first save with "
+    return Evidence(f"{_save(bad.path, bad.step)} is the first save with "
                     f"non-finite values: {bad.nonfinite_tensors} tensor(s), in "
                     f"{', '.join(parts) or 'no model layer'}{more}{since}",
                     location=Location(bad.path), step=bad.step,
@@ -261,7 +266,7 @@ class UpdateWrote:
     def evidence(self) -> Evidence:
         shown = ", ".join(self.tensors[:3]) + (f" and {len(self.tensors) - 3} more"
                                                if len(self.tensors) > 3 else "")
-        return Evidence(f"checkpoint {_name(self.scan.path)} (step {self.scan.step}): the "
+        return Evidence(f"{_save(self.scan.path, self.scan.step)}: the "
                         f"weights {shown} hold NaN or Inf while every Adam moment is finite: "
                         "the moments are updated from the gradient before the weights, so "
                         "the gradient was finite and the update itself wrote the value",

@@ -39,7 +39,7 @@ from analyzer.model import Location, Series
 from analyzer.model.checkpoints import CheckpointScan, TensorRecord
 from analyzer.rules.anatomy import kinds_of
 from analyzer.rules.evidence import Curve, RunEvidence, merge
-from analyzer.tags import layer_from_tag
+from analyzer.tags import layer_from_tag, param_from_tag
 
 _STAT_PARTS = {"norm", "l2", "l2_norm", "value", "max", "mean", "rms"}
 _MOMENT = re.compile(r"^(?P<prefix>.*?)state\.(?P<index>\d+)\.(?P<kind>exp_avg|momentum_buffer)$")
@@ -89,7 +89,11 @@ class InitScale:
 
 
 def param_name(tag: str) -> str:
-    """The parameter a per-layer tag names: ``grad_norm/conv1.weight`` -> ``conv1.weight``."""
+    """The parameter a per-layer tag names: ``grad_norm/conv1.weight`` and
+    ``grad_norm/conv1/weight`` -> ``conv1.weight``."""
+    named = param_from_tag(tag)
+    if named is not None:
+        return named
     parts = [p for p in tag.split("/") if p]
     while len(parts) > 1 and parts[-1].lower() in _STAT_PARTS:
         parts.pop()
@@ -173,6 +177,10 @@ def _at(c: Curve, step: int) -> float | None:
 def input_scale(ev: RunEvidence) -> InputScale | None:
     """The inputs' RMS from the first layer's logged gradient norms, else from the
     optimizer's moments in a checkpoint; None when neither reads."""
+    return ev.cached("input_scale", lambda: _input_scale(ev))
+
+
+def _input_scale(ev: RunEvidence) -> InputScale | None:
     hists = _histograms(ev)
     for grad_curves, weight_curves, kind in (
             (ev.layer_grad_norms, ev.layer_weight_norms, "grad-norm tags"),
@@ -225,15 +233,12 @@ def _from_tags(ev: RunEvidence, grad_curves: dict[str, Curve],
         return None  # a checkpoint shows the model starts elsewhere: not its inputs
     w_name, b_name = pair
     gw, gb = grads[w_name].before(ev.failure_step), grads[b_name].before(ev.failure_step)
-    steps = np.intersect1d(gw.steps, gb.steps)
-    ratios = []
-    for s in steps:
-        a, b = _at(gw, int(s)), _at(gb, int(s))
-        if a is not None and b is not None and math.isfinite(a) and math.isfinite(b) and b > 0:
-            ratios.append(a / b)
-    if not ratios:
+    steps, wi, bi = np.intersect1d(gw.steps, gb.steps, return_indices=True)
+    a, b = gw.values[wi], gb.values[bi]
+    ok = np.isfinite(a) & np.isfinite(b) & (b > 0)
+    if not np.any(ok):
         return None
-    ratio = float(np.median(ratios))
+    ratio = float(np.median(a[ok] / b[ok]))
     fan = _fan_in(ev, w_name, b_name, weight_curves, counts)
     if fan is None:
         return None
@@ -329,6 +334,10 @@ def _moments_of(scan: CheckpointScan
 def init_scales(ev: RunEvidence) -> list[InitScale]:
     """Each weight's norm at the first logged step (less the most the first update could
     add) against the default init's for its checkpointed shape, in parameter order."""
+    return ev.cached("init_scales", lambda: _init_scales(ev))
+
+
+def _init_scales(ev: RunEvidence) -> list[InitScale]:
     loss, lr = ev.loss, ev.lr
     out: list[InitScale] = []
     grads = {param_name(t): c for t, c in ev.layer_grad_norms.items()}

@@ -16,8 +16,9 @@ list, which the model's make-up narrows:
   attention: the forward NaN stays on positions the loss skips, and softmax's backward
   multiplies it in).
 
-A cause that needs a kind of module is ruled out when the run named its modules
-(per-layer tags or checkpoint tensors) and none is of that kind. When nothing named them it
+A cause that needs a kind of module is ruled out when the run named all its modules
+(per-layer tags, checkpoint tensors, a printed model down to torch.nn's leaf modules, a
+framework configuration) and none is of that kind. When nothing named them it
 stays open but ranks below the causes that need no module: it rests on a layer nobody saw.
 Presence alone does not raise a cause above the others (an attention model can as well be
 fed a NaN), so the causes a model allows stay tied; a normalisation recorded with eps 0
@@ -32,9 +33,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from analyzer.model import Evidence, Finding
+from analyzer.rules.anatomy import described_whole
 from analyzer.rules.base import Rule
 from analyzer.rules.evidence import (
+    ANOMALY,
     MIN_PRIOR,
+    RECORD_ONE,
     Onset,
     RunEvidence,
     float16_model,
@@ -133,12 +137,15 @@ def _steady(ev: RunEvidence, o: Onset) -> bool:
 
 
 def names_known(ev: RunEvidence) -> bool:
-    """Whether the run named its modules at all (so a kind's absence means something):
-    per-layer tags, a checkpoint's model tensors, a model summary or printed module in its
-    logs, or a component read from its configuration."""
-    if ev.layer_grad_norms or ev.layer_weight_norms or ev.anatomy.known:
+    """Whether the run named all its modules (so a kind's absence means something):
+    per-layer tags, a checkpoint's model tensors, a model description in its logs that goes
+    down to torch.nn's leaf modules, or a framework configuration (whose model type fixes
+    the architecture). A summary that stops at the user's own classes names too little."""
+    if ev.layer_grad_norms or ev.layer_weight_norms:
         return True
-    if ev.events("model_description"):
+    if any(c.source.startswith("config") for c in ev.anatomy.components):
+        return True  # a framework's model type fixes its architecture
+    if described_whole(ev.result):
         return True
     history = ev.result.run.checkpoints
     return history is not None and any(t.group == "model" for s in history.scans
@@ -160,7 +167,7 @@ def sudden(ev: RunEvidence) -> Sudden | None:
     """The sudden-fault reading of a run without a replay; None when the run was not
     steady before its failure, or failed another way (+inf, -inf, an update first)."""
     o = ev.onset
-    if o is None or ev.replay is not None:
+    if o is None or ev.replay is not None or o.prior.size < MIN_PRIOR:
         return None
     if o.phase == "forward" and o.loss_kind == "nan":
         open_: tuple[str, ...] = _FORWARD
@@ -214,10 +221,8 @@ def evidence(ev: RunEvidence, s: Sudden, name: str) -> list[Evidence]:
     if s.eps_zero is not None:
         out.append(Evidence(f"a normalisation with eps 0: {s.eps_zero}"))
     out.extend(Evidence(f"ruled out: {why}") for why in s.ruled_out)
-    out.append(Evidence(f"not seen: the op that made the first NaN; {s.decide()}. To record "
-                        "one: `recorder = FlightRecorder(run_dir, model, optimizer)` before "
-                        "the loop and `with recorder.step(step, x, y) as rec:` around each "
-                        "step, or `torch.autograd.set_detect_anomaly(True)`", step=o.step))
+    out.append(Evidence(f"not seen: the op that made the first NaN; {s.decide()}. "
+                        f"{RECORD_ONE}, or {ANOMALY}", step=o.step))
     return out
 
 

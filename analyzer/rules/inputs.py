@@ -8,7 +8,7 @@ import numpy as np
 
 from analyzer.model import Evidence, Finding
 from analyzer.rules.base import Rule, rule
-from analyzer.rules.evidence import RunEvidence, float16_model
+from analyzer.rules.evidence import RECORD_ONE, RunEvidence, float16_model
 from analyzer.rules.evidence_scale import (
     UNNORMALIZED_RMS,
     input_scale,
@@ -108,11 +108,8 @@ def _post_hoc(r: Rule, ev: RunEvidence) -> list[Finding]:
         evidence = [Evidence(scale.text(), location=scale.location, step=scale.step,
                              subject=scale.param, value=scale.rms),
                     blown,
-                    Evidence(f"not seen: the inputs themselves; a capture of step {step} "
-                             "would show the batch's values. To record one: `recorder = "
-                             "FlightRecorder(run_dir, model, optimizer)` (analyzer.capture) "
-                             "before the loop and `with recorder.step(step, x, y) as rec:` "
-                             "around each step", subject="inputs")]
+                    Evidence(f"not seen: the inputs themselves; a capture of {ev.unit} {step} "
+                             f"would show the batch's values. {RECORD_ONE}", subject="inputs")]
         score = min(0.9, 0.75 + 0.1 * math.log10(scale.rms / UNNORMALIZED_RMS))
         half = float16_model(ev) or _scaled(ev)
         if half is not None:
@@ -125,7 +122,7 @@ def _post_hoc(r: Rule, ev: RunEvidence) -> list[Finding]:
     if burst is None or oversized(ev):
         return []
     curve, _, first, value = burst
-    evidence = [Evidence(f"{curve.tag} = {value:.3g} at step {first}, within the first "
+    evidence = [Evidence(f"{curve.tag} = {value:.3g} at {ev.unit} {first}, within the first "
                          f"{EARLY_STEPS} logged steps: the scale of the inputs or of the "
                          "initial weights",
                          location=curve.location_at(first), step=first, subject=curve.tag,

@@ -121,10 +121,10 @@ def softmax_all_masked(r: Rule, ev: RunEvidence) -> list[Finding]:
     reaches its head on an ignored position, only in a model whose attention the run names.
     Else, from the curves alone (low): a NaN gradient
     under a finite loss, or a NaN loss, at once out of a steady run; tied with the other
-    causes that leave the same curve (sqrt-at-zero-backward; nan-in-batch, division-by-zero,
-    zero-variance-normalisation) when the run names an attention module, ranked below them
-    when it names no module at all, and ruled out when it names its modules and none is
-    attention.
+    causes that leave the same curve (sqrt-at-zero-backward; nan-in-batch,
+    division-by-zero, log-of-zero, zero-variance-normalisation) when the run names an
+    attention module, ranked below them when it names no module at all, and ruled out when
+    it names its modules and none is attention.
 
     ## Fix
     Never let a row be masked entirely, or guard it:

@@ -70,10 +70,11 @@ def zero_variance_normalisation(r: Rule, ev: RunEvidence) -> list[Finding]:
     written by hand shows up as a division (DivBackward0): the division-by-zero rule names it.
     Without either, from the curves alone: a loss that becomes NaN at once after steady
     finite values (no growth, no AMP skips, no change of learning rate), in a model that has
-    a normalisation layer: low and tied with nan-in-batch and division-by-zero (the same
-    curve), unless the run records a normalisation with eps 0, which makes it medium and
-    decides it. In a run that names none of its modules it ranks below those two (it rests
-    on a layer nobody saw); in one whose modules include no normalisation it is ruled out.
+    a normalisation layer: low and tied with nan-in-batch, division-by-zero, log-of-zero
+    and, in a model with attention, softmax-all-masked (the same curve), unless the run
+    records a normalisation with eps 0, which makes it medium and decides it. In a run that
+    names none of its modules it ranks below those (it rests on a layer nobody saw); in one
+    whose modules include no normalisation it is ruled out.
 
     ## Fix
     Keep an epsilon inside the root, and guard constant inputs:

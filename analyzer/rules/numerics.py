@@ -199,9 +199,9 @@ def division_by_zero(r: Rule, ev: RunEvidence) -> list[Finding]:
     a loss that becomes +inf at once from a finite value, after at least five values of a
     loss and a gradient norm that were not growing, in a run not computing in float16. A
     NaN out of such a steady loss (0/0, a mean over an empty selection) is low and tied with
-    nan-in-batch, and with zero-variance-normalisation and softmax-all-masked where the
-    model may have those layers: their curves are the same (rules.evidence_sudden says
-    what would tell them apart).
+    nan-in-batch and log-of-zero (0 · log 0), and with zero-variance-normalisation and
+    softmax-all-masked where the model may have those layers: their curves are the same
+    (rules.evidence_sudden says what would tell them apart).
 
     ## Fix
     Keep the divisor away from zero, or guard the empty case:

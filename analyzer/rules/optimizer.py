@@ -5,10 +5,11 @@ from __future__ import annotations
 from analyzer.model import Evidence, Finding
 from analyzer.rules.base import Rule, rule
 from analyzer.rules.evidence import RunEvidence, float16_model, lacking
-from analyzer.rules.evidence_ckpt import half_adam, half_weights, update_wrote
+from analyzer.rules.evidence_ckpt import TINY, half_adam, half_weights, update_wrote
 
-_HALF_TINY = {"float16": 6e-8, "bfloat16": 9.2e-41}
-"""Smallest positive (subnormal) values: an eps below them rounds to 0."""
+_HALF_TINY = {dtype: tiny / 2 for dtype, tiny in TINY.items()}
+"""Half the smallest positive (subnormal) value of each dtype: an eps below it rounds to 0
+(one above it rounds up to the subnormal)."""
 
 
 @rule("NF207", "adam-eps-too-small", "Adam's eps too small for the parameters' dtype",
@@ -123,7 +124,7 @@ def _posthoc(r: Rule, ev: RunEvidence) -> list[Finding]:
         evidence.append(Evidence("not seen: the optimizer and its eps (no metadata or "
                                  "checkpoint gives them); Adam's default 1e-8 rounds to 0 in "
                                  "float16", subject="optimizer"))
-    evidence.append(Evidence(lacking(o.step, "the optimizer step"), step=o.step))
+    evidence.append(Evidence(lacking(o.step, "the optimizer step", ev.unit), step=o.step))
     if adam is not None:  # the checkpoint shows the division the update makes
         return [r.finding("high", evidence, 0.9)]
     return [r.finding("medium", evidence, 0.6 + 0.2 * (eps is not None))]

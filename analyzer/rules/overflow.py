@@ -147,7 +147,7 @@ def exp_overflow(r: Rule, ev: RunEvidence) -> list[Finding]:
                                  step=ev.replay.step, subject="replay"))
     else:
         evidence.append(Evidence(lacking(jump.step, "the exp, or the division that ties with "
-                                         "it"), step=jump.step))
+                                         "it", ev.unit), step=jump.step))
     return [r.finding(confidence, evidence, 0.5 + 0.2 * negative + 0.2 * big_grad
                       + 0.1 * bool(replayed))]
 
@@ -220,7 +220,8 @@ def fp16_reduction_overflow(r: Rule, ev: RunEvidence) -> list[Finding]:
     weights = half_weights(ev)
     if weights is not None:
         evidence.append(weights.evidence())
-    evidence.append(Evidence(lacking(jump.step, "the reduction that overflowed"), step=jump.step))
+    evidence.append(Evidence(lacking(jump.step, "the reduction that overflowed", ev.unit),
+                             step=jump.step))
     return [r.finding("medium", evidence, 0.7)]
 
 

@@ -8,9 +8,10 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from analyzer.model import CheckpointScan, Evidence, Finding, TensorRecord
+from analyzer.model import CheckpointScan, Evidence, Finding, Location, TensorRecord
 from analyzer.rules.base import Rule, rule
 from analyzer.rules.evidence import RunEvidence
+from analyzer.wording import relative_path
 
 _STATE = re.compile(r"^(?P<opt>.*?)\.?state\.(?P<index>\d+)\.(?P<key>[A-Za-z_]+)$")
 _FLAT = re.compile(r"base_optimizer_state|fp32|flat|partition", re.IGNORECASE)
@@ -33,7 +34,8 @@ def _shape(t: TensorRecord) -> str:
 
 
 def _parameters(scan: CheckpointScan) -> list[TensorRecord]:
-    return [t for t in scan.tensors if t.group == "model" and t.shape
+    # A scalar parameter (a learnable temperature, CLIP's logit_scale) is a parameter too.
+    return [t for t in scan.tensors if t.group == "model"
             and not t.name.endswith(BUFFERS) and ("float" in t.dtype or "bfloat" in t.dtype)]
 
 
@@ -84,9 +86,11 @@ def _from_checkpoints(ev: RunEvidence) -> Iterable[Evidence]:
             continue
         first, why = bad[0]
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-        yield Evidence(f"{scan.path}: optimizer state {first.name} has {why}{more}: it was "
-                       "saved for other parameters", step=scan.step, subject=first.name,
-                       tensor=first.name, value=float(len(bad)))
+        when = f" (step {scan.step})" if scan.step is not None else ""
+        yield Evidence(f"checkpoint {relative_path(scan.path, ev.result.run.path)}{when}: "
+                       f"optimizer state {first.name} has {why}{more}: it was saved for "
+                       "other parameters", location=Location(scan.path), step=scan.step,
+                       subject=first.name, tensor=first.name)
 
 
 def _after_resume(ev: RunEvidence) -> list[Evidence]:
@@ -114,11 +118,12 @@ def _after_resume(ev: RunEvidence) -> list[Evidence]:
         return []
     if first_after < JUMP * last_before:
         return []
-    return [Evidence(f"the run resumed at step {at} ({resume.detail}) and failed at step "
+    jump = first_after / last_before
+    return [Evidence(f"the run resumed at step {at} ({resume.message}) and failed at step "
                      f"{step}; its loss went from {last_before:.4g} before the resume to "
-                     f"{first_after:.4g} within two steps after it", location=resume.location,
-                     step=at, subject=loss.tag, value=first_after,
-                     ratio=first_after / last_before)]
+                     f"{first_after:.4g} within two steps after it, x{jump:.3g}",
+                     location=resume.location, step=at, subject=loss.tag, value=first_after,
+                     ratio=jump)]
 
 
 @rule("NF210", "optimizer-state-mismatch",

@@ -126,7 +126,8 @@ def temperature_collapse(r: Rule, ev: RunEvidence) -> list[Finding]:
         return []
     step = ev.failure_step
     if step is not None and ev.replay is None:
-        evidence.append(Evidence(lacking(step, "the op that the scaled logits broke"), step=step))
+        evidence.append(Evidence(lacking(step, "the op that the scaled logits broke", ev.unit),
+                                 step=step))
     return [r.finding("medium", evidence, 0.8)]
 
 

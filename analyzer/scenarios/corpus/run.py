@@ -102,7 +102,7 @@ def run_case(case: Case, out_dir: str) -> Outcome:
     outcome = Outcome()
     with open(os.path.join(run_dir, case.log_name), "w", encoding="utf-8", newline="") as fh:
         log = STYLES[sc.log_style](fh, sc.steps, sc.steps_per_epoch)
-        log.begin(sc.title)
+        log.begin("training")  # never the case's title: it would state the cause
         try:
             _train(sc, run_dir, model, loss_fn, optimizer, scaler, _NoRecorder(),  # type: ignore[arg-type]
                    writer, log, outcome)
