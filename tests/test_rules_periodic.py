@@ -30,7 +30,7 @@ BAD_RECORD = 13
 def _train(run_dir: Path, *, bad: int | None = BAD_RECORD, epochs: int = 6,
            init_scale: float = 2.0**8, growth: int = 1000, scaler_on: bool = True,
            guard: bool = False, epoch_scalar: bool = False, x_scale: float = 1.0,
-           lr_raised_at: int | None = None) -> None:
+           lr_raised_at: int | None = None, save_each_epoch: bool = False) -> None:
     torch.manual_seed(0)
     x = torch.randn(32, 8) * x_scale
     y = x.sum(1, keepdim=True) * 0.1
@@ -75,6 +75,12 @@ def _train(run_dir: Path, *, bad: int | None = BAD_RECORD, epochs: int = 6,
                     log.write(f"step {step}: gradient overflow, skipping step, loss scale "
                               f"{before} -> {scaler.get_scale()}\n")
                 step += 1
+            if save_each_epoch:  # as Lightning's ModelCheckpoint lays out an epoch's end
+                (run_dir / "checkpoints").mkdir(exist_ok=True)
+                torch.save({"epoch": epoch, "global_step": step,
+                            "pytorch-lightning_version": "2.6.6",
+                            "state_dict": model.state_dict()},
+                           run_dir / "checkpoints" / f"epoch={epoch}-step={step}.ckpt")
     writer.close()
 
 
@@ -144,6 +150,14 @@ def test_the_trainers_steps_per_epoch_give_the_period(tmp_path: Path) -> None:
     state.save_to_json(str(run / "trainer_state.json"))
     p = periodic(RunEvidence(_analyse(run)))
     assert p is not None and p.period == 8 and "max_steps 16" in p.source
+
+
+def test_the_saves_epochs_and_steps_give_the_period(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    _train(run, epochs=2, save_each_epoch=True)
+    p = periodic(RunEvidence(_analyse(run)))
+    assert p is not None and p.steps == (3, 11)
+    assert "8, from the epochs and steps its 2 saves name" in p.source
 
 
 def test_a_loop_that_drops_a_non_finite_loss_shows_it_by_its_skip_lines(tmp_path: Path) -> None:

@@ -37,11 +37,11 @@ def nan_in_batch(r: Rule, ev: RunEvidence) -> list[Finding]:
     numerics: a scaler's own overflows leave the loss finite (only the scaled gradients
     overflow) and come in a block at the start or densely in a collapse. The period is the
     run's steps per epoch where its metadata gives it (an `epoch` scalar, `max_steps` over
-    `num_train_epochs`), with at least two epochs bad at that position and every epoch
-    after the first; otherwise at least three recurrences one fixed period apart. A loop
-    with no scaler that prints a skip line and logs nothing else for the step counts as a
-    non-finite loss there. The finding names the steps, the period, the batch's position
-    and what decides: that batch's records (`dataset[i]`).
+    `num_train_epochs`, the epochs and steps its saves name), with at least two epochs bad
+    at that position and every epoch after the first; otherwise at least three recurrences
+    one fixed period apart. A loop with no scaler that prints a skip line and logs nothing
+    else for the step counts as a non-finite loss there. The finding names the steps, the
+    period, the batch's position and what decides: that batch's records (`dataset[i]`).
 
     ## Fix
     Validate data at the boundary and find the sample:

@@ -19,7 +19,8 @@ apart. No overflow of the scaler's own making looks like that:
   schedule's doing: a bad step there, or just after it, is left out.
 
 The period is the run's steps per epoch where its metadata gives it (an ``epoch`` scalar,
-the Hugging Face Trainer's ``max_steps`` over ``num_train_epochs`` when it divides), and
+the Hugging Face Trainer's ``max_steps`` over ``num_train_epochs`` when it divides, saves
+that name their epoch and step a whole number of epochs apart), and
 the bad steps must then fall at one position of at least two epochs and of every epoch
 after the first one. Without it, the recurrence alone must show it: at least three
 isolated bad steps one fixed period apart, in every period from the first to the end of
@@ -123,11 +124,32 @@ def _epoch_periods(ev: RunEvidence) -> tuple[list[int], str] | None:
             f", from its {s.tag} scalar)") if periods else None
 
 
+def _save_periods(ev: RunEvidence) -> tuple[list[int], str] | None:
+    """Steps per epoch from the saves that name both their epoch and their step (Lightning's
+    ``epoch=3-step=120.ckpt`` and its ``epoch``/``global_step`` keys): saves made at one
+    point of their epochs (ModelCheckpoint saves at each epoch's end) lie a whole number
+    of epochs apart, so every pair gives the same steps per epoch."""
+    history = ev.result.run.checkpoints
+    if history is None:
+        return None
+    pairs = sorted({(s.meta.epoch, s.step) for s in history.scans
+                    if s.meta is not None and s.meta.epoch is not None and s.step is not None})
+    if len(pairs) < 2:
+        return None
+    (e0, s0), rest = pairs[0], pairs[1:]
+    periods = {(s - s0) // (e - e0) for e, s in rest if e > e0 and (s - s0) % (e - e0) == 0}
+    if len(periods) != 1 or any(e <= e0 for e, _ in rest):
+        return None
+    p = periods.pop()
+    return ([p], "the period is the run's steps per epoch ({p}, from the epochs and steps "
+                 f"its {len(pairs)} saves name)") if p >= 2 else None
+
+
 def _meta_periods(ev: RunEvidence) -> list[tuple[list[int], str]]:
     out = []
-    from_epoch = _epoch_periods(ev)
-    if from_epoch is not None:
-        out.append(from_epoch)
+    for found in (_epoch_periods(ev), _save_periods(ev)):
+        if found is not None:
+            out.append(found)
     meta = ev.result.run.metadata
     if meta is not None:
         total, epochs = meta.integer("max_steps"), meta.integer("num_train_epochs")
