@@ -146,10 +146,15 @@ def test_the_trainers_steps_per_epoch_give_the_period(tmp_path: Path) -> None:
     transformers = pytest.importorskip("transformers")
     run = tmp_path / "run"
     _train(run, epochs=2)
-    state = transformers.TrainerState(max_steps=16, num_train_epochs=2, global_step=16)
+    state = transformers.TrainerState(max_steps=16, num_train_epochs=2, global_step=16,
+                                      train_batch_size=4)
     state.save_to_json(str(run / "trainer_state.json"))
-    p = periodic(RunEvidence(_analyse(run)))
+    result = _analyse(run)
+    p = periodic(RunEvidence(result))
     assert p is not None and p.period == 8 and "max_steps 16" in p.source
+    # the batch size the Trainer saved names the records to check: 12 to 15
+    decide = _causes(result)[0].evidence[-1].text
+    assert "`dataset[i]` for i in range(12, 16)" in decide
 
 
 def test_the_saves_epochs_and_steps_give_the_period(tmp_path: Path) -> None:

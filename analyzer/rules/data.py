@@ -87,9 +87,13 @@ def _periodic(r: Rule, ev: RunEvidence) -> list[Finding]:
     first = p.steps[0]
     evidence = [Evidence(p.describe(), location=loss.location_at(first) if loss else None,
                          step=first, subject="batch", value=float(p.period))]
-    batch = ev.result.run.metadata.integer("batch_size") if ev.result.run.metadata else None
-    records = (f"`dataset[i]` for i in range({p.position * batch}, {(p.position + 1) * batch})"
-               if batch else f"`dataset[i]` for the indices of batch {p.position}")
+    meta = ev.result.run.metadata
+    batch = meta.integer("batch_size") if meta is not None else None
+    # an optimizer step reads `accumulation` batches: the step's records span all of them
+    per_step = (batch or 0) * ((meta.gradient_accumulation_steps if meta else None) or 1)
+    records = (f"`dataset[i]` for i in range({p.position * per_step}, "
+               f"{(p.position + 1) * per_step}) on one process" if per_step else
+               f"`dataset[i]` for the indices of batch {p.position}")
     evidence.append(Evidence(
         "a model's own numerics do not fail at one position of each epoch: a scaler's own "
         "overflows leave the loss finite and come in a block at the start or densely in a "
