@@ -354,3 +354,13 @@ def test_a_repr_after_a_logging_header_is_read(tmp_path: Path) -> None:
     events = _described(text + "\n", tmp_path)
     assert [[(m["class"], m.get("eps")) for m in e.detail["modules"]] for e in events] == [
         [("Linear", None), ("LayerNorm", 0.0)]] * 2
+
+
+def test_a_lone_value_head_is_no_attention_but_paired_projections_are() -> None:
+    from analyzer.rules.anatomy import _paired_projections, kinds_of
+
+    assert kinds_of("critic.value.weight") == ()  # an actor-critic's value head
+    found = list(_paired_projections([("blocks.0.mix.query.weight", "tag q", ""),
+                                      ("blocks.0.mix.key.weight", "tag k", ""),
+                                      ("critic.value.weight", "tag v", "")]))
+    assert [(c.kind, c.name) for c in found] == [("attention", "blocks.0.mix")]

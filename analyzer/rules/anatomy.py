@@ -42,7 +42,7 @@ KINDS = ("attention", "normalisation", "recurrent", "convolution", "embedding", 
 
 _WORDS: dict[str, frozenset[str]] = {
     "attention": frozenset({"attn", "attention", "self_attn", "selfattention", "mha",
-                            "q_proj", "k_proj", "v_proj", "qkv", "query", "key", "value",
+                            "q_proj", "k_proj", "v_proj", "qkv",
                             "in_proj_weight", "in_proj_bias", "c_attn", "wq", "wk", "wv"}),
     "normalisation": frozenset({"norm", "ln", "layernorm", "layer_norm", "bn", "batchnorm",
                                 "batch_norm", "groupnorm", "group_norm", "gn", "rmsnorm",
@@ -330,6 +330,28 @@ def _name_components(names: Iterable[tuple[str, str, str]], classes: _Classes
             yield Component(kind, module, source, detail)
 
 
+_QKV = frozenset({"query", "key", "value", "q", "k", "v"})
+"""Projection names that show attention only together: a lone ``value`` head is an RL
+critic's, a lone ``key`` anything."""
+
+
+def _paired_projections(names: Iterable[tuple[str, str, str]]) -> Iterable[Component]:
+    """Attention where one module holds at least two of query, key and value."""
+    held: dict[str, set[str]] = {}
+    first: dict[str, str] = {}
+    for name, source, _ in names:
+        parts = [p for p in _SPLIT.split(name) if p]
+        if parts and parts[-1] in ("weight", "bias"):
+            parts = parts[:-1]
+        if len(parts) >= 2 and parts[-1].lower() in _QKV:
+            parent = ".".join(parts[:-1])
+            held.setdefault(parent, set()).add(parts[-1].lower()[0])
+            first.setdefault(parent, source)
+    for parent, letters in held.items():
+        if len(letters) >= 2:
+            yield Component("attention", parent, first[parent], "query/key/value projections")
+
+
 def _collect(components: Iterable[Component]) -> tuple[Component, ...]:
     """One component per (kind, name), the first source."""
     seen: set[tuple[str, str]] = set()
@@ -372,7 +394,7 @@ def anatomy(result: RunResult) -> Anatomy:
     classes = _Classes(described)
     names = [*_tag_names(result), *_checkpoint_names(result), *_described_names(described)]
     return Anatomy(_collect([*_class_components(described), *_config_components(result),
-                             *_name_components(names, classes)]))
+                             *_name_components(names, classes), *_paired_projections(names)]))
 
 
 def described_whole(result: RunResult) -> bool:
