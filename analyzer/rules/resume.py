@@ -171,7 +171,9 @@ def optimizer_state_mismatch(r: Rule, ev: RunEvidence) -> list[Finding]:
 
     ## Known false positives
     A checkpoint that saves only some of the model's parameters beside the whole
-    optimizer state (an adapter's weights with the base model's optimizer); after a
+    optimizer state (an adapter's weights with the base model's optimizer); an FSDP
+    optimizer state saved flat (`use_orig_params=False`), whose states are shaped like the
+    flattened shards, not the parameters (DeepSpeed's flat partitions are left out); after a
     resume, a loss that jumps for another reason (a new data shard, a schedule restarted).
     """
     if not ev.failed:
