@@ -309,8 +309,10 @@ def test_regression_sample_nan_in_batch_without_capture_is_a_tie_not_no_cause(tm
 def test_regression_replay_of_a_masked_attention_step_reads_as_masked_softmax(
         tmp_path: Path) -> None:
     # a real capture of the tuning case lm_left_padding (a left-padded row that sees no key):
-    # the replayer's first non-finite op is the mask's masked_fill (-inf), and the step
-    # fails in backward as run: a masked softmax, not a fault that does not reproduce
+    # the mask's masked_fill (-inf) is written on purpose, so the replayer names the softmax
+    # that turns a row of it into NaN (the mask kept beside it), and the step fails in
+    # backward as run, the NaN row being padding the loss ignores: a masked softmax (high),
+    # not a fault that does not reproduce
     from analyzer.scenarios.corpus.failing import GENERATIVE
     from analyzer.scenarios.harness import run as train
 
@@ -322,10 +324,14 @@ def test_regression_replay_of_a_masked_attention_step_reads_as_masked_softmax(
     result = analyzer.analyze(str(folder), replay=True).results[0]
     assert _snapshot(folder) == before
     assert result.replay is not None and result.replay.op is not None
-    assert result.replay.op.op.startswith("masked_fill")
+    assert result.replay.op.op.startswith("_softmax")
+    assert result.replay.op.mask is not None
+    assert result.replay.op.mask.op.startswith("masked_fill")
+    assert result.replay.verdict.kind == "math-fault"
     top = next(f for f in result.findings if f.is_failure)
-    assert (top.name, top.confidence) == ("softmax-all-masked", "medium")
-    assert "masked_fill" in top.evidence[0].text
+    assert (top.name, top.confidence) == ("softmax-all-masked", "high")
+    assert "_softmax" in top.evidence[0].text
+    assert "nondeterminism-or-hardware" not in {f.name for f in result.findings}
 
 
 def test_regression_captured_nan_targets_are_not_tied_with_an_exploding_rnn(

@@ -115,6 +115,12 @@ class OpFault:
     op run again on the same inputs widened to float64: False means the op is
     undefined at those very inputs (log(0), x/0), True that only the dtype's
     range failed; None when it could not be run again.
+
+    ``mask`` is the op that wrote the -inf this op's inputs held on purpose: a mask's
+    fill value (``masked_fill(mask, -inf)``, ``torch.where(mask, -inf, x)``, a float mask
+    of 0 and -inf). Such a -inf is no fault, so ``inputs_finite`` counts it as finite and
+    the record names the op that turned it into NaN or +inf (a softmax over a row masked
+    entirely); the mask is kept beside it as context.
     """
 
     phase: Phase
@@ -131,6 +137,7 @@ class OpFault:
     parameter: str | None = None
     forward_op: str | None = None
     float64_finite: bool | None = None
+    mask: OpFault | None = None
 
     @property
     def names(self) -> tuple[str, ...]:

@@ -27,7 +27,14 @@ from analyzer.model.replays import (
     TensorStat,
 )
 from analyzer.replayer.ops import MODULE_KEY
-from analyzer.replayer.stats import all_finite, floating, is_finite, stats_of, tensors_in
+from analyzer.replayer.stats import (
+    all_finite,
+    floating,
+    is_finite,
+    neginf_only,
+    stats_of,
+    tensors_in,
+)
 
 WINDOW = 3
 
@@ -44,10 +51,13 @@ class ForwardRecorder:
     """Hooks on a model and its loss; use as a context manager around the forward pass."""
 
     def __init__(self, model: nn.Module, loss_fn: Any,
-                 pause: Callable[[bool], None] = lambda _: None) -> None:
+                 pause: Callable[[bool], None] = lambda _: None,
+                 masked: Callable[[], bool] = lambda: False) -> None:
         self.model = model
         self.loss_fn = loss_fn
         self.pause = pause
+        self.masked = masked
+        """Whether a mask's -inf has been written: a module fed it is not fed a fault."""
         self.frames: list[ModuleFrame] = []
         self.stack: list[str] = []
         self.calls: Counter[str] = Counter()
@@ -107,11 +117,12 @@ class ForwardRecorder:
             self._label_nodes(output, label)
             ins, outs = floating(inputs), floating(output)
             bad_params = tuple(n for n, p in params if not is_finite(p))
+            ins_ok = all_finite(ins) or (self.masked() and neginf_only(ins))
             self.calls[label] += 1
             self.frames.append(ModuleFrame(
                 index=len(self.frames), name=label, type=kind, call=self.calls[label],
                 inputs=stats_of(inputs), outputs=stats_of(output),
-                role=_role(all_finite(ins), not bad_params, all_finite(outs)),
+                role=_role(ins_ok, not bad_params, all_finite(outs)),
                 bad_params=bad_params))
         finally:
             self.pause(False)

@@ -4,23 +4,34 @@ For each phase it keeps the first op whose floating inputs were all finite and
 whose output was not: that op made the first non-finite value. During backward
 it also remembers every autograd node that emitted a non-finite value, so that a
 bad parameter gradient can be traced to the node that fed it.
+
+A mask's -inf is written on purpose and is not that value: an op whose fill value is
+-inf (``masked_fill(mask, -inf)``, ``torch.where(mask, -inf, x)``, ``torch.full(..., -inf)``)
+on otherwise finite inputs, or that reads a float mask of 0 and -inf (a buffer, the
+batch), and whose output holds no NaN or +inf, is kept as the phase's mask; ops that
+carry its -inf on (an add of the mask to the scores, a triu) are skipped, and the first op
+that turns it into NaN or +inf (a softmax over a row masked entirely) is the producer,
+with the mask beside it. HF-style masks of ``finfo(dtype).min`` write no -inf at all.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_leaves, tree_map
 
 from analyzer.model.replays import OpFault, Phase
 from analyzer.replayer.stats import (
     all_finite,
     floating,
+    holds_neginf,
     is_finite,
+    neginf_only,
     scalar_inputs_finite,
     source_text,
     stats_of,
@@ -127,10 +138,15 @@ class OpTracer(TorchDispatchMode):
     """
 
     def __init__(self, module_of: Callable[[], str | None],
-                 param_names: dict[int, str] | None = None) -> None:
+                 param_names: dict[int, str] | None = None,
+                 mask_storages: set[int] | None = None) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.module_of = module_of
         self.param_names = param_names or {}
+        self.mask_storages = mask_storages or set()
+        """Storage addresses of float masks of 0 and -inf the step starts with."""
+        self.masks: dict[Phase, OpFault] = {}
+        """The first op of each phase that wrote (or read) a mask's -inf."""
         self.phase: Phase = "forward"
         self.paused = False
         self.counts: dict[Phase, int] = {"forward": 0, "backward": 0, "update": 0}
@@ -141,6 +157,10 @@ class OpTracer(TorchDispatchMode):
 
     def fault(self, phase: Phase) -> OpFault | None:
         return self.producers.get(phase) or self.first_bad.get(phase)
+
+    def masked(self) -> bool:
+        """Whether a mask's -inf has been written in the phase running now."""
+        return self.phase in self.masks
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
@@ -175,7 +195,6 @@ class OpTracer(TorchDispatchMode):
     def _record(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
                 before: tuple[bool, Any] | None, node: Any, phase: Phase,
                 ordinal: int) -> None:
-        index = self._bad_element(out, args)
         in_args: Any = (args, kwargs)
         if before is not None:
             inputs_ok, in_tensors = before
@@ -183,16 +202,65 @@ class OpTracer(TorchDispatchMode):
         else:
             inputs_ok = all_finite(floating(in_args))
         inputs_ok = inputs_ok and scalar_inputs_finite((args, kwargs))
+        mask = None
+        if not inputs_ok:
+            outputs = out if out is not None else _written_args(func, args, kwargs)
+            reading = self._mask_reading(phase, (args, kwargs), in_args, outputs)
+            if reading == "mask":
+                if phase not in self.masks:
+                    self.masks[phase] = self._fault(func, in_args, out, args, kwargs, node,
+                                                    phase, ordinal, False, None, None)
+                return
+            if reading == "made":
+                inputs_ok, mask = True, self.masks.get(phase)
         if not inputs_ok and phase in self.first_bad:
             return
         wide = float64_finite(func, in_args) if inputs_ok else None
+        fault = self._fault(func, in_args, out, args, kwargs, node, phase, ordinal, inputs_ok,
+                            wide, mask)
+        if inputs_ok:
+            self.producers[phase] = fault
+        else:
+            self.first_bad[phase] = fault
+
+    def _mask_reading(self, phase: Phase, call: Any, in_args: Any, outputs: Any) -> str | None:
+        """'mask' for an op that writes or carries a mask's -inf, 'made' for one that turns
+        it into NaN or +inf, None for anything else (a non-finite value of another kind).
+
+        A fill value is a Python float or a 0-dim tensor; any other non-finite input must
+        hold -inf only and come from a mask already written (or a mask the step starts
+        with).
+        """
+        scalars = [v for v in tree_leaves(call) if isinstance(v, float) and not math.isfinite(v)]
+        if any(v != -math.inf for v in scalars):
+            return None
+        tensors = floating(in_args)
+        if not neginf_only(tensors):
+            return None
+        fill = bool(scalars) or any(t.dim() == 0 and holds_neginf(t) for t in tensors)
+        known = phase in self.masks or any(
+            t.untyped_storage().data_ptr() in self.mask_storages for t in tensors
+            if not is_finite(t))
+        carried = [t for t in tensors if not is_finite(t) and t.dim() > 0]
+        if carried and not known:
+            return None
+        if not (fill or carried):
+            return None
+        if neginf_only(floating(outputs)):
+            return "mask"
+        return "made" if phase in self.masks or known else None
+
+    def _fault(self, func: Any, in_args: Any, out: Any, args: tuple[Any, ...],
+               kwargs: dict[str, Any], node: Any, phase: Phase, ordinal: int,
+               inputs_ok: bool, wide: bool | None, mask: OpFault | None) -> OpFault:
+        index = self._bad_element(out, args)
         if index is not None:
             in_args = _narrow(in_args, index)
             out = _narrow(out, index)
         outputs = out if out is not None else _written_args(func, args, kwargs)
         if index is not None and out is None:
             outputs = _narrow(outputs, index)
-        fault = OpFault(
+        return OpFault(
             phase=phase,
             op=str(func.overloadpacket.__name__) + "." + func._overloadname,
             ordinal=ordinal,
@@ -204,12 +272,9 @@ class OpTracer(TorchDispatchMode):
             parameter=self._parameter(outputs) if phase == "update" else None,
             forward_op=forward_op_of(node),
             float64_finite=wide,
+            mask=mask,
             **self._where(phase, node),
         )
-        if inputs_ok:
-            self.producers[phase] = fault
-        else:
-            self.first_bad[phase] = fault
 
     def _module(self, phase: Phase, node: Any) -> str | None:
         if phase == "forward":

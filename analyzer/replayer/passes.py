@@ -8,6 +8,7 @@ clipping, optimizer step.
 from __future__ import annotations
 
 import hashlib
+import math
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -29,7 +30,13 @@ from analyzer.replayer.errors import ReplayError
 from analyzer.replayer.forward import ForwardRecorder
 from analyzer.replayer.ops import OpTracer
 from analyzer.replayer.state import StepConfig, TrainState, dtype_name
-from analyzer.replayer.stats import all_finite, floating, stats_of, tensor_stat
+from analyzer.replayer.stats import (
+    all_finite,
+    floating,
+    is_additive_mask,
+    stats_of,
+    tensor_stat,
+)
 from analyzer.replayer.update import explain
 
 
@@ -119,9 +126,12 @@ class Instrumented:
         """The first phase whose loss, gradients or parameters came out non-finite.
 
         This is what a plain pass can see too, so it is what repeated passes are
-        compared by; a value masked inside a phase does not show here.
+        compared by; a value masked inside a phase does not show here: a NaN row of
+        activations that the loss ignores (padding under ``ignore_index``) leaves the
+        forward finite as a plain pass sees it.
         """
-        if not self.forward.finite:
+        loss = self.forward.loss
+        if loss is None or not math.isfinite(loss):
             return "forward"
         if not self.backward.finite:
             return "backward"
@@ -134,11 +144,19 @@ def _batch_names(inputs: Any, targets: Any) -> tuple[str, ...]:
     bad = []
     ins = list(inputs) if isinstance(inputs, list | tuple) else [inputs]
     for i, t in enumerate(ins):
-        if not all_finite(floating(t)):
+        if not all_finite(x for x in floating(t) if not is_additive_mask(x)):
             bad.append(f"inputs[{i}]" if len(ins) > 1 else "inputs")
     if not all_finite(floating(targets)):
         bad.append("targets")
     return tuple(bad)
+
+
+def mask_storages(model: torch.nn.Module, inputs: Any) -> set[int]:
+    """Where the float masks of 0 and -inf the step starts with live: a causal mask kept as
+    a buffer, an ``attn_mask`` passed in with the batch."""
+    found = [b for b in model.buffers() if is_additive_mask(b)]
+    found += [t for t in floating(inputs) if is_additive_mask(t)]
+    return {t.untyped_storage().data_ptr() for t in found}
 
 
 def instrumented_pass(state: TrainState, inputs: Any, targets: Any, loss_fn: Any,
@@ -147,8 +165,10 @@ def instrumented_pass(state: TrainState, inputs: Any, targets: Any, loss_fn: Any
     model = state.model
     names = {p.untyped_storage().data_ptr(): n for n, p in model.named_parameters()}
     recorder: ForwardRecorder | None = None
-    tracer = OpTracer(lambda: recorder.current() if recorder else None, names)
-    recorder = ForwardRecorder(model, loss_fn, pause=lambda on: setattr(tracer, "paused", on))
+    tracer = OpTracer(lambda: recorder.current() if recorder else None, names,
+                      mask_storages(model, inputs))
+    recorder = ForwardRecorder(model, loss_fn, pause=lambda on: setattr(tracer, "paused", on),
+                               masked=tracer.masked)
     bad_inputs = _batch_names(inputs, targets)
     batch = stats_of(inputs)
     with warnings.catch_warnings():

@@ -62,6 +62,32 @@ def all_finite(tensors: Iterable[torch.Tensor]) -> bool:
     return all(is_finite(t) for t in tensors)
 
 
+def neginf_only(tensors: Iterable[torch.Tensor]) -> bool:
+    """True when no tensor holds a NaN or +inf: -inf is the only non-finite value there."""
+    for t in tensors:
+        if is_finite(t):
+            continue
+        x = t.detach()
+        if x.is_complex() or bool(torch.isnan(x).any()) or bool((x == math.inf).any()):
+            return False
+    return True
+
+
+def holds_neginf(t: torch.Tensor) -> bool:
+    return t.is_floating_point() and t.numel() > 0 and bool((t.detach() == -math.inf).any())
+
+
+def is_additive_mask(t: torch.Tensor) -> bool:
+    """A float attention mask: every entry 0 (attend) or -inf (masked), some of them -inf.
+
+    Data made non-finite by a fault (log(0) of a feature) keeps its other, non-zero values.
+    """
+    if not holds_neginf(t):
+        return False
+    x = t.detach()
+    return bool(((x == 0) | (x == -math.inf)).all())
+
+
 def scalar_inputs_finite(args: Any) -> bool:
     """Python floats among an op's arguments: ``x * float('inf')`` is not a producer."""
     return all(not isinstance(v, float) or (v == v and abs(v) != float("inf"))

@@ -22,7 +22,7 @@ from analyzer.replayer.state import (
     dtype_of,
     nonfinite_state,
 )
-from analyzer.replayer.stats import all_finite, floating
+from analyzer.replayer.stats import all_finite, floating, is_additive_mask
 from analyzer.replayer.verdict import decide
 
 
@@ -31,8 +31,10 @@ def _as_dtype(value: torch.dtype | str | None) -> torch.dtype | None:
 
 
 def _bad_batch(inputs: Any, targets: Any) -> list[str]:
+    """What of the batch is non-finite; a float mask of 0 and -inf among the inputs (an
+    ``attn_mask``) is a mask, not a bad sample."""
     bad = []
-    if not all_finite(floating(inputs)):
+    if not all_finite(t for t in floating(inputs) if not is_additive_mask(t)):
         bad.append("the batch inputs")
     if not all_finite(floating(targets)):
         bad.append("the batch targets")

@@ -13,7 +13,9 @@ widened to float64: an op that is still non-finite is undefined there (a math
 fault, even when an earlier underflow made the 0 it fails on); one that turns
 finite overflowed the dtype. Without such an op (the first non-finite value came
 from a non-finite constant), the whole step in float64 decides: non-finite in
-the same or an earlier phase is a math fault, otherwise a range overflow.
+the same or an earlier phase is a math fault, otherwise a range overflow. A mask's -inf
+is no fault (:mod:`analyzer.replayer.ops`): the op judged is the one that made NaN of it,
+a softmax over a row masked entirely, which float64 cannot rescue.
 """
 
 from __future__ import annotations
@@ -23,8 +25,15 @@ from collections.abc import Sequence
 
 from analyzer.model.replays import PHASES, OpFault, PassOutcome, Phase, Verdict
 
+_MASK_HINT = ("a row every entry of which the mask set to -inf: a softmax of it is "
+              "exp(-inf - (-inf)) = NaN (a padded query that sees no key, a causal mask "
+              "combined with a padding mask); keep one key visible per row, or zero the "
+              "weights of rows masked entirely")
+
 # Hints by aten op for a fault that float64 reproduces.
 _MATH_HINTS = (
+    ("softmax", "a softmax over a row whose every entry is -inf"),
+    ("log_softmax", "a log-softmax over a row whose every entry is -inf"),
     ("log", "log of 0 or of a negative number: use log_softmax / a log-sum-exp form, "
             "or clamp the argument above a small positive value"),
     ("addcdiv", "a division by zero in the optimizer step: its denominator (for Adam "
@@ -50,6 +59,8 @@ def _rank(phase: Phase | None) -> int:
 def _hint(op: OpFault | None) -> str:
     if op is None:
         return "an operation undefined in exact arithmetic"
+    if op.mask is not None:
+        return _MASK_HINT
     # a backward op is best explained by the forward op it differentiates
     name = (op.forward_op or op.op.split(".")[0]).lstrip("_")
     for key, hint in _MATH_HINTS:

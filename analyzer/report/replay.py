@@ -46,6 +46,12 @@ def _op_lines(op: OpFault, indent: str = "  ") -> list[str]:
     if not op.inputs_finite:
         lines.append(f"{indent}(no op turned finite inputs into a non-finite output: "
                      "this is the first op whose output was non-finite)")
+    if op.mask is not None:
+        mask = op.mask
+        where = f" at {_where(mask.source)}" if mask.source else ""
+        out = f": {mask.outputs[0].brief()}" if mask.outputs else ""
+        lines.append(f"{indent}mask    aten.{mask.op} (op #{mask.ordinal}){where} wrote the "
+                     f"-inf on purpose{out}")
     return lines
 
 
