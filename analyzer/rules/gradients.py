@@ -286,13 +286,21 @@ def exploding_rnn(r: Rule, ev: RunEvidence) -> list[Finding]:
 
     ## Known false positives
     A model whose only layer happens to be recurrent fails there whatever the cause; check
-    the learning rate too.
+    the learning rate too. A captured batch that already holds NaN makes every recurrent
+    gradient NaN at once: when the replay says the step started from non-finite values,
+    the replay's module and the first non-finite layer tag are that NaN passed on and do not
+    count, and what growth is left before it makes a low finding at most.
     """
     if not ev.failed:
         return []
     evidence: list[Evidence] = []
     replay = ev.replay
-    layer = replay.layer if replay is not None else None
+    # A replay whose step began from non-finite values (a NaN in the captured batch) has
+    # named the fault: every layer's gradient at the failure is that NaN passed on, not a
+    # recurrence that exploded, and only growth read before it is left to weigh.
+    upstream = (replay.verdict.summary if replay is not None
+                and replay.verdict.kind == "bad-input" else None)
+    layer = replay.layer if replay is not None and upstream is None else None
     if layer and _RECURRENT.search(layer):
         evidence.append(Evidence(f"replay names recurrent module {layer} as the producer "
                                  f"({replay.phase})", step=replay.step, subject=layer))
@@ -305,12 +313,17 @@ def exploding_rnn(r: Rule, ev: RunEvidence) -> list[Finding]:
                                  step=g.onset_step, subject=name, onset=g.onset_step,
                                  ratio=g.factor))
     inc = ev.result.layer_incident
-    if inc is not None and inc.layer and _RECURRENT.search(inc.layer):
+    if inc is not None and inc.layer and _RECURRENT.search(inc.layer) and upstream is None:
         evidence.append(Evidence(f"first non-finite layer tag: {inc.tag} "
                                  f"{step_words(inc.step, inc.after, 'at')}",
                                  location=inc.location, step=inc.step, subject=inc.layer))
     if not evidence:
         return []
+    if upstream is not None:
+        step = replay.step if replay is not None else None
+        evidence.append(Evidence(f"but the replayed step {step} did not start finite: "
+                                 f"{upstream}", step=step))
+        return [r.finding("low", evidence, 0.3)]
     return [r.finding("high" if len(evidence) >= 2 else "medium", evidence,
                       0.5 + 0.2 * len(evidence))]
 
