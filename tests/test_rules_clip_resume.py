@@ -133,3 +133,14 @@ def test_optimizer_state_saved_for_other_parameters_is_named(tmp_path: Path,
     text = found[0].evidence[0].text
     assert "optimizer.state.0.momentum_buffer" in text and "20x8" in text
     assert "step_32.pt" in text and "step_20.pt" not in text
+
+
+def test_regression_a_bad_record_halving_the_scale_each_epoch_is_no_scaled_clip(
+        tmp_path: Path) -> None:
+    """A correct loop (unscale, then clip) whose bad record makes the scaler halve once an
+    epoch: the batches' gradient norms repeat a pattern each epoch, and a median over a few
+    points either side of each halving read that pattern as the norm following the scale."""
+    from tests.test_rules_periodic import _train
+
+    _train(tmp_path)
+    assert not [f for f in _analyse(tmp_path).findings if f.code == "NF305"]

@@ -14,9 +14,11 @@ MIN_CHANGES = 2
 """Loss-scale changes the gradient norm must be seen to follow: one could be chance."""
 TRACKED_SHARE = 0.8
 """Share of the scale's changes the gradient norm must follow."""
-SIDE = 4
-"""Points on each side of a scale change whose median gradient norm is compared: a single
-step's norm moves by 2x or more by itself, a median of a few does not."""
+SIDE = 8
+"""Points on each side of a scale change (within its level) whose median gradient norm is
+compared: a single step's norm moves by 2x or more by itself, and batches differ in a
+pattern that repeats every epoch (a median over a few of them catches the pattern, not the
+scale); a median over the level's points, up to 8, does neither."""
 
 
 def _paired(grad: Curve, scale: Curve) -> tuple[np.ndarray, np.ndarray]:
@@ -31,8 +33,9 @@ def tracking(grad: Curve, scale: Curve) -> tuple[int, int, float] | None:
     """How many of the loss scale's changes (by a factor of 2 or more) the gradient norm
     followed, of how many, and the median of norm / scale; None when the scale never
     changed. The norm follows a change when the median of its log over up to :data:`SIDE`
-    points after the change moved from the median over the points before by nearer the
-    scale's log-factor than nothing (an unscaled norm does not move with the scale)."""
+    points after the change (within the new level) moved from the median over the points
+    before (within the old one) by nearer the scale's log-factor than nothing (an unscaled
+    norm does not move with the scale)."""
     g, s = _paired(grad, scale)
     if g.size < 3:
         return None
