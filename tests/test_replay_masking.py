@@ -307,3 +307,29 @@ def test_regression_exploding_rnn_defers_to_a_captured_nan_batch(tmp_path: Path)
     assert all("first non-finite layer tag" not in e.text for f in rnn for e in f.evidence)
     top = next(f for f in result.findings if f.is_failure)
     assert (top.name, top.confidence) == ("nan-in-batch", "high")
+
+
+def test_a_fault_after_the_mask_is_still_found() -> None:
+    # a float16 overflow later in a step that masks with -inf: skipping the mask's -inf
+    # hides no later fault, the op that overflowed is named
+    torch.manual_seed(0)
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.qkv = torch.nn.Linear(4, 12)
+            self.out = torch.nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            q, k, v = self.qkv(x).chunk(3, dim=-1)
+            causal = torch.ones(x.shape[1], x.shape[1], dtype=torch.bool).triu(1)
+            scores = (q @ k.transpose(1, 2)).masked_fill(causal, float("-inf"))
+            return self.out(torch.softmax(scores, dim=-1) @ v) * 1e5
+
+    net = Net().half()
+    result = replay_step(net, torch.randn(2, 3, 4).half(), torch.randn(2, 3, 4).half(),
+                         torch.nn.functional.mse_loss,
+                         torch.optim.SGD(net.parameters(), lr=0.1))
+    report = format_replay(result)
+    assert result.op is not None and result.op.op.startswith("mul"), report
+    assert result.verdict.kind == "range-overflow", report

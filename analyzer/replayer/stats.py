@@ -80,7 +80,8 @@ def holds_neginf(t: torch.Tensor) -> bool:
 def is_additive_mask(t: torch.Tensor) -> bool:
     """A float attention mask: every entry 0 (attend) or -inf (masked), some of them -inf.
 
-    Data made non-finite by a fault (log(0) of a feature) keeps its other, non-zero values.
+    Data made non-finite by a fault (log(0) of a feature) keeps its other, non-zero values;
+    only the log of a one-hot tensor (0 and -inf exactly) would read as a mask.
     """
     if not holds_neginf(t):
         return False
