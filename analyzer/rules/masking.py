@@ -109,17 +109,15 @@ def softmax_all_masked(r: Rule, ev: RunEvidence) -> list[Finding]:
     (and to kernels without that guard).
 
     ## Evidence
-    A capture's replay whose first non-finite op is the mask itself (`masked_fill` writing
-    -inf, which is the first non-finite value of any masked attention step: medium, since
-    the replay does not show that a whole row was masked; its passes may then disagree on
-    the phase, the instrumented one stopping at the mask's -inf in the forward while the step
-    as run fails in backward, which is this fault and not a step that fails at random), or
-    a softmax turning -inf inputs into NaN (high). Without a capture: an autograd anomaly
-    naming `SoftmaxBackward0`, or `BmmBackward0`/`MmBackward0` returning NaN in output 1, in
-    a model that has attention or does not name its modules (medium);
-    `LogSoftmaxBackward0`, which a language model's cross-entropy names when the NaN row
-    reaches its head on an ignored position, only in a model whose attention the run names.
-    Else, from the curves alone (low): a NaN gradient
+    A capture's replay whose first non-finite op is a softmax turning a mask's -inf into NaN
+    (high: the replayer keeps the mask, `masked_fill` writing -inf, as context rather than
+    as the fault), or, where a mask it does not recognise is named as the first non-finite
+    op, that mask (medium: the replay then does not show that a whole row was masked).
+    Without a capture: an autograd anomaly naming `SoftmaxBackward0`, or
+    `BmmBackward0`/`MmBackward0` returning NaN in output 1, in a model that has attention or
+    does not name its modules (medium); `LogSoftmaxBackward0`, which a language model's
+    cross-entropy names when the NaN row reaches its head on an ignored position, only in a
+    model whose attention the run names. Else, from the curves alone (low): a NaN gradient
     under a finite loss, or a NaN loss, at once out of a steady run; tied with the other
     causes that leave the same curve (sqrt-at-zero-backward; nan-in-batch,
     division-by-zero, log-of-zero, zero-variance-normalisation) when the run names an
@@ -139,10 +137,9 @@ def softmax_all_masked(r: Rule, ev: RunEvidence) -> list[Finding]:
     ## Known false positives
     A model whose NaN came from elsewhere and reached the attention weights (a NaN batch, an
     overflow upstream) gives the same anomaly message; from the curves alone any sudden NaN
-    in an attention model fits, which is why that finding is low and tied. A replay of any
-    failing step of a model that masks with -inf stops at the mask: a fault later in the same
-    step (a float16 overflow of the scores) reads as this one, which is why the mask alone
-    makes it medium, not high.
+    in an attention model fits, which is why that finding is low and tied. A mask written
+    as `x + m * -inf` with a 0/1 float mask makes NaN itself (0 · -inf) and is read as that
+    fault, not as a masked softmax.
     """
     if not ev.failed:
         return []
