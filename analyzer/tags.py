@@ -110,9 +110,9 @@ def _is_learning_rate(tag: str) -> bool:
     return bool(_LR.search(last)) and "momentum" not in last.lower()
 
 
-def param_from_tag(tag: str) -> str | None:
-    """The parameter a per-layer tag names, dotted: ``grad_norm/conv1.weight`` and
-    ``grad_norm/conv1/weight`` -> ``conv1.weight``; None for a tag that names no layer."""
+def _named_parts(tag: str) -> list[str] | None:
+    """The parts of a per-layer tag after its family (``grad_norm``, ``weights``, ...) and
+    before its trailing statistics (``/max``); None for a tag with no family."""
     parts = [p for p in tag.split("/") if p]
     while len(parts) > 1 and parts[-1].lower() in _STAT:
         parts.pop()
@@ -121,7 +121,14 @@ def param_from_tag(tag: str) -> str | None:
         families += 1
     if families == 0 or "/".join(parts[families:]).lower() in _NOT_LAYER:
         return None
-    return ".".join(parts[families:])
+    return parts[families:]
+
+
+def param_from_tag(tag: str) -> str | None:
+    """The parameter a per-layer tag names, dotted: ``grad_norm/conv1.weight`` and
+    ``grad_norm/conv1/weight`` -> ``conv1.weight``; None for a tag that names no layer."""
+    parts = _named_parts(tag)
+    return ".".join(parts) if parts is not None else None
 
 
 def layer_from_tag(tag: str) -> str | None:
@@ -131,15 +138,8 @@ def layer_from_tag(tag: str) -> str | None:
     ``grads``, ...) followed by a name; trailing statistics (``/max``) are dropped, and so is a
     parameter suffix such as ``.weight``.
     """
-    parts = [p for p in tag.split("/") if p]
-    while len(parts) > 1 and parts[-1].lower() in _STAT:
-        parts.pop()
-    families = 0
-    while families < len(parts) - 1 and _FAMILY.search(parts[families]):
-        families += 1
-    if families == 0:
+    parts = _named_parts(tag)
+    if parts is None:
         return None
-    name = "/".join(parts[families:])
-    if name.lower() in _NOT_LAYER:
-        return None
+    name = "/".join(parts)
     return _PARAM_SUFFIX.sub("", name) or name

@@ -19,6 +19,7 @@ from tensorboard.backend.event_processing.event_file_loader import EventFileLoad
 from analyzer.ingest.tb import is_event_file
 from analyzer.scenarios.corpus import CASES, FAMILIES, HALVES, HEALTHY, SPLIT, split
 from analyzer.scenarios.corpus.run import INFO_FILE
+from tests.readonly import snapshot
 
 ROOT = Path(__file__).resolve().parent.parent
 HELDOUT_FLOOR = 12 / 23
@@ -208,19 +209,11 @@ def test_zero_loss_control_really_reaches_zero(corpus: Path) -> None:
     assert 0.0 in _scalars(corpus / "healthy_zero_loss")["train/loss"]
 
 
-def _snapshot(folder: Path) -> dict[str, tuple[int, str]]:
-    import hashlib
-
-    return {str(p.relative_to(folder)): (p.stat().st_size,
-                                         hashlib.sha256(p.read_bytes()).hexdigest())
-            for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
 @pytest.fixture(scope="module")
 def scores(corpus: Path) -> dict[str, Any]:
-    before = _snapshot(corpus)
+    before = snapshot(corpus)
     got = ev.evaluate(str(corpus))
-    assert _snapshot(corpus) == before  # the scoring reads the runs, never writes there
+    assert snapshot(corpus) == before  # the scoring reads the runs, never writes there
     return json.loads(json.dumps(got))
 
 

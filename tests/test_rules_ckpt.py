@@ -7,29 +7,17 @@ torch.save; none is read from outside the test."""
 
 from __future__ import annotations
 
-import hashlib
 import math
 import warnings
 from pathlib import Path
 
 import torch
 
-import analyzer
 from analyzer.model import Finding, RunResult
+from tests.readonly import analyse_read_only
 from tests.test_evidence import mismatches
 
-
-def _snapshot(folder: Path) -> dict[str, tuple[int, str]]:
-    return {str(p.relative_to(folder)): (p.stat().st_size,
-                                         hashlib.sha256(p.read_bytes()).hexdigest())
-            for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-def _analyze(folder: Path) -> RunResult:
-    before = _snapshot(folder)
-    result = analyzer.analyze(str(folder), replay=False).results[0]
-    assert _snapshot(folder) == before  # nothing written into the analysed folder
-    return result
+_analyze = analyse_read_only
 
 
 def _top(result: RunResult) -> Finding | None:

@@ -10,12 +10,9 @@ import torch
 from torch import nn
 from torch.utils.tensorboard import SummaryWriter
 
-import analyzer
-from analyzer.model import RunResult
+from tests.readonly import analyse_read_only
 
-
-def _analyse(folder: Path) -> RunResult:
-    return analyzer.analyze(str(folder), replay=False).results[0]
+_analyse = analyse_read_only
 
 
 def _amp_run(folder: Path, *, unscale_first: bool, steps: int = 40) -> None:

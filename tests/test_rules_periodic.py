@@ -8,7 +8,6 @@ clean data, whose scaler warms up and then overflows now and then in step with t
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 from pathlib import Path
@@ -18,10 +17,10 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.tensorboard import SummaryWriter
 
-import analyzer
 from analyzer.model import Finding, RunResult
 from analyzer.rules.evidence import RunEvidence
 from analyzer.rules.evidence_periodic import periodic
+from tests.readonly import analyse_read_only
 
 BAD_RECORD = 13
 """Record 13 sits in batch 3 of each epoch (records 12 to 15)."""
@@ -84,17 +83,7 @@ def _train(run_dir: Path, *, bad: int | None = BAD_RECORD, epochs: int = 6,
     writer.close()
 
 
-def _snapshot(folder: Path) -> dict[str, tuple[int, str]]:
-    return {str(p.relative_to(folder)): (p.stat().st_size,
-                                         hashlib.sha256(p.read_bytes()).hexdigest())
-            for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-def _analyse(run: Path) -> RunResult:
-    before = _snapshot(run)
-    result = analyzer.analyze(str(run), replay=False).results[0]
-    assert _snapshot(run) == before  # nothing written into the analysed folder
-    return result
+_analyse = analyse_read_only
 
 
 def _causes(result: RunResult) -> list[Finding]:
