@@ -338,17 +338,8 @@ def lacking(step: int, op: str, unit: str = "step") -> str:
 
 def float16_model(ev: RunEvidence) -> str | None:
     """Why the run's model computed in float16 itself (not autocast with a scaler), in
-    words; None when nothing shows it."""
-    meta = ev.result.run.metadata
-    precision = meta.text("precision") if meta is not None else None
-    if precision is not None and precision.lower() in ("16-true", "half", "float16"):
-        return f"the run's configuration sets precision={precision} (float16 weights)"
-    env = ev.env
-    if env is not None and env.get("default_dtype") == "float16":
-        return "env.json records torch's default dtype as float16"
-    curves = ev.float16
-    if curves:
-        names = " and ".join(c.tag for c in curves)
-        return (f"every logged value of {names} is exactly representable in float16 "
-                "(computed in float16, not float32)")
-    return None
+    words; None when nothing shows it (the run's one precision reading,
+    :mod:`analyzer.rules.evidence_precision`, decides)."""
+    from analyzer.rules.evidence_precision import precision  # it builds on this module
+
+    return precision(ev).model

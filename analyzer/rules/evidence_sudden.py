@@ -41,11 +41,11 @@ from analyzer.rules.evidence import (
     RECORD_ONE,
     Onset,
     RunEvidence,
-    float16_model,
     gradient_rose,
     rose,
     saturated,
 )
+from analyzer.rules.evidence_precision import precision
 
 LR_CHANGE = 2.0
 """A learning rate this many times higher or lower at the failure than the median before it
@@ -123,7 +123,8 @@ class Sudden:
 def _steady(ev: RunEvidence, o: Onset) -> bool:
     if o.prior.size < MIN_PRIOR or rose(o.prior) or gradient_rose(ev, o.step) or saturated(o):
         return False
-    if ev.events("overflow_skip") or ev.result.overflow_skips or float16_model(ev):
+    reading = precision(ev)
+    if reading.scaler.skips or reading.half_model:
         return False
     lr = ev.lr
     if lr is not None:

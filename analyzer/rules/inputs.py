@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from analyzer.model import Evidence, Finding
 from analyzer.rules.base import Rule, rule
-from analyzer.rules.evidence import RECORD_ONE, RunEvidence, float16_model
+from analyzer.rules.evidence import RECORD_ONE, RunEvidence
+from analyzer.rules.evidence_precision import precision
 from analyzer.rules.evidence_scale import (
     UNNORMALIZED_RMS,
     input_scale,
@@ -111,7 +110,7 @@ def _post_hoc(r: Rule, ev: RunEvidence) -> list[Finding]:
                     Evidence(f"not seen: the inputs themselves; a capture of {ev.unit} {step} "
                              f"would show the batch's values. {RECORD_ONE}", subject="inputs")]
         score = min(0.9, 0.75 + 0.1 * math.log10(scale.rms / UNNORMALIZED_RMS))
-        half = float16_model(ev) or _scaled(ev)
+        half = precision(ev).half_words()
         if half is not None:
             # float16's range is the nearer cause: in float32 these inputs still train
             evidence.append(Evidence(f"{half}: its range overflowed first (fp16-overflow)",
@@ -131,22 +130,6 @@ def _post_hoc(r: Rule, ev: RunEvidence) -> list[Finding]:
                          "(per-layer tags), whose quotient reads the inputs' scale",
                          subject="inputs")]
     return [r.finding("medium", evidence, TIED_SCORE)]
-
-
-def _scaled(ev: RunEvidence) -> str | None:
-    """A loss scaler at work, in words: a logged scale other than 1.0 (a disabled
-    GradScaler reports 1.0, and some log formats print it for every run), or skipped
-    overflowing steps; float16 autocast ran then."""
-    scale = ev.loss_scale
-    if scale is not None:
-        v = scale.values[np.isfinite(scale.values)]
-        if v.size and bool(np.any(v != 1.0)):
-            return f"{scale.tag} is logged with values other than 1.0 (float16 autocast)"
-        if v.size:
-            return None  # a scale of 1.0 throughout: no scaler, whatever a step is read as
-    if ev.events("overflow_skip") or ev.result.overflow_skips:
-        return "the loss scaler skipped overflowing steps (float16 autocast)"
-    return None
 
 
 RULES = (unnormalized_inputs,)

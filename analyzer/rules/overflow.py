@@ -8,8 +8,8 @@ import numpy as np
 from analyzer.model import Evidence, Finding
 from analyzer.rules.base import Rule, rule
 from analyzer.rules.evidence import RunEvidence, lacking
-from analyzer.rules.evidence_ckpt import half_weights
 from analyzer.rules.evidence_loss import finite_until, float16_exact, inf_jump
+from analyzer.rules.evidence_precision import precision
 
 JUMP_FROM = 1e6
 """The largest last finite loss that counts as a jump to +inf: a runaway that climbs
@@ -217,7 +217,7 @@ def fp16_reduction_overflow(r: Rule, ev: RunEvidence) -> list[Finding]:
                                  "to turn finite inputs non-finite", step=ev.replay.step,
                                  subject="replay"))
         return [r.finding("high", evidence, 0.9)]
-    weights = half_weights(ev)
+    weights = precision(ev).weights
     if weights is not None:
         evidence.append(weights.evidence())
     evidence.append(Evidence(lacking(jump.step, "the reduction that overflowed", ev.unit),

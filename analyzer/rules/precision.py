@@ -8,15 +8,15 @@ import numpy as np
 
 from analyzer.model import Evidence, Finding, Location
 from analyzer.rules.base import Rule, rule
-from analyzer.rules.evidence import Curve, RunEvidence, float16_model, lacking, rose
+from analyzer.rules.evidence import RunEvidence, lacking, rose
 from analyzer.rules.evidence_ckpt import (
     first_bad_save,
-    half_weights,
     histogram_peaks,
     near_limit,
     saved_scales,
 )
 from analyzer.rules.evidence_periodic import periodic
+from analyzer.rules.evidence_precision import precision
 from analyzer.scaler import read_scale
 from analyzer.wording import step_words
 
@@ -107,26 +107,16 @@ def fp16_overflow(r: Rule, ev: RunEvidence) -> list[Finding]:
     return [r.finding(confidence, evidence, 0.6 + 0.2 * near + 0.2 * half_params)]
 
 
-def scaling_disabled(curve: Curve | None) -> bool:
-    """A loss-scale series that is exactly 1.0 at every logged point: what a GradScaler
-    built with ``enabled=False`` (or one that disabled itself for want of CUDA) reports,
-    since its ``get_scale()`` returns 1.0 then; a dynamic scaler starts at 2**16 and halves
-    on overflow, so it is never 1.0 throughout a run that overflowed."""
-    if curve is None or len(curve) < 2:
-        return False
-    return bool(np.all(curve.values == 1.0))
-
-
 def _posthoc(r: Rule, ev: RunEvidence) -> list[Finding]:
     """A float16 model whose values rose into a forward (or backward) failure, without
     dynamic loss scaling."""
     o = ev.onset
-    why = float16_model(ev)
-    weights = half_weights(ev)
-    if o is None or (why is None and weights is None) or ev.events("overflow_skip"):
+    reading = precision(ev)
+    why, weights = reading.model, reading.weights
+    if o is None or not reading.half_model:
         return []
-    disabled = scaling_disabled(ev.loss_scale)
-    if (ev.loss_scale is not None and not disabled) or saved_scales(ev):
+    disabled = reading.scaler.state == "disabled"
+    if not disabled and reading.scaler.state != "none":
         return []  # a dynamic scaler skips overflowing steps: NF302/NF303 read it
     curves = {"forward": (ev.loss, ev.grad_norm), "backward": (ev.grad_norm,)}.get(o.phase, ())
     risen = [c for c in curves if c is not None and rose(c.before(o.step).values)]
@@ -256,7 +246,7 @@ def loss_scale_warm_up(r: Rule, ev: RunEvidence) -> list[Finding]:
     ## Known false positives
     None known: the rule is a note, and a collapse (NF302) takes precedence.
     """
-    if scaling_disabled(ev.loss_scale) and not ev.events("overflow_skip"):
+    if precision(ev).scaler.state == "disabled":
         return []  # a disabled scaler skips nothing: NaN gradients under it are the failure
     seen = _collapse(ev)
     if seen.collapsed or not seen.count or periodic(ev) is not None:
