@@ -174,3 +174,25 @@ def test_regression_float16_weights_defer_unnormalized_inputs_to_the_range(
     after = next(f for f in _failures(ev.result) if f.name == "unnormalized-inputs")
     assert after.confidence == "low"
     assert any(e.subject == "dtype" and "float16" in e.text for e in after.evidence)
+
+
+def test_a_deepspeed_fp16_engine_computes_in_float16_beside_float32_masters(
+        tmp_path: Path) -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2)).half()
+    save = tmp_path / "engine" / "global_step10"
+    save.mkdir(parents=True)
+    torch.save({"module": model.state_dict(), "global_steps": 10, "ds_version": "0.16.4",
+                "ds_config": {"fp16": {"enabled": True}}}, save / "mp_rank_00_model_states.pt")
+    reading = _read(RunEvidence(analyse_read_only(tmp_path / "engine")))
+    assert [(c.dtype, c.masters) for c in reading.compute] == [("float16", True)]
+    assert "precision=fp16" in reading.compute[0].why
+    assert not reading.half_model and reading.weights is None
+
+
+def test_a_trainers_fp16_flag_is_autocast(tmp_path: Path) -> None:
+    ev = _run(tmp_path / "r", _steady_losses(), hparams="fp16: true\nbf16: false\n")
+    meta = ev.result.run.metadata
+    assert meta is not None and meta.flag("fp16") is True
+    reading = _read(ev)
+    assert [(c.dtype, c.masters) for c in reading.compute] == [("float16", True)]
+    assert not reading.half_model

@@ -136,6 +136,8 @@ def _compute(ev: RunEvidence) -> list[Compute]:
     for scan in reversed(history.scans if history is not None else ()):
         saved = scan.meta.precision if scan.meta is not None else None
         if saved in MIXED and saved is not None:
+            if any(c.dtype == _MIXED[saved] and c.masters for c in out):
+                break  # the configuration read from this save already says it
             out.append(Compute(_MIXED[saved], True, f"checkpoint {scan.path} was written with "
                                f"precision {saved} (float32 master weights)"))
             break
