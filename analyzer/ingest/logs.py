@@ -58,6 +58,7 @@ from analyzer.ingest.logformats.source import Chunks, sniff
 from analyzer.ingest.logformats.trainer_state import read_trainer_state
 from analyzer.ingest.safeio import Deadline, NotRegularFile, open_regular
 from analyzer.model import Event, IngestIssue, Series
+from analyzer.model.runs import EpochLength
 
 LOG_SUFFIXES = (".log", ".txt", ".out", ".err")
 TRAINER_STATE = "trainer_state.json"
@@ -86,6 +87,8 @@ class LogRead:
     framework: str | None
     confidence: float
     notes: tuple[str, ...]
+    epoch_length: EpochLength | None = None
+    """The one epoch length the log printed (none where it printed several)."""
 
 
 def is_log_file(path: str) -> bool:
@@ -259,7 +262,15 @@ def _result(ctx: Context) -> LogRead:
         framework=framework,
         confidence=confidence,
         notes=tuple(notes),
+        epoch_length=_one_length(ctx),
     )
+
+
+def _one_length(ctx: Context) -> EpochLength | None:
+    """The log's epoch length where its parsers read one only: two totals (two fits of
+    different data appended to one file) say no one length."""
+    lengths = list(ctx.epoch_lengths.values())
+    return lengths[0] if len(lengths) == 1 else None
 
 
 def _verdict(ctx: Context) -> tuple[str | None, float]:

@@ -62,7 +62,8 @@ def _with_logs(run: Run, files: RunFiles) -> Run:
         series=run.series + tuple(s for _, r in reads for s in r.series),
         events=run.events + tuple(e for _, r in reads for e in r.events),
         issues=run.issues + tuple(i for _, r in reads for i in r.issues),
-        logs=tuple(LogSource(path, r.framework, r.confidence, r.notes) for path, r in reads),
+        logs=tuple(LogSource(path, r.framework, r.confidence, r.notes, r.epoch_length)
+                   for path, r in reads),
     )
 
 

@@ -194,6 +194,22 @@ class Event:
     axis of the parser whose numbers they are, not always the file's other lines'."""
 
 
+EpochUnit = Literal["batch", "optimizer_step"]
+
+
+@dataclass(frozen=True)
+class EpochLength:
+    """The length of an epoch as a log printed it: ``length`` in ``unit`` (a Lightning bar's
+    total counts batches, the Trainer's header optimizer steps: with gradient accumulation
+    the two differ by its factor), where it was read (``line`` of the log) and in what
+    words (``how``)."""
+
+    length: int
+    unit: EpochUnit
+    line: int
+    how: str
+
+
 @dataclass(frozen=True)
 class LogSource:
     """A text log of a run: the framework it looks like, and remarks for the report."""
@@ -202,6 +218,8 @@ class LogSource:
     framework: str | None
     confidence: float
     notes: tuple[str, ...] = ()
+    epoch_length: EpochLength | None = field(default=None, metadata=json_meta(omit=True))
+    """The steps per epoch the log printed, where it printed one length only."""
 
 
 FileRole = Literal["events", "log", "checkpoint", "metadata", "capture", "env", "listed"]

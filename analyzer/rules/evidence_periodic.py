@@ -20,7 +20,9 @@ apart. No overflow of the scaler's own making looks like that:
 
 The period is the run's steps per epoch where its metadata gives it (an ``epoch`` scalar,
 the Hugging Face Trainer's ``max_steps`` over ``num_train_epochs`` when it divides, saves
-that name their epoch and step a whole number of epochs apart), and
+that name their epoch and step a whole number of epochs apart, a length the logs printed:
+a Lightning bar's total, the Trainer's training header, put on the loss' steps by
+:mod:`analyzer.rules.evidence_epoch`), and
 the bad steps must then fall at one position of at least two epochs and of every epoch
 after the first one. Without it, the recurrence alone must show it: at least three
 isolated bad steps one fixed period apart, in every period from the first to the end of
@@ -38,6 +40,7 @@ import numpy as np
 
 from analyzer.rules.evidence import RunEvidence
 from analyzer.rules.evidence_ckpt import saved_scales
+from analyzer.rules.evidence_epoch import log_steps_per_epoch
 from analyzer.rules.evidence_sudden import LR_CHANGE
 
 MIN_META = 2
@@ -150,6 +153,10 @@ def _meta_periods(ev: RunEvidence) -> list[tuple[list[int], str]]:
     for found in (_epoch_periods(ev), _save_periods(ev)):
         if found is not None:
             out.append(found)
+    for printed in log_steps_per_epoch(ev):
+        if printed.steps >= 2:
+            out.append(([printed.steps], "the period is the run's steps per epoch ({p}: "
+                                         f"{printed.source})"))
     meta = ev.result.run.metadata
     if meta is not None:
         total, epochs = meta.integer("max_steps"), meta.integer("num_train_epochs")

@@ -12,6 +12,7 @@ import numpy as np
 
 from analyzer.ingest.logformats.store import PointStore
 from analyzer.model import GLOBAL, Event, EventKind, IngestIssue, IssueKind, Location, StepAxis
+from analyzer.model.runs import EpochLength, EpochUnit
 
 MESSAGE_CHARS = 240
 """Event messages keep this many characters of the line."""
@@ -60,6 +61,9 @@ class Context:
         self._issue_counts: Counter[IssueKind] = Counter()
         self._issue_first: dict[str, int] = {}
         self._noted: set[str] = set()
+        self.epoch_lengths: dict[tuple[int, EpochUnit], EpochLength] = {}
+        """Each epoch length a parser read (a bar's total, a header's count), the first
+        place it was read."""
 
     @property
     def axis(self) -> StepAxis:
@@ -177,6 +181,10 @@ class Context:
         """A line that reports non-finiteness without a number to plot."""
         self.event("nonfinite", step, text, {"tag": tag, "kind": kind, **extra},
                    global_step=global_step)
+
+    def epoch_length(self, length: int, unit: EpochUnit, how: str) -> None:
+        """An epoch's length, as the line being parsed prints it."""
+        self.epoch_lengths.setdefault((length, unit), EpochLength(length, unit, self.line, how))
 
     def note(self, key: str, text: str) -> None:
         """A remark for the report, kept once per key."""

@@ -6,8 +6,11 @@ The lines carry no step. The tqdm bar drawn just before (``| 50/1000 [``, often 
 the same physical line, separated by carriage returns) gives it. Without a bar (the
 ``PrinterCallback`` of ``disable_tqdm=True``, which prints ``state.epoch`` unrounded) the
 record's ``epoch`` places it when the log's training header gave the steps per epoch
-(``Num update steps per epoch = N``, or ``Total optimization steps = S`` over ``Num
-Epochs = E`` when E divides S) and the epoch is printed finely enough to name one step:
+(``Num update steps per epoch = N``; in older releases ``Num examples`` over ``Total train
+batch size``, where the epochs printed agree; else ``Total optimization steps = S`` over
+``Num Epochs = E`` when E divides S: see :meth:`HuggingFaceParser.steps_per_epoch`; it is
+the log's reading of the epoch's length, in optimizer steps) and the epoch is printed
+finely enough to name one step:
 ``epoch * N`` is the Trainer's ``global_step`` (:data:`EPOCH_STEPS`). Otherwise the
 order of the training records stands in for it (:data:`RECORD`): an evaluation's dict
 (``eval_`` keys) and the summary ``train()`` ends with are logged at the step of the
@@ -34,9 +37,13 @@ RECORD = StepAxis("record", base=1, label="record")
 EPOCH_STEPS = StepAxis("global", label="epoch x steps per epoch")
 """The dict lines placed by their ``epoch`` times the run's steps per epoch."""
 _HEADER = (("Num update steps per epoch = ", "per_epoch"), ("Num Epochs = ", "epochs"),
-           ("Total optimization steps = ", "max_steps"))
+           ("Total optimization steps = ", "max_steps"), ("Num examples = ", "examples"),
+           ("Total train batch size (w. parallel, distributed & accumulation) = ", "batch"))
 """The training header's lines (``logger.info`` in ``_inner_training_loop``) that give the
-steps per epoch."""
+steps per epoch. ``Total optimization steps`` is its last line."""
+_NO_LENGTH = 2**63 - 1
+"""``Num Epochs`` of a data set without a length (``sys.maxsize``): its epoch is then
+``max_steps`` by convention, not a pass over the data."""
 
 
 SAVING = "Saving model checkpoint to "
@@ -67,6 +74,8 @@ class HuggingFaceParser:
         self.trained = False
         """Whether a training step's record was read (evaluations then take its number)."""
         self.header: dict[str, int] = {}
+        self.from_examples = False
+        """Whether the steps per epoch came from the examples over the total batch size."""
         self.by_epoch: bool | None = None
         """Whether the records are placed by their epoch; decided at the first record
         without a bar, and kept, so that one file holds one numbering."""
@@ -87,7 +96,7 @@ class HuggingFaceParser:
                 ctx.store.add(block, self.bar_step, ctx.line, f.groups())
                 ctx.last_step = self.bar_step
                 return True
-        if "{'" not in text and self._header(text):
+        if "{'" not in text and self._header(text, ctx):
             return True
         if "{'" not in text and SAVING in text:
             return _saved(text, ctx)
@@ -112,24 +121,59 @@ class HuggingFaceParser:
             )
         return found
 
-    def _header(self, text: str) -> bool:
+    def _header(self, text: str, ctx: Context) -> bool:
         for key, name in _HEADER:
             at = text.find(key)
             if at < 0:
                 continue
             raw = text[at + len(key):].strip().replace(",", "")
             whole, _, fraction = raw.partition(".")
-            if whole.isdecimal() and len(whole) <= 15 and fraction.strip("0") == "":
+            if whole.isdecimal() and len(whole) <= 19 and fraction.strip("0") == "":
+                if name in ("examples", "batch") and "max_steps" in self.header:
+                    return True  # an evaluation's header, after the training's
                 self.header[name] = int(whole)
+                if name == "max_steps":
+                    self._length(ctx)
                 return True
         return False
 
+    def _length(self, ctx: Context) -> None:
+        """The header's steps per epoch, as the log's reading of the epoch's length."""
+        per_epoch = self.steps_per_epoch()
+        if per_epoch is None:
+            return
+        if "per_epoch" in self.header:
+            how = f"its 'Num update steps per epoch = {per_epoch}'"
+        elif self.from_examples:
+            how = (f"its 'Num examples = {self.header['examples']}' over 'Total train batch "
+                   f"size = {self.header['batch']}', with 'Num Epochs = "
+                   f"{self.header.get('epochs')}' of 'Total optimization steps = "
+                   f"{self.header.get('max_steps')}'")
+        else:
+            how = (f"its 'Total optimization steps = {self.header.get('max_steps')}' over "
+                   f"'Num Epochs = {self.header.get('epochs')}'")
+        ctx.epoch_length(per_epoch, "optimizer_step", how)
+
     def steps_per_epoch(self) -> int | None:
-        """The run's optimizer steps per epoch, from the training header."""
+        """The run's optimizer steps per epoch, from the training header: printed (since
+        transformers 4.4x), else the examples over the total batch size (which holds the
+        accumulation and the ranks), rounded up as the loader's last short batch is, where
+        the epochs printed agree with it (``ceil(max_steps / per_epoch)``); else the steps
+        over the epochs, where they divide."""
+        epochs, total = self.header.get("epochs"), self.header.get("max_steps")
+        if epochs is not None and epochs >= _NO_LENGTH:
+            return None  # a data set without a length: no epochs to speak of
         printed = self.header.get("per_epoch")
         if printed:
             return printed
-        epochs, total = self.header.get("epochs"), self.header.get("max_steps")
+        examples, batch = self.header.get("examples"), self.header.get("batch")
+        if examples and batch and epochs and total:
+            # a max_steps run prints the epochs it will start: S over E is then no length
+            for per_epoch in (-(-examples // batch), examples // batch):  # drop_last: floor
+                if per_epoch and -(-total // per_epoch) == epochs:
+                    self.from_examples = True
+                    return per_epoch
+        self.from_examples = False
         if epochs and total and not total % epochs:
             return total // epochs  # E not dividing S: max_steps was set, not epochs
         return None
@@ -240,6 +284,9 @@ class HuggingFaceParser:
         per_epoch = self.steps_per_epoch()
         if "per_epoch" in self.header:
             source = "its 'Num update steps per epoch'"
+        elif self.from_examples:
+            source = (f"its 'Num examples = {self.header.get('examples')}' over 'Total train "
+                      f"batch size = {self.header.get('batch')}'")
         else:
             source = (f"its 'Total optimization steps = {self.header.get('max_steps')}' over "
                       f"'Num Epochs = {self.header.get('epochs')}'")

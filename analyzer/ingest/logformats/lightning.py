@@ -9,7 +9,10 @@ batch - 1`` (:data:`BATCH`, the batches done before the one just finished), the
 ``global_step`` Lightning's loggers write a ``training_step``'s values at when every batch
 steps the optimizer: a log read alone is on the run's global step. With gradient
 accumulation the two differ by its factor, and the values (or the run's metadata) decide.
-When the total is unknown (shown as ``?``) the step is the batch within its epoch alone
+The total is the epoch's length in batches, and the log's reading of it
+(:meth:`Context.epoch_length`; Lightning 2's bar counts training batches only, where 1.x
+added the validation batches to it). When the total is unknown (shown as ``?``) the step
+is the batch within its epoch alone
 (:data:`IN_EPOCH`, from 1), which only matching values can place.
 
 A bar at count 0 (``Epoch 1:   0%| 0/8 [..., train_loss=1.36e+11]``) has finished no
@@ -84,6 +87,8 @@ class LightningParser:
 
     def __init__(self) -> None:
         self.seen_v_num = False
+        self.totals: set[int] = set()
+        """The bar totals met: each an epoch's batches (see :meth:`Context.epoch_length`)."""
         self.rich: tuple[int | None, int, str] | None = None
         """The step of the last rich bar (None at count 0: its metrics are no step's),
         the line it (or its last wrapped line) is on, and a metric name its line ended
@@ -130,7 +135,12 @@ class LightningParser:
             ctx.votes["lightning" if self.seen_v_num else "tqdm"] += 1
             return True
         if total != "?":
-            step = epoch * int(total) + batch - 1
+            length = int(total)
+            step = epoch * length + batch - 1
+            if length not in self.totals:
+                self.totals.add(length)
+                ctx.epoch_length(length, "batch", f"its progress bar's total ({length} batches "
+                                                  "per epoch)")
             if ctx.axis != IN_EPOCH:
                 ctx.axis = BATCH
         else:

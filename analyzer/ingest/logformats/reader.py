@@ -8,8 +8,10 @@ NUL runs collapsed to one NUL). Policy for damage, one rule each:
   physical line, all under that line's number. A run of progress-bar redraws collapses
   to what a terminal would show, its last segment, but a segment is kept when it is not
   a bar redraw (a record printed between two redraws), when it holds a NaN or Inf, when
-  the next segment is not a redraw (the bar state a record belongs to), or when a hole
-  follows it (nothing is known to have been drawn over it);
+  it was drawn over one that does (Lightning's tqdm bar redraws the previous step's
+  values at each new count before this step's: the NaN of one step would else stand for
+  the next one too), when the next segment is not a redraw (the bar state a record
+  belongs to), or when a hole follows it (nothing is known to have been drawn over it);
 - a record longer than LINE_CAP characters (escape sequences included): the first
   LINE_CAP are kept, the rest of it is skipped (``long_line``). A physical line longer
   than LINE_CAP bytes is never buffered whole: it is split at its separators as the
@@ -91,6 +93,12 @@ def _split(
         redraw = part.rstrip(" ").endswith(_REDRAW_ENDS)
         if held is not None and (not redraw or _mentions_nonfinite(held)):
             out.append((number, held))
+            if redraw and _mentions_nonfinite(held) and not _mentions_nonfinite(part):
+                # What the bar showed next: tqdm's refresh repeats a step's values at the
+                # next count before that count's own are drawn over it.
+                out.append((number, part))
+                held = None
+                continue
         if redraw:
             held = part
         else:
