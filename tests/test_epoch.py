@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from analyzer.ingest.logformats.context import Context
+from analyzer.ingest.logformats.hf import HuggingFaceParser
 from analyzer.ingest.logformats.lightning import last_frames
 from analyzer.ingest.logs import read_log
 from analyzer.rules.evidence import RunEvidence
@@ -199,6 +201,13 @@ def test_regression_an_older_header_is_not_max_steps_over_the_epochs(hf_log: Pat
     assert length is not None
     assert (length.length, length.unit) == (8, "optimizer_step")
     assert "Num examples = 64" in length.how
+    # the number the Trainer's dict lines are placed by (epoch x steps per epoch) too
+    parser, ctx = HuggingFaceParser(), Context(str(old))
+    for number, line in enumerate(lines, 1):
+        ctx.line = number
+        if line.strip():
+            parser.parse(line, ctx)
+    assert parser.steps_per_epoch() == 8
 
 
 def test_a_data_set_without_a_length_has_no_epoch_length(tmp_path: Path) -> None:
