@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from analyzer.rules.evidence import RunEvidence, float16_model
-from analyzer.rules.evidence_precision import PrecisionReading, precision
+from analyzer.rules.evidence import RunEvidence
+from analyzer.rules.evidence_precision import PrecisionReading, float16_model, precision
 from tests.readonly import analyse_read_only
 
 

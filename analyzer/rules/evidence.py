@@ -334,12 +334,3 @@ def lacking(step: int, op: str, unit: str = "step") -> str:
     """What a post-hoc finding lacks, and the two lines that would decide it."""
     return (f"not seen: the op that made the first non-finite value ({op}); a capture of "
             f"{unit} {step} or an anomaly traceback would name it. {RECORD_ONE}, or {ANOMALY}")
-
-
-def float16_model(ev: RunEvidence) -> str | None:
-    """Why the run's model computed in float16 itself (not autocast with a scaler), in
-    words; None when nothing shows it (the run's one precision reading,
-    :mod:`analyzer.rules.evidence_precision`, decides)."""
-    from analyzer.rules.evidence_precision import precision  # it builds on this module
-
-    return precision(ev).model

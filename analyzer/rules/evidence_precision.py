@@ -166,3 +166,9 @@ def _scaler(ev: RunEvidence) -> Scaler:
         return Scaler("disabled", f"{curve.tag} is 1.0 at every logged step", skips)
     return Scaler("unknown", f"{curve.tag} is logged but shows neither a working nor a disabled "
                   "scaler", skips)
+
+
+def float16_model(ev: RunEvidence) -> str | None:
+    """Why the run's model computed in float16 itself (not autocast with a scaler), in
+    words; None when nothing shows it."""
+    return precision(ev).model

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from analyzer.model import Evidence, Finding
 from analyzer.rules.base import Rule, rule
-from analyzer.rules.evidence import RunEvidence, float16_model, lacking
+from analyzer.rules.evidence import RunEvidence, lacking
 from analyzer.rules.evidence_ckpt import TINY, half_adam, half_weights, update_wrote
+from analyzer.rules.evidence_precision import float16_model
 
 _HALF_TINY = {dtype: tiny / 2 for dtype, tiny in TINY.items()}
 """Half the smallest positive (subnormal) value of each dtype: an eps below it rounds to 0
