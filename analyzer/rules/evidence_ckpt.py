@@ -21,6 +21,7 @@ read from:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,6 +39,25 @@ NEAR = 16.0
 """A magnitude within this factor of a dtype's largest value is near it: four doublings,
 which a weight norm growing by a few percent a step or an activation squared covers in a
 handful of steps (a healthy network's weights and activations sit near 1)."""
+
+
+BUFFERS = ("running_mean", "running_var", "num_batches_tracked")
+"""Module buffers a state dict holds beside the parameters; an optimizer holds no state
+for them."""
+_STATE = re.compile(r"^(?P<owner>.*?)\.?state\.(?P<index>\d+)\.(?P<key>[A-Za-z_]+)$")
+
+
+def model_parameters(scan: CheckpointScan) -> list[TensorRecord]:
+    """The model tensors of a save that are parameters (its buffers left out), in
+    state-dict order: the order an optimizer's state indexes them by, for one group."""
+    return [t for t in scan.tensors if t.group == "model" and not t.name.endswith(BUFFERS)]
+
+
+def optimizer_entry(name: str) -> tuple[str, int, str] | None:
+    """An optimizer state tensor's name read: the optimizer it belongs to (the name before
+    ``state.``), the parameter index and the entry (``exp_avg``, ``momentum_buffer``)."""
+    m = _STATE.match(name)
+    return (m["owner"], int(m["index"]), m["key"]) if m is not None else None
 
 
 def _save(path: str, step: int | None) -> str:

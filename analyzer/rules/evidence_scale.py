@@ -30,7 +30,6 @@ embeddings, normalisation and recurrent layers, initialised otherwise, are left 
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,11 +38,13 @@ from analyzer.model import Location, Series
 from analyzer.model.checkpoints import CheckpointScan, TensorRecord
 from analyzer.rules.anatomy import kinds_of
 from analyzer.rules.evidence import Curve, RunEvidence, merge
+from analyzer.rules.evidence_ckpt import model_parameters, optimizer_entry
 from analyzer.tags import layer_from_tag, param_from_tag
 
 _STAT_PARTS = {"norm", "l2", "l2_norm", "value", "max", "mean", "rms"}
-_MOMENT = re.compile(r"^(?P<prefix>.*?)state\.(?P<index>\d+)\.(?P<kind>exp_avg|momentum_buffer)$")
-_BUFFERS = ("running_mean", "running_var", "num_batches_tracked")
+_MOMENTS = ("exp_avg", "momentum_buffer")
+"""The optimizer entries that sum a parameter's gradients (Adam's first moment, SGD's
+momentum): their norms stand in for the gradients' where no tag logged them."""
 UPDATE_SPREAD = 10.0
 """The largest per-element first step of a common optimizer, in units of the rate:
 RMSprop's g/sqrt((1-alpha)·g²) with alpha 0.99 (Adam's, Adagrad's and Lion's are 1)."""
@@ -159,8 +160,8 @@ def _shape(ev: RunEvidence, param: str) -> tuple[tuple[int, ...], str] | None:
 def _first_weight(ev: RunEvidence) -> str | None:
     """The first parameter a checkpoint saves, in state-dict (model) order."""
     for scan in _tensors(ev):
-        for t in scan.tensors:
-            if t.group == "model" and t.stats is not None and not t.name.endswith(_BUFFERS):
+        for t in model_parameters(scan):
+            if t.stats is not None:
                 return t.name
     return None
 
@@ -301,8 +302,7 @@ def _moments_of(scan: CheckpointScan
                 ) -> tuple[TensorRecord, TensorRecord, TensorRecord, TensorRecord] | None:
     """The first weight, its bias, and their moments, matched by parameter index and
     checked by shape (an index that lands elsewhere fails the check)."""
-    params = [t for t in scan.tensors if t.group == "model" and t.stats is not None
-              and not t.name.endswith(_BUFFERS)]
+    params = [t for t in model_parameters(scan) if t.stats is not None]
     if len(params) < 2:
         return None
     w = params[0]
@@ -317,11 +317,12 @@ def _moments_of(scan: CheckpointScan
     moments: dict[int, TensorRecord] = {}
     prefix: str | None = None
     for t in scan.tensors:
-        m = _MOMENT.match(t.name)
-        if m is None or t.stats is None or (prefix is not None and m["prefix"] != prefix):
+        entry = optimizer_entry(t.name)
+        if entry is None or entry[2] not in _MOMENTS or t.stats is None or (
+                prefix is not None and entry[0] != prefix):
             continue
-        prefix = m["prefix"]
-        moments.setdefault(int(m["index"]), t)
+        prefix = entry[0]
+        moments.setdefault(entry[1], t)
     mw, mb = moments.get(0), moments.get(j)
     if mw is None or mb is None or mw.shape != w.shape or mb.shape != b.shape:
         return None

@@ -11,18 +11,15 @@ import numpy as np
 from analyzer.model import CheckpointScan, Evidence, Finding, Location, TensorRecord
 from analyzer.rules.base import Rule, rule
 from analyzer.rules.evidence import RunEvidence
+from analyzer.rules.evidence_ckpt import model_parameters, optimizer_entry
 from analyzer.wording import relative_path
 
-_STATE = re.compile(r"^(?P<opt>.*?)\.?state\.(?P<index>\d+)\.(?P<key>[A-Za-z_]+)$")
 _FLAT = re.compile(r"base_optimizer_state|fp32|flat|partition", re.IGNORECASE)
 """Optimizer wrappers that keep one flat state for many parameters (DeepSpeed, apex)."""
 PER_PARAMETER = frozenset({"exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer",
                            "square_avg", "acc_delta", "sum", "grad_avg", "ax", "eta"})
 """Optimizer state entries shaped like their parameter (Adam, SGD, RMSprop, Adadelta,
 Adagrad, ASGD); ``step`` and other scalars are not."""
-BUFFERS = ("running_mean", "running_var", "num_batches_tracked")
-"""Module buffers a state dict holds beside the parameters; an optimizer holds no state
-for them."""
 AFTER_RESUME = 10
 """Steps after a resume within which a failure is blamed on what the resume loaded."""
 JUMP = 3.0
@@ -35,8 +32,7 @@ def _shape(t: TensorRecord) -> str:
 
 def _parameters(scan: CheckpointScan) -> list[TensorRecord]:
     # A scalar parameter (a learnable temperature, CLIP's logit_scale) is a parameter too.
-    return [t for t in scan.tensors if t.group == "model"
-            and not t.name.endswith(BUFFERS) and ("float" in t.dtype or "bfloat" in t.dtype)]
+    return [t for t in model_parameters(scan) if "float" in t.dtype or "bfloat" in t.dtype]
 
 
 def _states(scan: CheckpointScan) -> dict[str, dict[int, TensorRecord]]:
@@ -45,10 +41,10 @@ def _states(scan: CheckpointScan) -> dict[str, dict[int, TensorRecord]]:
     for t in scan.tensors:
         if t.group != "optimizer":
             continue
-        m = _STATE.match(t.name)
-        if m is None or m["key"] not in PER_PARAMETER or _FLAT.search(m["opt"]):
+        entry = optimizer_entry(t.name)
+        if entry is None or entry[2] not in PER_PARAMETER or _FLAT.search(entry[0]):
             continue
-        out.setdefault(m["opt"], {}).setdefault(int(m["index"]), t)
+        out.setdefault(entry[0], {}).setdefault(entry[1], t)
     return out
 
 
