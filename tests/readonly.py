@@ -10,10 +10,16 @@ from analyzer.model import RunResult
 
 
 def snapshot(folder: Path) -> dict[str, tuple[int, str]]:
-    """Every file below ``folder``: its size and SHA-256, by relative path."""
-    return {str(p.relative_to(folder)): (p.stat().st_size,
-                                         hashlib.sha256(p.read_bytes()).hexdigest())
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    """Every entry below ``folder`` by relative path: a file's size and SHA-256; a folder,
+    FIFO or other non-file by name only (``(-1, "")``: never opened)."""
+    out: dict[str, tuple[int, str]] = {}
+    for p in sorted(folder.rglob("*")):
+        name = str(p.relative_to(folder))
+        if p.is_file():
+            out[name] = (p.stat().st_size, hashlib.sha256(p.read_bytes()).hexdigest())
+        else:
+            out[name] = (-1, "")
+    return out
 
 
 def analyse_read_only(folder: Path, **options: Any) -> RunResult:

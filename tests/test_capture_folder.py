@@ -4,7 +4,6 @@ captures, the checked meta.json, env.json, and that ingest, the replay and the r
 from __future__ import annotations
 
 import ast
-import hashlib
 import json
 import os
 import shutil
@@ -23,21 +22,10 @@ from analyzer.pipeline import rank_all
 from analyzer.replayer import capture_folder, load_capture
 from analyzer.scenarios import models
 from tests.conftest import ROOT, SAMPLE_RUNS
+from tests.readonly import snapshot
 
 MLP = "analyzer.scenarios.models:mlp"
 MLP_KW = {"in_features": 3, "hidden": 4, "out_features": 1, "depth": 2, "seed": 0}
-
-
-def _snapshot(root: Path) -> dict[str, tuple[int, str]]:
-    """Every file below ``root``: its size and hash (FIFOs and folders by name only)."""
-    out: dict[str, tuple[int, str]] = {}
-    for p in sorted(root.rglob("*")):
-        key = str(p.relative_to(root))
-        if p.is_file():
-            out[key] = (p.stat().st_size, hashlib.sha256(p.read_bytes()).hexdigest())
-        else:
-            out[key] = (0, "")
-    return out
 
 
 def _sample(tmp_path: Path, name: str = "nan_in_batch") -> Path:
@@ -94,7 +82,7 @@ def test_regression_interrupted_capture_write_is_ignored(
     run = _sample(tmp_path)
     complete = run / "capture" / "step_28"
     _partial_copy(complete, leftover)
-    before = _snapshot(run)
+    before = snapshot(run)
 
     (result,) = analyze(str(run)).results
     assert result.run.captures == (str(complete),)
@@ -109,7 +97,7 @@ def test_regression_interrupted_capture_write_is_ignored(
     assert capture_folder(str(run)) == str(complete)
     assert load_capture(str(run)).path == str(complete)
     assert discover([str(run)]).runs[0].capture_dirs == (str(complete),)
-    assert _snapshot(run) == before
+    assert snapshot(run) == before
     capsys.readouterr()
 
 
@@ -121,7 +109,7 @@ def test_regression_step_folder_without_meta_is_not_a_capture(tmp_path: Path) ->
     run = _sample(tmp_path)
     complete = run / "capture" / "step_28"
     partial = _partial_copy(complete, "step_3")
-    before = _snapshot(run)
+    before = snapshot(run)
 
     (result,) = analyze(str(run)).results
     assert result.run.captures == (str(complete),)
@@ -130,7 +118,7 @@ def test_regression_step_folder_without_meta_is_not_a_capture(tmp_path: Path) ->
     assert issue.kind == "truncated" and "meta.json" in issue.message
     assert capture_folder(str(run)) == str(complete)
     assert load_capture(str(run)).path == str(complete)
-    assert _snapshot(run) == before
+    assert snapshot(run) == before
 
 
 def test_names_the_recorder_writes_are_the_ones_read(recorded: Path) -> None:

@@ -8,7 +8,6 @@ engine writes. The tests that read a folder check that nothing is written into i
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -32,13 +31,7 @@ from analyzer.ingest.checkpoints import (
 from analyzer.model import CheckpointScan
 from analyzer.report.checkpoints import format_scan
 from tests.frameworks import corpus
-
-
-def _snapshot(folder: Path) -> dict[str, tuple[int, str]]:
-    return {
-        str(p): (p.stat().st_size, hashlib.sha256(p.read_bytes()).hexdigest())
-        for p in sorted(folder.rglob("*")) if p.is_file()
-    }
+from tests.readonly import snapshot
 
 
 def _ckpts(folder: Path) -> list[str]:
@@ -98,7 +91,7 @@ def lightning_healthy(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_regression_lightning_kth_value_inf_is_not_a_failure(lightning_healthy: Path) -> None:
-    before = _snapshot(lightning_healthy)
+    before = snapshot(lightning_healthy)
     paths = _ckpts(lightning_healthy)
     assert len(paths) == 3
     first = scan_checkpoint(paths[0])
@@ -113,7 +106,7 @@ def test_regression_lightning_kth_value_inf_is_not_a_failure(lightning_healthy: 
     assert [s.nonfinite_tensors for s in history.saves] == [0, 0, 0]
     assert main(["analyze", str(lightning_healthy), "-q"]) == 0
     assert inspect_command(paths, stream=io.StringIO()) == 0
-    assert _snapshot(lightning_healthy) == before
+    assert snapshot(lightning_healthy) == before
 
 
 def test_lightning_checkpoint_sections_and_metadata(lightning_healthy: Path) -> None:
@@ -160,7 +153,7 @@ def test_lightning_weights_gone_nan_are_still_found(
     """The corpus' diverging Lightning run: its saves also hold kth_value = inf (a
     ModelCheckpoint without a monitor), and the NaN weights are still the finding."""
     run = corpus.get("lightning_nan", tmp_path_factory)
-    before = _snapshot(run)
+    before = snapshot(run)
     history = scan_run_checkpoints(_ckpts(run))
     assert [s.step for s in history.saves] == [8, 16, 24, 32, 40]
     assert history.first_nonfinite == 3 and history.nonfinite_layers == ("net.0", "net.2")
@@ -174,7 +167,7 @@ def test_lightning_weights_gone_nan_are_still_found(
     assert incident is not None and incident.tag.startswith("checkpoint/net.")
     assert (incident.step, incident.last_finite_step) == (32, 24)
     assert main(["analyze", str(run), "-q"]) == 1
-    assert _snapshot(run) == before
+    assert snapshot(run) == before
 
 
 def test_lightning_fp16_scaler_state_is_read_as_evidence(tmp_path: Path) -> None:
@@ -218,7 +211,7 @@ def test_hf_trainer_checkpoint_n_steps_from_their_folders(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     run = corpus.get("hf_healthy", tmp_path_factory)
-    before = _snapshot(run)
+    before = snapshot(run)
     paths = _ckpts(run)
     # scheduler.pt, rng_state.pth and training_args.bin are run metadata, not checkpoints.
     assert [os.path.relpath(p, run) for p in paths] == [
@@ -231,7 +224,7 @@ def test_hf_trainer_checkpoint_n_steps_from_their_folders(
     assert {t.role for t in history.scans[0].tensors} == {"weights"}
     assert {t.role for t in history.scans[1].tensors} == {"optimizer"}
     assert history.first_nonfinite is None
-    assert _snapshot(run) == before
+    assert snapshot(run) == before
 
 
 def test_hf_trainer_first_nan_save_by_its_folder(tmp_path_factory: pytest.TempPathFactory) -> None:
@@ -290,7 +283,7 @@ def test_accelerate_save_state_counts_saves_not_steps(tmp_path: Path) -> None:
         opt.zero_grad()
     accelerator.save_state()
     accelerator.save_state()
-    before = _snapshot(tmp_path)
+    before = snapshot(tmp_path)
     paths = _ckpts(tmp_path)
     assert [os.path.relpath(p, tmp_path) for p in paths] == [
         f"checkpoints/checkpoint_{i}/{name}" for i in (0, 1)
@@ -300,7 +293,7 @@ def test_accelerate_save_state_counts_saves_not_steps(tmp_path: Path) -> None:
     assert [(s.step, s.step_source) for s in scans] == [(None, None)] * 4
     assert [s.format for s in scans] == ["safetensors", "optimizer"] * 2
     assert not any(s.has_nonfinite for s in scans)
-    assert _snapshot(tmp_path) == before
+    assert snapshot(tmp_path) == before
 
 
 # DeepSpeed --------------------------------------------------------------------------------
@@ -376,7 +369,7 @@ def _deepspeed_save(folder: Path, scaler: type, *, step: int, poison: bool) -> P
 
 def test_deepspeed_zero_folder_is_listed_by_role(tmp_path: Path, fake_deepspeed: type) -> None:
     tag = _deepspeed_save(tmp_path / "ckpt", fake_deepspeed, step=500, poison=False)
-    before = _snapshot(tmp_path)
+    before = snapshot(tmp_path)
     model = scan_checkpoint(str(tag / "mp_rank_00_model_states.pt"))
     assert (model.format, model.read_mode) == ("deepspeed", "weights_only")
     assert (model.step, model.step_source) == (500, "'global_steps' key")
@@ -399,7 +392,7 @@ def test_deepspeed_zero_folder_is_listed_by_role(tmp_path: Path, fake_deepspeed:
     assert shard.static.globals_wanted == ("deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",)
     assert shard.tensors and all(t.role == "optimizer" and t.stats is None for t in shard.tensors)
     assert all("values not read" in (t.note or "") for t in shard.tensors)
-    assert _snapshot(tmp_path) == before
+    assert snapshot(tmp_path) == before
 
 
 def test_deepspeed_nan_weights_found_and_partitions_left_unread(

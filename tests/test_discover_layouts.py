@@ -7,7 +7,6 @@ own loggers, trackers and folder-naming functions writing into tmp_path.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -24,17 +23,10 @@ from analyzer.cli import main
 from analyzer.ingest.discover import RunFiles, discover, find_runs
 from analyzer.ingest.layouts import is_save_dir
 from tests.frameworks import corpus
+from tests.readonly import snapshot
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning",
                                         "ignore::UserWarning")
-
-
-def _snapshot(root: Path) -> dict[str, tuple[int, str]]:
-    out = {}
-    for path in sorted(root.rglob("*")):
-        if path.is_file():
-            out[str(path)] = (path.stat().st_size, hashlib.sha256(path.read_bytes()).hexdigest())
-    return out
 
 
 def _by_name(root: Path) -> dict[str, RunFiles]:
@@ -65,9 +57,9 @@ def test_regression_root_log_and_lightning_version_folder_are_one_run(
 
 def test_regression_folder_of_trainings_gives_one_run_per_training(
         lightning_family: Path) -> None:
-    before = _snapshot(lightning_family)
+    before = snapshot(lightning_family)
     assert sorted(_by_name(lightning_family)) == sorted(corpus.FAMILIES["lightning"])
-    assert _snapshot(lightning_family) == before
+    assert snapshot(lightning_family) == before
 
 
 def test_discovery_opens_no_file(lightning_family: Path, monkeypatch: pytest.MonkeyPatch,
@@ -90,9 +82,9 @@ def test_regression_lightning_restart_versions_are_one_runs_segments(
     assert [s.label for s in run.segments] == ["lightning_logs/version_0",
                                                "lightning_logs/version_1"]
     assert [Path(f).parent.name for f in run.event_files] == ["version_0", "version_1"]
-    before = _snapshot(folder)
+    before = snapshot(folder)
     assert main(["analyze", str(folder), "--json", "-", "--no-replay"]) == 1
-    assert _snapshot(folder) == before
+    assert snapshot(folder) == before
     (result,) = json.loads(capsys.readouterr().out)["runs"]
     assert result["incident"]["step"] == 35 and result["incident"]["tag"] == "train_loss"
     assert "version_1" in result["incident"]["location"]["file"]

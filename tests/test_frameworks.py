@@ -10,7 +10,6 @@ its mark is then removed.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import json
 import math
@@ -25,6 +24,7 @@ import pytest
 from analyzer.cli import main
 from tests.frameworks import corpus
 from tests.frameworks.truth import FirstBad, first_nonfinite
+from tests.readonly import snapshot
 
 pytestmark = pytest.mark.slow
 
@@ -66,18 +66,6 @@ class Analysed:
     after: dict[str, tuple[int, str]]
 
 
-def _snapshot(root: Path) -> dict[str, tuple[int, str]]:
-    """Every entry below root: its size and content hash (folders: -1, '')."""
-    out: dict[str, tuple[int, str]] = {}
-    for path in sorted(root.rglob("*")):
-        name = str(path.relative_to(root))
-        if path.is_file():
-            out[name] = (path.stat().st_size, hashlib.sha256(path.read_bytes()).hexdigest())
-        else:
-            out[name] = (-1, "")
-    return out
-
-
 _ANALYSED: dict[str, Analysed] = {}
 
 
@@ -92,9 +80,9 @@ def analysed(name: str, factory: pytest.TempPathFactory) -> Analysed:
     """Run ``name`` of the corpus through ``forensics analyze --json``, once a session."""
     if name not in _ANALYSED:
         root = corpus.get(name, factory)
-        before = _snapshot(root)
+        before = snapshot(root)
         code, report = _analyse(root, factory.mktemp("reports") / f"{name}.json")
-        _ANALYSED[name] = Analysed(root, code, report, before, _snapshot(root))
+        _ANALYSED[name] = Analysed(root, code, report, before, snapshot(root))
     return _ANALYSED[name]
 
 

@@ -4,7 +4,6 @@ anything, and fed to the learning-rate rule."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import pickle
@@ -22,6 +21,7 @@ from analyzer.ingest.metadata.hparams import read_hparams
 from analyzer.ingest.metadata.read import read_run_metadata
 from analyzer.ingest.metadata.torchsaved import read_scheduler, read_training_args
 from analyzer.model import RunMetadata, encode
+from tests.readonly import snapshot
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -36,17 +36,6 @@ def _offline() -> Iterator[None]:
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
-
-
-def _snapshot(folder: Path) -> dict[str, tuple[int, str]]:
-    out = {}
-    for path in sorted(folder.rglob("*")):
-        if path.is_file():
-            out[str(path.relative_to(folder))] = (path.stat().st_size,
-                                                  hashlib.sha256(path.read_bytes()).hexdigest())
-        else:
-            out[str(path.relative_to(folder))] = (-1, "dir")
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +101,7 @@ def test_pickle_naming_os_system_never_runs(tmp_path: Path, monkeypatch: pytest.
     assert any(op.name in ("GLOBAL", "STACK_GLOBAL") for op, _, _ in pickletools.genops(payload))
     _closed_zip_with_pickle(tmp_path / "training_args.bin", payload)
     (tmp_path / "scheduler.pt").write_bytes((tmp_path / "training_args.bin").read_bytes())
-    before = _snapshot(tmp_path)
+    before = snapshot(tmp_path)
 
     def refuse(*args: object, **kwargs: object) -> object:
         raise AssertionError("something tried to unpickle an analysed file")
@@ -127,7 +116,7 @@ def test_pickle_naming_os_system_never_runs(tmp_path: Path, monkeypatch: pytest.
     read_scheduler(str(tmp_path / "scheduler.pt"))
     assert not marker.exists()
     assert got.fields["learning_rate"] == 0.1 and got.fields["warmup_steps"] == 10
-    assert _snapshot(tmp_path) == before
+    assert snapshot(tmp_path) == before
 
 
 def test_truncated_training_args_keeps_the_fields_before_the_cut(args_file: Path,
@@ -380,9 +369,9 @@ def test_regression_absurd_lr_in_training_args_beats_bad_initialisation(
     configured learning_rate=5.0 was never read."""
     from analyzer import pipeline
 
-    before = _snapshot(diverging_trainer_run)
+    before = snapshot(diverging_trainer_run)
     report = pipeline.analyze([str(diverging_trainer_run)], replay=False)
-    assert _snapshot(diverging_trainer_run) == before
+    assert snapshot(diverging_trainer_run) == before
     with_args = [r for r in report.results
                  if r.run.metadata is not None and r.run.metadata.learning_rate is not None]
     assert with_args, [r.run.name for r in report.results]
@@ -436,9 +425,9 @@ def test_lightning_checkpoint_hyperparameters_join_the_run_metadata(
     from tests.frameworks import corpus
 
     run = corpus.get("lightning_restart", tmp_path_factory)
-    before = _snapshot(run)
+    before = snapshot(run)
     report = pipeline.analyze([str(run)], replay=False)
-    assert _snapshot(run) == before
+    assert snapshot(run) == before
     metas = [r.run.metadata for r in report.results if r.run.metadata is not None]
     assert metas
     meta = metas[0]

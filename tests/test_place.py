@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import shutil
@@ -18,6 +17,7 @@ from analyzer.model import Run, Series
 from analyzer.onset import locate
 from analyzer.place import LOSS_FUNCTION
 from analyzer.wording import Place, failing_place, place_words
+from tests.readonly import snapshot
 
 ROOT = Path(__file__).resolve().parent.parent
 NAN, INF = math.nan, math.inf
@@ -119,11 +119,6 @@ def _without_captures(name: str, tmp_path: Path) -> Path:
     return dest
 
 
-def _snapshot(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
 TIED_IN_FILE_ORDER = ("bad_initialisation", "division_by_zero", "fp16_no_amp",
                       "log_softmax_underflow", "nan_in_batch", "sqrt_at_zero")
 """Sample runs whose per-layer tags all went non-finite at one step, fc1 logged first."""
@@ -132,7 +127,7 @@ TIED_IN_FILE_ORDER = ("bad_initialisation", "division_by_zero", "fp16_no_amp",
 def test_regression_tied_layers_are_not_named_by_file_order(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     folders = [_without_captures(n, tmp_path) for n in TIED_IN_FILE_ORDER]
-    before = {f.name: _snapshot(f) for f in folders}
+    before = {f.name: snapshot(f) for f in folders}
     out = tmp_path / "report.json"
     code = cli.main(["analyze", *map(str, folders), "--json", str(out)])
     text = capsys.readouterr().out
@@ -152,7 +147,7 @@ def test_regression_tied_layers_are_not_named_by_file_order(
             assert "undetermined (" in summary[name], summary[name]
         cells = summary[name].split("  ")
         assert "fc1" not in [c.strip() for c in cells], summary[name]
-    assert {f.name: _snapshot(f) for f in folders} == before
+    assert {f.name: snapshot(f) for f in folders} == before
 
 
 def test_with_a_capture_the_replay_names_the_layer(tmp_path: Path) -> None:
@@ -220,13 +215,13 @@ def test_the_first_non_finite_save_singles_out_one_layer(tmp_path: Path) -> None
 
     run = tmp_path / "run"
     _write_run(run, 6, {"fc1.weight": torch.full((4, 4), NAN), "fc2.weight": torch.ones(4, 4)})
-    before = _snapshot(run)
+    before = snapshot(run)
     (result,) = analyze(str(run)).results
     assert result.place is not None
     assert (result.place.kind, result.place.layer, result.place.phase) == (
         "layer", "fc1", "backward")
     assert result.place.decided_by.startswith("checkpoints: the first non-finite save")
-    assert _snapshot(run) == before
+    assert snapshot(run) == before
 
 
 def test_a_float16_weight_near_its_limit_in_the_last_finite_save_breaks_the_tie(
