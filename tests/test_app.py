@@ -748,18 +748,25 @@ def test_checkpoint_bookkeeping_is_shown_apart_and_not_as_a_failure(
     assert set(states["state"]) == {"ModelCheckpoint", "EarlyStopping"}
 
 
-def test_regression_a_changed_metadata_file_is_analysed_again(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # The fingerprint held event files, logs, checkpoints and captures but no metadata
-    # file: a rewritten hparams.yaml kept the old learning rate on screen.
+def _lightning_version(runs: Path, hparams: str) -> Path:
+    """A Lightning ``version_0`` folder below ``runs/train``: a finite loss written by the
+    real SummaryWriter and ``hparams`` as its hparams.yaml."""
     from torch.utils.tensorboard import SummaryWriter
 
-    version = tmp_path / "runs" / "train" / "lightning_logs" / "version_0"
+    version = runs / "train" / "lightning_logs" / "version_0"
     writer = SummaryWriter(str(version))
     for step, loss in enumerate([1.0, 0.5, 0.25]):
         writer.add_scalar("train_loss", loss, step)
     writer.close()
-    (version / "hparams.yaml").write_text("lr: 0.02\n")
+    (version / "hparams.yaml").write_text(hparams)
+    return version
+
+
+def test_regression_a_changed_metadata_file_is_analysed_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The fingerprint held event files, logs, checkpoints and captures but no metadata
+    # file: a rewritten hparams.yaml kept the old learning rate on screen.
+    version = _lightning_version(tmp_path / "runs", "lr: 0.02\n")
     monkeypatch.setenv("FORENSICS_RUNS", str(tmp_path / "runs"))
     at = open_app()
     at.switch_page("app_pages/run.py").run()
@@ -858,14 +865,7 @@ def test_regression_a_resumed_lightning_version_is_marked_where_it_resumes(
 
 def test_a_damaged_metadata_file_is_listed_with_its_issue(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from torch.utils.tensorboard import SummaryWriter
-
-    version = tmp_path / "runs" / "train" / "lightning_logs" / "version_0"
-    writer = SummaryWriter(str(version))
-    for step, loss in enumerate([1.0, 0.5, 0.25]):
-        writer.add_scalar("train_loss", loss, step)
-    writer.close()
-    (version / "hparams.yaml").write_text("lr: 0.02\nwarmup: [1, 2\n")  # cut off
+    _lightning_version(tmp_path / "runs", "lr: 0.02\nwarmup: [1, 2\n")  # cut off
     monkeypatch.setenv("FORENSICS_RUNS", str(tmp_path / "runs"))
     before = tree(tmp_path / "runs")
     at = open_app()
