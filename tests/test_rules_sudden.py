@@ -109,7 +109,7 @@ def test_causes_needing_an_unseen_module_rank_below_those_needing_none() -> None
 def test_an_eps_zero_normalisation_decides_a_sudden_nan() -> None:
     ev = RunEvidence(locate(_tagger("norm.weight", "head.weight")))
     ev.__dict__["anatomy"] = Anatomy((Component("normalisation", "norm", "hparams.yaml",
-                                                "LayerNorm, eps=0.0"),))
+                                                "LayerNorm, eps=0", "LayerNorm", 0.0),))
     s = sudden(ev)
     assert s is not None and s.eps_zero is not None
     from analyzer.rules import BY_NAME
@@ -118,7 +118,8 @@ def test_an_eps_zero_normalisation_decides_a_sudden_nan() -> None:
         BY_NAME["zero-variance-normalisation"], ev)
     assert [(f.confidence, f.score) for f in found] == [("medium", 0.7)]
     ev.__dict__["anatomy"] = Anatomy((Component("normalisation", "norm", "hparams.yaml",
-                                                "LayerNorm, eps=1e-05"),))
+                                                "LayerNorm, eps=1e-05", "LayerNorm",
+                                                1e-05),))
     assert sudden(ev) is not None and sudden(ev).eps_zero is None  # type: ignore[union-attr]
 
 

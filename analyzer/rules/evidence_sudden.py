@@ -27,7 +27,6 @@ decides for it. What would decide a tie is named by :meth:`Sudden.decide`.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,7 +56,6 @@ NEEDS = {"zero-variance-normalisation": "normalisation", "softmax-all-masked": "
 _FORWARD = ("nan-in-batch", "division-by-zero", "log-of-zero", "zero-variance-normalisation",
             "softmax-all-masked")
 _BACKWARD = ("sqrt-at-zero-backward", "softmax-all-masked")
-_EPS_ZERO = re.compile(r"\beps\s*[=:]\s*(0(?:\.0*)?(?:[eE][+-]?\d+)?)(?![\d.])")
 
 _DECIDE = {
     "nan-in-batch": "`assert torch.isfinite(x).all() and torch.isfinite(y).all()` on each "
@@ -157,10 +155,6 @@ def _eps_zero(ev: RunEvidence) -> str | None:
     zero = ev.anatomy.eps_zero()
     if zero:
         return zero[0].brief()
-    for c in ev.anatomy.of("normalisation"):
-        m = _EPS_ZERO.search(c.detail)
-        if m is not None and float(m.group(1)) == 0.0:
-            return c.brief()
     return None
 
 
