@@ -25,6 +25,7 @@ from analyzer.replayer import (
 )
 from analyzer.report.replay import brief_replay, format_replay
 from analyzer.scenarios import losses, models
+from analyzer.trust import UntrustedCode
 
 MLP = "analyzer.scenarios.models:mlp"
 MLP_KW = {"in_features": 4, "hidden": 8, "out_features": 3, "depth": 2, "seed": 1}
@@ -34,7 +35,8 @@ def _train(run_dir: Path, *, fail_at: int, steps: int = 6, loss: str = "log_of_s
            model_factory: str = MLP, model_kwargs: dict[str, Any] | None = None,
            build: Callable[[], torch.nn.Module] | None = None, dtype: torch.dtype = torch.float32,
            autocast: torch.dtype | None = None, scaler: Any = None, mode: str = "every_step",
-           every_n: int = 1, optimizer: str = "adam", scale: float = 1e4) -> FlightRecorder:
+           every_n: int = 1, optimizer: str = "adam", scale: float = 1e4,
+           **extra: Any) -> FlightRecorder:
     """Train until the batch of step ``fail_at`` (multiplied by ``scale``) breaks the run."""
     torch.manual_seed(0)
     kwargs = MLP_KW if model_kwargs is None else model_kwargs
@@ -46,7 +48,7 @@ def _train(run_dir: Path, *, fail_at: int, steps: int = 6, loss: str = "log_of_s
     rec = FlightRecorder(run_dir, model, opt, model_factory=model_factory, model_kwargs=kwargs,
                          loss_factory=f"analyzer.scenarios.losses:{loss}", scaler=scaler,
                          autocast_dtype=autocast, seed=0, mode=mode,  # type: ignore[arg-type]
-                         every_n=every_n, check_params=True)
+                         every_n=every_n, check_params=True, **extra)
     for step in range(steps):
         x = torch.randn(16, 4) * (scale if step == fail_at else 1.0)
         y = torch.randn(16, 1) if loss == "mse" else torch.randint(0, 3, (16,))
@@ -136,19 +138,52 @@ def test_a_factory_outside_the_path_needs_an_import_path(tmp_path: Path) -> None
         import mynets  # type: ignore[import-not-found]
 
         _train(run, fail_at=2, model_factory="mynets:make",
-               build=lambda: mynets.make(**MLP_KW))
+               build=lambda: mynets.make(**MLP_KW), trust_code_root=False)
     finally:
         sys.path.remove(str(pkg))
         sys.modules.pop("mynets", None)
-    with pytest.raises(ModelRebuildError) as err:
+    # The capture says where the code was: the folder is found, and named, not trusted.
+    with pytest.raises(UntrustedCode) as untrusted:
         replay(str(run))
-    assert err.value.module == "mynets"
-    assert "'mynets' cannot be imported" in str(err.value) and "--import-path" in str(err.value)
-    assert isinstance(err.value, ForensicsError)
+    assert untrusted.value.folder == os.path.realpath(pkg)
+    assert isinstance(untrusted.value, ForensicsError)
     result = replay(str(run), import_paths=[str(pkg)])
     assert result.phase == "forward" and result.verdict.kind == "math-fault"
     assert str(pkg) not in sys.path
     sys.modules.pop("mynets", None)
+    # Moved away, the code cannot be found at all: the message says what to pass.
+    moved = tmp_path / "moved"
+    pkg.rename(moved)
+    with pytest.raises(ModelRebuildError) as err:
+        replay(str(run))
+    assert err.value.module == "mynets"
+    assert "'mynets' cannot be imported" in str(err.value) and "--import-path" in str(err.value)
+    sys.modules.pop("mynets", None)
+
+
+def test_the_recorder_trusts_its_own_code_root_so_replay_needs_no_flag(tmp_path: Path) -> None:
+    pkg = tmp_path / "project"
+    pkg.mkdir()
+    (pkg / "ownnets.py").write_text(textwrap.dedent("""
+        from analyzer.scenarios.models import mlp
+
+        def make(**kwargs):
+            return mlp(**kwargs)
+    """), encoding="utf-8")
+    run = tmp_path / "run"
+    import sys
+    sys.path.insert(0, str(pkg))
+    try:
+        import ownnets  # type: ignore[import-not-found]
+
+        _train(run, fail_at=2, model_factory="ownnets:make",
+               build=lambda: ownnets.make(**MLP_KW))
+    finally:
+        sys.path.remove(str(pkg))
+        sys.modules.pop("ownnets", None)
+    result = replay(str(run))
+    assert result.phase == "forward" and result.verdict.kind == "math-fault"
+    sys.modules.pop("ownnets", None)
 
 
 def _broken_copy(log_run: Path, tmp_path: Path) -> Path:

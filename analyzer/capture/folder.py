@@ -43,7 +43,7 @@ import re
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from analyzer.ingest.safeio import NotRegularFile, open_regular
 
@@ -51,7 +51,10 @@ if TYPE_CHECKING:
     from analyzer.model import CaptureMeta, IngestIssue, IssueKind
 
 FORMAT_NAME = "nan-forensics-capture"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+"""Version 2 only adds keys to version 1 (the step contract, several optimizers, gradient
+accumulation, where the code lives): both are read."""
 ENV_FORMAT = "nan-forensics-env"
 CAPTURE_DIR = "capture"
 """The folder the recorder writes captures into; readers also accept CAPTURE_DIR_NAMES."""
@@ -232,9 +235,10 @@ def read_capture_meta(folder: str) -> CaptureMeta:
         raise MetaError(path, "truncated", "missing: the capture is incomplete") from None
     if data.get("format") != FORMAT_NAME:
         raise MetaError(path, "bad_record", f"not a {FORMAT_NAME} meta.json (format key)")
-    if data.get("version") != FORMAT_VERSION:
+    if data.get("version") not in READABLE_VERSIONS:
         raise MetaError(path, "bad_record", f"capture version {data.get('version')!r}; "
-                                            f"this reader knows version {FORMAT_VERSION}")
+                                            "this reader knows versions "
+                                            f"{', '.join(map(str, READABLE_VERSIONS))}")
     try:
         return _record(folder, data)
     except _BadKey as exc:
@@ -307,6 +311,10 @@ _BOOL: _Check = (lambda v: isinstance(v, bool), "a boolean")
 _OBJECT: _Check = (lambda v: isinstance(v, dict), "a JSON object")
 _NUMBER_OR_STR: _Check = (lambda v: _NUMBER[0](v) or isinstance(v, str), "a number or a string")
 _INTS: _Check = (lambda v: isinstance(v, list) and all(_INT[0](x) for x in v), "a list of integers")
+_NUMBERS: _Check = (lambda v: isinstance(v, list) and all(_NUMBER[0](x) for x in v),
+                    "a list of numbers")
+_OBJECTS: _Check = (lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v),
+                    "a list of JSON objects")
 _STRS: _Check = (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
                  "a list of strings")
 
@@ -335,22 +343,53 @@ def _record(folder: str, data: dict[str, Any]) -> CaptureMeta:
     from analyzer.model import (
         CAPTURE_DTYPES,
         CAPTURE_MODES,
+        STEP_KINDS,
+        Accumulation,
         AmpSettings,
         CaptureMeta,
         CaptureTrigger,
         FactorySpec,
         OptimizerSpec,
+        StepKind,
+        StepSpec,
     )
 
-    def factory(what: str) -> FactorySpec:
-        spec = _key(data, what, _OBJECT, required=True)
+    def spec_of(spec: Mapping[str, Any], what: str) -> FactorySpec:
         if not isinstance(spec.get("factory"), str):
             raise _BadKey(f"key {what!r} needs a 'factory' string")
+        config = _key(spec, "config", _OBJECT, where=f"{what}.")
         return FactorySpec(spec["factory"],
-                           dict(_key(spec, "kwargs", _OBJECT, where=f"{what}.") or {}))
+                           dict(_key(spec, "kwargs", _OBJECT, where=f"{what}.") or {}),
+                           None if config is None else dict(config))
 
+    def factory(what: str) -> FactorySpec:
+        return spec_of(_key(data, what, _OBJECT, required=True), what)
+
+    def optional_factory(what: str, required: bool) -> FactorySpec | None:
+        spec = _key(data, what, _OBJECT, required=required)
+        return None if spec is None else spec_of(spec, what)
+
+    def optimizer_of(spec: Mapping[str, Any], where: str) -> OptimizerSpec:
+        lrs = _key(spec, "lrs", _NUMBERS, where=where) or ()
+        return OptimizerSpec(
+            _key(spec, "class", _STR, where=where, required=True),
+            dict(_key(spec, "hyperparameters", _OBJECT, where=where) or {}),
+            _key(spec, "param_groups", _INT, where=where),
+            tuple(float(x) for x in lrs))
+
+    version = data.get("version")
+    call = _key(data, "step_call", _OBJECT) or {}
+    kind = _one_of(call, "kind", STEP_KINDS, where="step_call.") or "loss_fn"
+    step_factory = _key(call, "factory", _OBJECT, where="step_call.",
+                        required=kind == "step_fn")
     trigger = _key(data, "trigger", _OBJECT, required=True)
     optimizer = _key(data, "optimizer", _OBJECT, required=True)
+    listed = _key(data, "optimizers", _OBJECTS) or []
+    accumulation = _key(data, "accumulation", _OBJECT) or {}
+    micro = _key(accumulation, "micro_batches", _INT, where="accumulation.")
+    if micro is not None and micro < 1:
+        raise _BadKey("accumulation.micro_batches is not at least 1")
+    first = optimizer_of(optimizer, "optimizer.")
     amp = _key(data, "amp", _OBJECT, required=True)
     device = _key(data, "device", _STR, required=True)
     lr, clip = _key(data, "lr", _NUMBER), _key(data, "grad_clip", _NUMBER)
@@ -360,11 +399,8 @@ def _record(folder: str, data: dict[str, Any]) -> CaptureMeta:
         trigger=CaptureTrigger(*(_key(trigger, k, _STR, where="trigger.")
                                  for k in ("what", "name", "kind"))),
         model=factory("model"),
-        loss=factory("loss"),
-        optimizer=OptimizerSpec(
-            _key(optimizer, "class", _STR, where="optimizer.", required=True),
-            dict(_key(optimizer, "hyperparameters", _OBJECT, where="optimizer.") or {}),
-            _key(optimizer, "param_groups", _INT, where="optimizer.")),
+        loss=optional_factory("loss", kind == "loss_fn"),
+        optimizer=first,
         dtype=_one_of(data, "dtype", CAPTURE_DTYPES, required=True),
         amp=AmpSettings(
             _one_of(amp, "autocast_dtype", CAPTURE_DTYPES, where="amp."),
@@ -381,5 +417,16 @@ def _record(folder: str, data: dict[str, Any]) -> CaptureMeta:
         history_steps=tuple(_key(data, "history_steps", _INTS) or ()),
         loss_value=_key(data, "loss_value", _NUMBER_OR_STR),
         files=tuple(_key(data, "files", _STRS) or ()),
+        version=version if isinstance(version, int) else 1,
+        step_call=StepSpec(
+            cast(StepKind, kind),
+            None if step_factory is None else spec_of(step_factory, "step_call.factory"),
+            _key(call, "batch_idx", _INT, where="step_call.")),
+        optimizers=tuple(optimizer_of(o, f"optimizers[{i}].") for i, o in enumerate(listed))
+        or (first,),
+        accumulation=Accumulation(
+            micro or 1, _key(accumulation, "divide", _BOOL, where="accumulation.") is not False,
+            _key(accumulation, "failing", _INT, where="accumulation.")),
+        code=_key(data, "code", _OBJECT),
         raw=data,
     )

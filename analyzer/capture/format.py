@@ -26,14 +26,18 @@ class Factory:
     def to_json(self) -> dict[str, Any]:
         return {"factory": self.path, "kwargs": dict(self.kwargs)}
 
-    def build(self) -> Any:
+    def target(self) -> Any:
+        """The function or class the path names, imported (the recorder's own process)."""
         module_name, _, attr = self.path.partition(":")
         if not module_name or not attr:
             raise ValueError(f"factory {self.path!r} is not of the form 'module:function'")
         target: Any = importlib.import_module(module_name)
         for part in attr.split("."):
             target = getattr(target, part)
-        return target(**dict(self.kwargs))
+        return target
+
+    def build(self) -> Any:
+        return self.target()(**dict(self.kwargs))
 
 
 def dtype_name(dtype: Any) -> str:

@@ -32,6 +32,8 @@ from __future__ import annotations
 from analyzer.model.captures import (
     CAPTURE_DTYPES,
     CAPTURE_MODES,
+    STEP_KINDS,
+    Accumulation,
     AmpSettings,
     CaptureDtype,
     CaptureMeta,
@@ -39,6 +41,8 @@ from analyzer.model.captures import (
     CaptureTrigger,
     FactorySpec,
     OptimizerSpec,
+    StepKind,
+    StepSpec,
 )
 from analyzer.model.checkpoints import (
     FP16_MAX,
@@ -143,6 +147,8 @@ __all__ = [
     "ROOT_NAME",
     "SCHEMA_VERSION",
     "SETTING_NAMES",
+    "STEP_KINDS",
+    "Accumulation",
     "AdamFinding",
     "AlignConfidence",
     "Alignment",
@@ -205,6 +211,8 @@ __all__ = [
     "SkippedRule",
     "StaticListing",
     "StepAxis",
+    "StepKind",
+    "StepSpec",
     "TensorGroup",
     "TensorRecord",
     "TensorStat",

@@ -15,6 +15,8 @@ CaptureMode = Literal["every_step", "every_n"]
 CaptureDtype = Literal["float32", "float16", "bfloat16", "float64"]
 CAPTURE_DTYPES: tuple[CaptureDtype, ...] = ("float32", "float16", "bfloat16", "float64")
 CAPTURE_MODES: tuple[CaptureMode, ...] = ("every_step", "every_n")
+StepKind = Literal["loss_fn", "step_fn", "model_loss", "training_step"]
+STEP_KINDS: tuple[StepKind, ...] = ("loss_fn", "step_fn", "model_loss", "training_step")
 
 
 @dataclass(frozen=True)
@@ -32,15 +34,46 @@ class FactorySpec:
 
     factory: str
     kwargs: Mapping[str, Any] = field(default_factory=dict)
+    config: Mapping[str, Any] | None = None
+    """A Hugging Face config dict: the class is built as ``cls(cls.config_class.from_dict(
+    config))`` instead of being called with ``kwargs``."""
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    """How the recorded step computes its loss from the model and the batch.
+
+    ``loss_fn``: ``loss(model(inputs), targets)`` with the ``loss`` factory (version 1's only
+    kind); ``step_fn``: ``factory()(model, batch)``; ``model_loss``: the model returns its own
+    loss (``model(**batch).loss``); ``training_step``: a LightningModule's
+    ``training_step(batch, batch_idx)``.
+    """
+
+    kind: StepKind = "loss_fn"
+    factory: FactorySpec | None = None
+    batch_idx: int | None = None
 
 
 @dataclass(frozen=True)
 class OptimizerSpec:
-    """The optimizer class (``torch.optim.Adam``) and param group 0's hyperparameters."""
+    """The optimizer class (``torch.optim.Adam``) and param group 0's hyperparameters;
+    ``lrs`` the learning rate of every param group at the failing step."""
 
     cls: str
     hyperparameters: Mapping[str, Any] = field(default_factory=dict)
     param_groups: int | None = None
+    lrs: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class Accumulation:
+    """Gradient accumulation: ``micro_batches`` forward/backward passes per optimizer step,
+    each loss divided by their number when ``divide``; ``failing`` the index of the
+    micro-batch whose loss the run saw go non-finite (None: none did)."""
+
+    micro_batches: int = 1
+    divide: bool = True
+    failing: int | None = None
 
 
 @dataclass(frozen=True)
@@ -63,7 +96,8 @@ class CaptureMeta:
     step: int
     trigger: CaptureTrigger
     model: FactorySpec
-    loss: FactorySpec
+    loss: FactorySpec | None
+    """The loss factory of the ``loss_fn`` kind; None for the other kinds (version 2)."""
     optimizer: OptimizerSpec
     dtype: CaptureDtype
     amp: AmpSettings
@@ -79,4 +113,11 @@ class CaptureMeta:
     history_steps: tuple[int, ...] = ()
     loss_value: float | str | None = None
     files: tuple[str, ...] = ()
+    version: int = 1
+    step_call: StepSpec = field(default_factory=StepSpec)
+    optimizers: tuple[OptimizerSpec, ...] = ()
+    """Every optimizer of the step, in the loop's order (version 1: the one ``optimizer``)."""
+    accumulation: Accumulation = field(default_factory=Accumulation)
+    code: Mapping[str, Any] | None = None
+    """Where the factories' code lives (file, root, sha256; the script of ``__main__``)."""
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False)

@@ -97,18 +97,22 @@ class ForwardRecorder:
                         list(module.named_parameters(recurse=False)))
         return hook
 
-    def call_loss(self, outputs: Any, targets: Any) -> Any:
-        """Run the loss; a plain function gets a frame of its own."""
-        if isinstance(self.loss_fn, nn.Module):
-            return self.loss_fn(outputs, targets)
-        self.stack.append(LOSS_NAME)
-        try:
-            loss = self.loss_fn(outputs, targets)
-        finally:
-            self.stack.pop()
-        kind = getattr(self.loss_fn, "__qualname__", type(self.loss_fn).__name__)
-        self._frame(LOSS_NAME, kind, (outputs, targets), loss, [])
-        return loss
+    def hook(self, label: str) -> Callable[[Callable[..., Any], tuple[Any, ...]], Any]:
+        """What runs the step's own loss code (a loss function, a step function, a
+        training_step): a loss that is a module is hooked already; a plain function gets a
+        frame of its own, called ``label``, and the ops it runs outside the model's modules
+        are placed in it."""
+        def run(fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+            if isinstance(fn, nn.Module):
+                return fn(*args)
+            self.stack.append(LOSS_NAME)
+            try:
+                loss = fn(*args)
+            finally:
+                self.stack.pop()
+            self._frame(LOSS_NAME, label, args, loss, [])
+            return loss
+        return run
 
     def _frame(self, label: str, kind: str, inputs: Any, output: Any,
                params: list[tuple[str, nn.Parameter]]) -> None:

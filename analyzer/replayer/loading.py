@@ -14,7 +14,7 @@ import inspect
 import os
 import pickle
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -31,9 +31,10 @@ from analyzer.capture.folder import (
     run_of_capture,
 )
 from analyzer.ingest.safeio import NotRegularFile, open_regular
-from analyzer.model import CaptureMeta, FactorySpec
+from analyzer.model import CaptureMeta, FactorySpec, OptimizerSpec
 from analyzer.replayer.errors import CaptureError, ModelRebuildError
-from analyzer.trust import Plan, TrustPolicy, check, resolve_plan
+from analyzer.replayer.steps import StepBatch, StepCall
+from analyzer.trust import Plan, TrustPolicy, check, check_model_config, resolve_plan
 
 
 @dataclass(frozen=True, eq=False)
@@ -50,16 +51,27 @@ class Capture:
     record: CaptureMeta
     step: int
     model: nn.Module
-    loss_fn: Callable[[Any, Any], Any]
+    loss_fn: Callable[[Any, Any], Any] | None
+    """The loss function of the ``loss_fn`` step contract; None for the others."""
     optimizer: torch.optim.Optimizer
     scaler: Any
     inputs: Any
+    """The failing micro-batch's inputs (``loss_fn`` kind) or whole batch (other kinds)."""
     targets: Any
     rng: Mapping[str, Any] | None
     history: tuple[Mapping[str, Any], ...] = ()
     code_folders: tuple[str, ...] = ()
     """The trusted folders the factories were imported from: the replay keeps them on
     ``sys.path``, for modules the model imports while it runs."""
+    call: StepCall = field(default_factory=StepCall)
+    batch: StepBatch = field(default_factory=lambda: StepBatch(()))
+    extra_optimizers: tuple[torch.optim.Optimizer, ...] = ()
+    notes: tuple[str, ...] = ()
+    """What the trust check said of the code (changed since the capture, which copy ran)."""
+
+    @property
+    def optimizers(self) -> tuple[torch.optim.Optimizer, ...]:
+        return (self.optimizer, *self.extra_optimizers)
 
     @property
     def autocast_dtype(self) -> str | None:
@@ -114,12 +126,22 @@ def load_pt(folder: str, name: str, *, required: bool = True) -> Any:
 
 
 def build(plan: Plan, kwargs: Mapping[str, Any], policy: TrustPolicy,
-          run_folder: str | None) -> tuple[Any, str | None]:
-    """Import and call the factory a trust check judged: (object, folder it came from)."""
+          run_folder: str | None, config: Mapping[str, Any] | None = None
+          ) -> tuple[Any, str | None]:
+    """Import and call the factory a trust check judged: (object, folder it came from).
+    With a Hugging Face ``config``, the class is built from it instead of from kwargs."""
     target = plan.target
     found = resolve_plan(plan, policy, run_folder=run_folder)
     try:
+        if config is not None:
+            config_class = getattr(found.obj, "config_class", None)
+            if config_class is None:
+                raise ModelRebuildError(target, "has no config_class to build from the "
+                                                "recorded config")
+            return found.obj(config_class.from_dict(dict(config))), found.folder
         return found.obj(**kwargs), found.folder
+    except ModelRebuildError:
+        raise
     except Exception as exc:
         raise ModelRebuildError(target, f"calling it with {kwargs} raised "
                                         f"{type(exc).__name__}: {exc}") from None
@@ -141,9 +163,11 @@ def restore_model(model: nn.Module, state: Mapping[str, Any], factory: str) -> N
                                          f"built: {str(exc).strip().splitlines()[-1]}") from None
 
 
-def build_optimizer(meta: CaptureMeta, model: nn.Module, state: Mapping[str, Any],
+def build_optimizer(spec: OptimizerSpec, model: nn.Module, state: Mapping[str, Any],
                     plan: Plan, policy: TrustPolicy,
                     run_folder: str | None) -> torch.optim.Optimizer:
+    """One optimizer of the step, over the parameters its saved state names (the index of
+    each in ``model.parameters()``, as ``state_dict`` numbers them for one optimizer)."""
     target = plan.target
     cls = resolve_plan(plan, policy, run_folder=run_folder).obj
     if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)):
@@ -156,7 +180,7 @@ def build_optimizer(meta: CaptureMeta, model: nn.Module, state: Mapping[str, Any
         raise ModelRebuildError(target, "the saved optimizer state names parameters the "
                                         f"model does not have ({len(params)} parameters)") from None
     accepted = inspect.signature(cls).parameters
-    hyper = {k: v for k, v in meta.optimizer.hyperparameters.items()
+    hyper = {k: v for k, v in spec.hyperparameters.items()
              if k in accepted and k != "params" and not isinstance(v, str)}
     try:
         optimizer = cls(groups, **hyper)
@@ -183,16 +207,53 @@ def _check_size(plan: tuple[Plan, dict[str, Any]], saved: Mapping[str, Any],
 
 def _plans(meta: CaptureMeta, policy: TrustPolicy,
            run_folder: str) -> dict[str, tuple[Plan, dict[str, Any]]]:
-    """Judge every piece of code the capture names, importing none of it: the model and
-    loss factories (with their arguments) and the optimizer class. Raises UntrustedCode or
-    RefusedCode for code the policy does not allow."""
+    """Judge every piece of code the capture names, importing none of it: the model, loss
+    and step factories (with their arguments) and the optimizer classes. Raises
+    UntrustedCode or RefusedCode for code the policy does not allow."""
     plans = {}
-    specs: dict[str, FactorySpec] = {"model": meta.model, "loss": meta.loss}
+    specs: dict[str, FactorySpec | None] = {"model": meta.model, "loss": meta.loss,
+                                            "step": meta.step_call.factory}
     for what, spec in specs.items():
-        plans[what] = (check(spec.factory, policy, run_folder=run_folder), dict(spec.kwargs))
-    plans["optimizer"] = (check(meta.optimizer.cls, policy, run_folder=run_folder,
-                                separator="."), {})
+        if spec is None:
+            continue
+        plans[what] = (check(spec.factory, policy, run_folder=run_folder, code=meta.code,
+                             capture_folder=meta.folder), dict(spec.kwargs))
+    if meta.model.config is not None:
+        check_model_config(meta.model.factory, meta.model.config)
+    for i, opt in enumerate(meta.optimizers):
+        plans[f"optimizer{i}"] = (check(opt.cls, policy, run_folder=run_folder,
+                                        separator="."), {})
     return plans
+
+
+def _step_batch(meta: CaptureMeta, folder: str, batch: Mapping[str, Any]) -> StepBatch:
+    """The micro-batches of batch.pt: every one when there were several, else the one."""
+    path = os.path.join(folder, BATCH_FILE)
+    key = "inputs" if meta.step_call.kind == "loss_fn" else "batch"
+    if key not in batch:
+        raise CaptureError(path, f"holds no {key!r}")
+    micro = batch.get("micro_batches")
+    if micro is not None:
+        if not (isinstance(micro, list) and micro
+                and all(isinstance(m, dict) and key in m for m in micro)):
+            raise CaptureError(path, f"'micro_batches' is not a list of dicts holding {key!r}")
+        return StepBatch(tuple(micro), meta.accumulation.failing, meta.accumulation.divide)
+    one = {"inputs": batch["inputs"], "targets": batch.get("targets")} if key == "inputs" \
+        else {"batch": batch["batch"]}
+    return StepBatch((one,), None, meta.accumulation.divide)
+
+
+def _optimizer_states(meta: CaptureMeta, state: Mapping[str, Any],
+                      folder: str) -> list[Mapping[str, Any]]:
+    saved = state.get("optimizers")
+    if saved is None:
+        return [state.get("optimizer") or {}]
+    if not (isinstance(saved, list) and all(isinstance(s, dict) for s in saved)
+            and len(saved) == len(meta.optimizers)):
+        raise CaptureError(os.path.join(folder, STATE_FILE),
+                           f"'optimizers' does not hold the {len(meta.optimizers)} optimizer "
+                           "states meta.json lists")
+    return saved
 
 
 def load_capture(path: str, *, import_paths: Sequence[str] = (),
@@ -215,8 +276,9 @@ def load_capture(path: str, *, import_paths: Sequence[str] = (),
     batch = load_pt(folder, BATCH_FILE)
     if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
         raise CaptureError(os.path.join(folder, STATE_FILE), "holds no 'model' state dict")
-    if not isinstance(batch, dict) or "inputs" not in batch:
-        raise CaptureError(os.path.join(folder, BATCH_FILE), "holds no 'inputs'")
+    if not isinstance(batch, dict):
+        raise CaptureError(os.path.join(folder, BATCH_FILE), "holds no batch dict")
+    step_batch = _step_batch(meta, folder, batch)
     rng = load_pt(folder, RNG_FILE, required=False)
     history: tuple[Mapping[str, Any], ...] = ()
     if meta.mode == "every_n":
@@ -228,22 +290,41 @@ def load_capture(path: str, *, import_paths: Sequence[str] = (),
             history = tuple(entries["steps"])
     if plans["model"][0].source == "tool":
         _check_size(plans["model"], state["model"], policy, run_folder)
-    model, model_folder = build(*plans["model"], policy, run_folder)
+    model, model_folder = build(*plans["model"], policy, run_folder, meta.model.config)
     if not isinstance(model, nn.Module):
         raise ModelRebuildError(meta.model.factory,
                                 f"returned {type(model).__name__}, not an nn.Module")
     restore_model(model, state["model"], meta.model.factory)
-    loss_fn, loss_folder = build(*plans["loss"], policy, run_folder)
-    if not callable(loss_fn):
-        raise ModelRebuildError(meta.loss.factory, "did not return a callable")
-    optimizer = build_optimizer(meta, model, state.get("optimizer") or {},
-                                plans["optimizer"][0], policy, run_folder)
+    folders = [model_folder]
+    loss_fn = None
+    fn: Any = None
+    if "loss" in plans:
+        loss_fn, loss_folder = build(*plans["loss"], policy, run_folder)
+        folders.append(loss_folder)
+        if not callable(loss_fn):
+            raise ModelRebuildError(plans["loss"][0].target, "did not return a callable")
+        fn = loss_fn
+    if "step" in plans:
+        fn, step_folder = build(*plans["step"], policy, run_folder)
+        folders.append(step_folder)
+        if not callable(fn):
+            raise ModelRebuildError(plans["step"][0].target, "did not return a callable")
+    optimizers = [
+        build_optimizer(spec, model, opt_state, plans[f"optimizer{i}"][0], policy, run_folder)
+        for i, (spec, opt_state) in enumerate(zip(meta.optimizers,
+                                                  _optimizer_states(meta, state, folder),
+                                                  strict=True))]
     scaler = None
     if meta.amp.grad_scaler and isinstance(state.get("scaler"), dict):
         scaler = torch.amp.GradScaler("cpu")
         scaler.load_state_dict(state["scaler"])
+    failing = step_batch.instrumented
+    notes = tuple(n for plan, _ in plans.values() for n in plan.notes)
     return Capture(path=folder, meta=meta.raw, record=meta, step=meta.step, model=model,
-                   loss_fn=loss_fn, optimizer=optimizer, scaler=scaler, inputs=batch["inputs"],
-                   targets=batch.get("targets"), rng=rng if isinstance(rng, dict) else None,
+                   loss_fn=loss_fn, optimizer=optimizers[0], scaler=scaler,
+                   inputs=failing.get("inputs", failing.get("batch")),
+                   targets=failing.get("targets"), rng=rng if isinstance(rng, dict) else None,
                    history=history,
-                   code_folders=tuple(dict.fromkeys(f for f in (model_folder, loss_folder) if f)))
+                   code_folders=tuple(dict.fromkeys(f for f in folders if f)),
+                   call=StepCall(meta.step_call.kind, fn, meta.step_call.batch_idx),
+                   batch=step_batch, extra_optimizers=tuple(optimizers[1:]), notes=notes)

@@ -1,8 +1,11 @@
 """One training step, run plainly or under full instrumentation.
 
-The step is the recorded one: zero_grad, forward (under autocast when the run
-used it), loss, backward (through the grad scaler when there was one), optional
-clipping, optimizer step.
+The step is the recorded one: zero_grad, then for each micro-batch a forward (under
+autocast when the run used it) computing the loss as the step contract says
+(:mod:`analyzer.replayer.steps`) and a backward (through the grad scaler when there was
+one; the loss divided by the number of micro-batches when the loop divided it), optional
+clipping, and every optimizer's step. The instrumented pass runs the micro-batches before
+the failing one plainly and instruments the failing one.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import math
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,17 +40,31 @@ from analyzer.replayer.stats import (
     stats_of,
     tensor_stat,
 )
+from analyzer.replayer.steps import (
+    LossHook,
+    StepBatch,
+    StepCall,
+    bad_parts,
+    batch_values,
+    scaled,
+)
 from analyzer.replayer.update import explain
 
 
-def forward(state: TrainState, inputs: Any, targets: Any,
-            call_loss: Callable[[Any, Any], Any], config: StepConfig) -> Any:
-    state.optimizer.zero_grad(set_to_none=True)
+def zero_grad(state: TrainState) -> None:
+    for optimizer in state.optimizers:
+        optimizer.zero_grad(set_to_none=True)
+    state.model.zero_grad(set_to_none=True)
+
+
+def forward(state: TrainState, micro: Mapping[str, Any], call: StepCall, config: StepConfig,
+            hook: LossHook | None = None) -> Any:
+    """The loss of one micro-batch (gradients are not cleared: see :func:`zero_grad`)."""
     with torch.autocast(config.device_type, dtype=config.autocast_dtype,
                         enabled=config.autocast_dtype is not None):
-        model = state.model
-        outputs = model(*inputs) if isinstance(inputs, list | tuple) else model(inputs)
-        return call_loss(outputs, targets)
+        if hook is None:
+            return call.loss(state.model, micro)
+        return call.loss(state.model, micro, hook)
 
 
 def backward(state: TrainState, loss: Any) -> None:
@@ -60,13 +77,24 @@ def backward(state: TrainState, loss: Any) -> None:
 def update(state: TrainState, config: StepConfig) -> None:
     if config.grad_clip is not None:
         if state.scaler is not None:
-            state.scaler.unscale_(state.optimizer)
+            for optimizer in state.optimizers:
+                state.scaler.unscale_(optimizer)
         torch.nn.utils.clip_grad_norm_(state.model.parameters(), config.grad_clip)
     if state.scaler is not None:
-        state.scaler.step(state.optimizer)
+        for optimizer in state.optimizers:
+            state.scaler.step(optimizer)
         state.scaler.update()
     else:
-        state.optimizer.step()
+        for optimizer in state.optimizers:
+            optimizer.step()
+
+
+def run_step(state: TrainState, batch: StepBatch, call: StepCall, config: StepConfig) -> None:
+    """The whole step, uninstrumented (history steps of an every_n capture)."""
+    zero_grad(state)
+    for micro in batch.micro:
+        backward(state, scaled(forward(state, micro, call, config), batch.divisor))
+    update(state, config)
 
 
 def _grads(state: TrainState) -> list[torch.Tensor]:
@@ -78,7 +106,7 @@ def _digest(h: Any, tensors: Sequence[torch.Tensor]) -> None:
         h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
 
 
-def plain_pass(label: str, state: TrainState, inputs: Any, targets: Any, loss_fn: Any,
+def plain_pass(label: str, state: TrainState, batch: StepBatch, call: StepCall,
                config: StepConfig) -> PassOutcome:
     """Run the step without instrumentation; say where it first went non-finite."""
     h = hashlib.sha1()
@@ -86,12 +114,15 @@ def plain_pass(label: str, state: TrainState, inputs: Any, targets: Any, loss_fn
     loss_value: float | None = None
     error = None
     try:
-        loss = forward(state, inputs, targets, loss_fn, config)
-        loss_value = float(loss.detach().double())
-        _digest(h, [loss])
-        if not all_finite([loss]):
-            phase = "forward"
-        backward(state, loss)
+        zero_grad(state)
+        for i, micro in enumerate(batch.micro):
+            loss = forward(state, micro, call, config)
+            if i == batch.target:
+                loss_value = float(loss.detach().double())
+            _digest(h, [loss])
+            if phase is None and not all_finite([loss]):
+                phase = "forward"
+            backward(state, scaled(loss, batch.divisor))
         grads = _grads(state)
         _digest(h, grads)
         if phase is None and not all_finite(grads):
@@ -140,17 +171,6 @@ class Instrumented:
         return None
 
 
-def _batch_names(inputs: Any, targets: Any) -> tuple[str, ...]:
-    bad = []
-    ins = list(inputs) if isinstance(inputs, list | tuple) else [inputs]
-    for i, t in enumerate(ins):
-        if not all_finite(x for x in floating(t) if not is_additive_mask(x)):
-            bad.append(f"inputs[{i}]" if len(ins) > 1 else "inputs")
-    if not all_finite(floating(targets)):
-        bad.append("targets")
-    return tuple(bad)
-
-
 def mask_storages(model: torch.nn.Module, inputs: Any) -> set[int]:
     """Where the float masks of 0 and -inf the step starts with live: a causal mask kept as
     a buffer, an ``attn_mask`` passed in with the batch."""
@@ -159,28 +179,41 @@ def mask_storages(model: torch.nn.Module, inputs: Any) -> set[int]:
     return {t.untyped_storage().data_ptr() for t in found}
 
 
-def instrumented_pass(state: TrainState, inputs: Any, targets: Any, loss_fn: Any,
+def instrumented_pass(state: TrainState, batch: StepBatch, call: StepCall,
                       config: StepConfig) -> Instrumented:
-    """The step under module hooks, the op trace, anomaly mode and gradient hooks."""
+    """The step under module hooks, the op trace, anomaly mode and gradient hooks: the
+    micro-batches before the instrumented one run plainly first, accumulating gradients."""
     model = state.model
+    micro = batch.instrumented
+    try:
+        zero_grad(state)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a LightningModule's self.log outside a Trainer
+            for earlier in batch.micro[:batch.target]:
+                backward(state, scaled(forward(state, earlier, call, config), batch.divisor))
+    except Exception as exc:
+        raise ReplayError("forward", exc) from exc
+    values = batch_values(micro)
     names = {p.untyped_storage().data_ptr(): n for n, p in model.named_parameters()}
     recorder: ForwardRecorder | None = None
     tracer = OpTracer(lambda: recorder.current() if recorder else None, names,
-                      mask_storages(model, inputs))
-    recorder = ForwardRecorder(model, loss_fn, pause=lambda on: setattr(tracer, "paused", on),
+                      mask_storages(model, values))
+    recorder = ForwardRecorder(model, call.fn if call.kind == "loss_fn" else None,
+                               pause=lambda on: setattr(tracer, "paused", on),
                                masked=tracer.masked)
-    bad_inputs = _batch_names(inputs, targets)
-    batch = stats_of(inputs)
+    bad_inputs = bad_parts(micro)
+    stats = stats_of(values)
     with warnings.catch_warnings():
         # anomaly mode warns that it is on, and again for each node it blames
         warnings.simplefilter("ignore")
         with torch.autograd.detect_anomaly(check_nan=False), tracer:
             try:
                 with recorder:
-                    loss = forward(state, inputs, targets, recorder.call_loss, config)
+                    loss = forward(state, micro, call, config, recorder.hook(call.loss_label))
             except Exception as exc:
                 raise ReplayError("forward", exc) from exc
-            fwd = recorder.report(loss, bad_inputs, batch)
+            fwd = recorder.report(loss, bad_inputs, stats)
+            loss = scaled(loss, batch.divisor)
             watch = GradWatch(model, loss, tracer)
             tracer.phase = "backward"
             try:
@@ -218,7 +251,7 @@ def _update_pass(state: TrainState, config: StepConfig, fwd: ForwardReport,
                 continue
             stat = tensor_stat(p)
             params.append(ParamUpdate(name, stat.kind or "?",
-                                      explain(state.optimizer, p, before[name], grads[name])))
+                                      explain(state.owner(p), p, before[name], grads[name])))
         skipped = (scale_before is not None and state.scaler is not None
                    and state.scaler.get_scale() < scale_before)
     finally:

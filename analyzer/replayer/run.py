@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -13,10 +14,11 @@ from analyzer.errors import UsageError
 from analyzer.model.replays import ReplayResult
 from analyzer.replayer.dtypes import DTYPE_CHOICES
 from analyzer.replayer.loading import Capture, load_capture
-from analyzer.replayer.passes import backward, forward, update
-from analyzer.replayer.state import StepConfig, TrainState, clone_state, dtype_of
+from analyzer.replayer.passes import run_step
+from analyzer.replayer.state import StepConfig, TrainState, cast_batch, clone_state, dtype_of
 from analyzer.replayer.stats import all_finite
-from analyzer.replayer.step import replay_step
+from analyzer.replayer.step import replay_call
+from analyzer.replayer.steps import StepBatch
 from analyzer.trust import TrustPolicy, import_path
 
 _PHASE_OF_TRIGGER = {"loss": "forward", "grad": "backward", "param": "update"}
@@ -50,14 +52,36 @@ def check_device(device: str) -> None:
         raise UsageError(f"--device {device}: only cpu and cuda are supported")
 
 
-def _set_lr(optimizer: torch.optim.Optimizer, lr: Any) -> None:
-    if isinstance(lr, int | float) and optimizer.param_groups:
-        optimizer.param_groups[0]["lr"] = float(lr)
+def _set_lrs(state: TrainState, lrs: Any, lr: Any = None) -> None:
+    """Every group's lr as the run had it at that step (``lrs``: a list per optimizer);
+    version 1 recorded only param group 0's (``lr``)."""
+    if isinstance(lrs, list) and len(lrs) == len(state.optimizers):
+        for optimizer, groups in zip(state.optimizers, lrs, strict=True):
+            if isinstance(groups, list) and len(groups) == len(optimizer.param_groups):
+                for group, value in zip(optimizer.param_groups, groups, strict=True):
+                    if isinstance(value, int | float):
+                        group["lr"] = float(value)
+        return
+    if isinstance(lr, int | float) and state.optimizer.param_groups:
+        state.optimizer.param_groups[0]["lr"] = float(lr)
+
+
+def _history_batch(cap: Capture, entry: Mapping[str, Any]) -> StepBatch | None:
+    """One history step's micro-batches (version 1: its ``inputs`` and ``targets``)."""
+    key = "inputs" if cap.call.kind == "loss_fn" else "batch"
+    micro = entry.get("micro_batches")
+    if isinstance(micro, list) and micro and all(isinstance(m, dict) for m in micro):
+        return StepBatch(tuple(micro), None, cap.batch.divide)
+    if key not in entry:
+        return None
+    one = {"inputs": entry.get("inputs"), "targets": entry.get("targets")} \
+        if key == "inputs" else {"batch": entry.get("batch")}
+    return StepBatch((one,), None, cap.batch.divide)
 
 
 def _advance(cap: Capture, config: StepConfig) -> tuple[TrainState, list[str]]:
     """Run the history steps (every_n mode) so the state is the failing step's start."""
-    state = TrainState(cap.model, cap.optimizer, cap.scaler)
+    state = TrainState(cap.model, cap.optimizer, cap.scaler, cap.extra_optimizers)
     if not cap.history:
         return state, []
     state = clone_state(state, config)
@@ -66,15 +90,14 @@ def _advance(cap: Capture, config: StepConfig) -> tuple[TrainState, list[str]]:
     for entry in cap.history:
         if isinstance(entry.get("rng"), dict):
             CapturedRng(entry["rng"]).restore()
-        _set_lr(state.optimizer, entry.get("lr"))
-        inputs, targets = entry.get("inputs"), entry.get("targets")
-        if isinstance(inputs, torch.Tensor | list | tuple | dict):
-            from analyzer.replayer.state import cast_batch
-
-            inputs, targets = cast_batch((inputs, targets), config)
-        loss = forward(state, inputs, targets, cap.loss_fn, config)
-        backward(state, loss)
-        update(state, config)
+        _set_lrs(state, entry.get("lrs"), entry.get("lr"))
+        batch = _history_batch(cap, entry)
+        if batch is None:
+            notes.append(f"history step {entry.get('step')} holds no batch; stopped there")
+            break
+        batch = StepBatch(tuple(cast_batch(dict(m), config) for m in batch.micro), None,
+                          batch.divide)
+        run_step(state, batch, cap.call, config)
         if not all_finite(list(state.model.parameters())):
             notes.append(f"history step {entry.get('step')} already made parameters "
                          "non-finite in replay")
@@ -114,14 +137,17 @@ def replay_capture(path: str, *, device: str = "cpu", dtype: str = "as-run",
         autocast = cap.autocast_dtype
         as_run = StepConfig(device=device, autocast_dtype=dtype_of(autocast),
                             grad_scaler=cap.scaler is not None, grad_clip=cap.grad_clip)
-        state, history_notes = _advance(cap, as_run)
-        _set_lr(state.optimizer, cap.lr)
-        result = replay_step(
-            state.model, cap.inputs, cap.targets, cap.loss_fn, state.optimizer,
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a LightningModule's self.log outside a Trainer
+            state, history_notes = _advance(cap, as_run)
+        _set_lrs(state, cap.meta.get("lrs"), cap.lr)
+        result = replay_call(
+            state.model, cap.batch, cap.call, state.optimizers,
             scaler=state.scaler, autocast_dtype=autocast, device=device,
             dtype=None if dtype == "as-run" else dtype, grad_clip=cap.grad_clip,
             rng=CapturedRng(cap.rng) if cap.rng is not None else None,
-            source=cap.path, step=cap.step, notes=_notes(cap, device) + history_notes)
+            source=cap.path, step=cap.step,
+            notes=_notes(cap, device) + history_notes + list(cap.notes))
     expected = _PHASE_OF_TRIGGER.get(str((cap.meta.get("trigger") or {}).get("what")))
     if result.phase is not None and expected is not None and result.phase != expected:
         extra = (f"the run noticed the fault in {expected}; replay finds it first in "

@@ -77,9 +77,24 @@ class RngState:
 
 @dataclass
 class TrainState:
+    """The model, its optimizers (``optimizer`` and any ``extra`` ones, in the loop's order)
+    and the grad scaler."""
+
     model: nn.Module
     optimizer: torch.optim.Optimizer
     scaler: Any = None
+    extra: tuple[torch.optim.Optimizer, ...] = ()
+
+    @property
+    def optimizers(self) -> tuple[torch.optim.Optimizer, ...]:
+        return (self.optimizer, *self.extra)
+
+    def owner(self, param: torch.Tensor) -> torch.optim.Optimizer:
+        """The optimizer that updates ``param`` (the first, when none does)."""
+        for opt in self.optimizers:
+            if any(p is param for g in opt.param_groups for p in g["params"]):
+                return opt
+        return self.optimizer
 
 
 def _cast(value: Any, device: str, dtype: torch.dtype | None) -> Any:
@@ -105,26 +120,29 @@ def clone_state(state: TrainState, config: StepConfig) -> TrainState:
         model = model.to(config.dtype)
     index = {id(p): i for i, p in enumerate(state.model.parameters())}
     params = list(model.parameters())
-    groups = []
-    for group in state.optimizer.param_groups:
-        groups.append({"params": [params[index[id(p)]] for p in group["params"]]})
-    optimizer = type(state.optimizer)(groups, **state.optimizer.defaults)
-    # load_state_dict keeps tensors that already have the right dtype and device:
-    # without the copy, a pass would update the moments of the original in place.
-    optimizer.load_state_dict(copy.deepcopy(state.optimizer.state_dict()))
+    optimizers = []
+    for original in state.optimizers:
+        groups = [{"params": [params[index[id(p)]] for p in group["params"]]}
+                  for group in original.param_groups]
+        optimizer = type(original)(groups, **original.defaults)
+        # load_state_dict keeps tensors that already have the right dtype and device:
+        # without the copy, a pass would update the moments of the original in place.
+        optimizer.load_state_dict(copy.deepcopy(original.state_dict()))
+        optimizers.append(optimizer)
     scaler = None
     if config.grad_scaler and state.scaler is not None:
         scaler = torch.amp.GradScaler(config.device_type)
         scaler.load_state_dict(state.scaler.state_dict())
-    return TrainState(model, optimizer, scaler)
+    return TrainState(model, optimizers[0], scaler, tuple(optimizers[1:]))
 
 
 def nonfinite_state(state: TrainState) -> list[str]:
     """Parameters and optimizer state already non-finite before the step starts."""
     bad = [n for n, p in state.model.named_parameters() if not is_finite(p)]
     names = {id(p): n for n, p in state.model.named_parameters()}
-    for param, slots in state.optimizer.state.items():
-        for key, value in slots.items():
-            if isinstance(value, torch.Tensor) and not is_finite(value):
-                bad.append(f"optimizer state {key} of {names.get(id(param), '?')}")
+    for optimizer in state.optimizers:
+        for param, slots in optimizer.state.items():
+            for key, value in slots.items():
+                if isinstance(value, torch.Tensor) and not is_finite(value):
+                    bad.append(f"optimizer state {key} of {names.get(id(param), '?')}")
     return bad

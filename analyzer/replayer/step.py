@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,7 +23,7 @@ from analyzer.replayer.state import (
     dtype_of,
     nonfinite_state,
 )
-from analyzer.replayer.stats import all_finite, floating, is_additive_mask
+from analyzer.replayer.steps import StepBatch, StepCall, bad_parts
 from analyzer.replayer.verdict import decide
 
 
@@ -30,14 +31,15 @@ def _as_dtype(value: torch.dtype | str | None) -> torch.dtype | None:
     return dtype_of(value) if isinstance(value, str) else value
 
 
-def _bad_batch(inputs: Any, targets: Any) -> list[str]:
+def _bad_batch(batch: StepBatch) -> list[str]:
     """What of the batch is non-finite; a float mask of 0 and -inf among the inputs (an
     ``attn_mask``) is a mask, not a bad sample."""
-    bad = []
-    if not all_finite(t for t in floating(inputs) if not is_additive_mask(t)):
-        bad.append("the batch inputs")
-    if not all_finite(floating(targets)):
-        bad.append("the batch targets")
+    bad: list[str] = []
+    for i, micro in enumerate(batch.micro):
+        where = f" of micro-batch {i}" if len(batch.micro) > 1 else ""
+        for part in bad_parts(micro):
+            name = {"inputs": "the batch inputs", "targets": "the batch targets"}.get(part, part)
+            bad.append(name + where)
     return bad
 
 
@@ -70,6 +72,24 @@ def replay_step(model: nn.Module, inputs: Any, targets: Any, loss_fn: Any,
                 notes: Sequence[str] = ()) -> ReplayResult:
     """Replay one step of ``model`` on ``inputs``/``targets`` and say where it broke.
 
+    The ``loss_fn(model(inputs), targets)`` form of :func:`replay_call`."""
+    return replay_call(model, StepBatch.pair(inputs, targets), StepCall("loss_fn", loss_fn),
+                       [optimizer], scaler=scaler, autocast_dtype=autocast_dtype,
+                       device=device, dtype=dtype, grad_clip=grad_clip, rng=rng,
+                       repeats=repeats, expected=expected, source=source, step=step,
+                       notes=notes)
+
+
+def replay_call(model: nn.Module, batch: StepBatch, call: StepCall,
+                optimizers: Sequence[torch.optim.Optimizer], *, scaler: Any = None,
+                autocast_dtype: torch.dtype | str | None = None, device: str = "cpu",
+                dtype: torch.dtype | str | None = None, grad_clip: float | None = None,
+                rng: Restorable | None = None, repeats: int = 2, expected: bool = True,
+                source: str = "<in-memory>", step: int | None = None,
+                notes: Sequence[str] = ()) -> ReplayResult:
+    """Replay one step of ``model`` on ``batch`` as ``call`` computes its loss, with
+    ``optimizers`` (the loop's, in order), and say where it broke.
+
     The objects passed in are never changed: each pass works on its own copy. The
     step runs on ``device``; ``dtype`` casts parameters, floating inputs and
     optimizer state and turns autocast and the scaler off (None keeps the run's
@@ -82,27 +102,28 @@ def replay_step(model: nn.Module, inputs: Any, targets: Any, loss_fn: Any,
         device=device, dtype=cast,
         autocast_dtype=None if cast is not None else _as_dtype(autocast_dtype),
         grad_scaler=scaler is not None and cast is None, grad_clip=grad_clip)
-    pristine = TrainState(model, optimizer, scaler)
+    first, *extra = optimizers
+    pristine = TrainState(model, first, scaler, tuple(extra))
     saved = RngState.now()
     restorer: Restorable = rng or saved
     try:
         try:
-            x, y = cast_batch((inputs, targets), config)
+            on_device = _cast_batch(batch, config)
             start = clone_state(pristine, config)
         except Exception as exc:  # e.g. an optimizer that cannot be rebuilt on the device
             raise ReplayError("setup", exc) from exc
-        bad_start = _bad_batch(x, y) + nonfinite_state(start)
+        bad_start = _bad_batch(on_device) + nonfinite_state(start)
         restorer.restore()
-        inst = instrumented_pass(start, x, y, loss_fn, config)
+        inst = instrumented_pass(start, on_device, call, config)
         own = []
         for i in range(repeats):
             restorer.restore()
-            own.append(plain_pass(f"as-run #{i + 1}", clone_state(pristine, config), x, y,
-                                  loss_fn, config))
+            own.append(plain_pass(f"as-run #{i + 1}", clone_state(pristine, config), on_device,
+                                  call, config))
         wide = StepConfig(device="cpu", dtype=torch.float64, grad_clip=grad_clip)
         restorer.restore()
-        wx, wy = cast_batch((inputs, targets), wide)
-        f64 = plain_pass("float64 (cpu)", clone_state(pristine, wide), wx, wy, loss_fn, wide)
+        f64 = plain_pass("float64 (cpu)", clone_state(pristine, wide), _cast_batch(batch, wide),
+                         call, wide)
     finally:
         saved.restore()
     phase = _first_phase(inst)
@@ -114,3 +135,8 @@ def replay_step(model: nn.Module, inputs: Any, targets: Any, loss_fn: Any,
         autocast=dtype_name(config.autocast_dtype), phase=phase, forward=inst.forward,
         forward_op=inst.forward_op, backward=inst.backward, update=inst.update,
         passes=(*own, f64), verdict=verdict, notes=tuple(notes))
+
+
+def _cast_batch(batch: StepBatch, config: StepConfig) -> StepBatch:
+    return dataclasses.replace(batch, micro=tuple(cast_batch(dict(m), config)
+                                                  for m in batch.micro))

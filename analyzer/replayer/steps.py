@@ -1,0 +1,166 @@
+"""The step contract: how a replayed step gets its loss from the model and the batch.
+
+A capture says which of four shapes the training step had (``StepSpec.kind``):
+
+``loss_fn``        ``loss_fn(model(inputs), targets)``; a list or tuple of inputs is spread
+                   over the model's arguments (version 1's only kind)
+``step_fn``        ``step(model, batch) -> loss``: the user's own step function
+``model_loss``     the model returns its loss: ``model(**batch)`` for a dict batch,
+                   ``model(*batch)`` for a list or tuple, ``model(batch)`` otherwise; the loss
+                   is ``out.loss``, ``out["loss"]``, ``out[0]`` or ``out`` itself
+``training_step``  a LightningModule: ``model.training_step(batch, batch_idx)``, a tensor or
+                   a dict holding ``"loss"``
+
+A micro-batch is what batch.pt holds for one forward pass: ``{"inputs", "targets"}`` for the
+``loss_fn`` kind, ``{"batch": nest}`` for the others. With gradient accumulation a step has
+several (:class:`StepBatch`), each loss divided by their number when the loop divided it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from analyzer.model.captures import StepKind
+from analyzer.replayer.stats import floating, is_additive_mask, is_finite
+
+LossHook = Callable[[Callable[..., Any], tuple[Any, ...]], Any]
+"""Runs a piece of the step that computes the loss outside the model's modules, so the
+forward hooks can give it a frame: ``hook(fn, args) -> fn(*args)``."""
+
+
+def _plain(fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    return fn(*args)
+
+
+@dataclass(frozen=True)
+class StepCall:
+    """One recorded step contract, ready to run; ``fn`` is the loss function (``loss_fn``)
+    or the step function (``step_fn``)."""
+
+    kind: StepKind = "loss_fn"
+    fn: Any = None
+    batch_idx: int | None = None
+
+    def loss(self, model: Any, micro: Mapping[str, Any], hook: LossHook = _plain) -> Any:
+        """The loss of one micro-batch."""
+        if self.kind == "loss_fn":
+            inputs, targets = micro.get("inputs"), micro.get("targets")
+            outputs = model(*inputs) if isinstance(inputs, list | tuple) else model(inputs)
+            return hook(self.fn, (outputs, targets))
+        batch = micro.get("batch")
+        if self.kind == "step_fn":
+            return hook(self.fn, (model, batch))
+        if self.kind == "training_step":
+            return hook(_training_step, (model, batch, self.batch_idx or 0))
+        return loss_of(_call(model, batch))
+
+    @property
+    def loss_label(self) -> str:
+        """What the loss frame is called in the report."""
+        if self.kind == "loss_fn":
+            return getattr(self.fn, "__qualname__", type(self.fn).__name__)
+        if self.kind == "step_fn":
+            return getattr(self.fn, "__qualname__", "step function")
+        return "training_step"
+
+
+def _call(model: Any, batch: Any) -> Any:
+    if isinstance(batch, Mapping):
+        return model(**batch)
+    if isinstance(batch, list | tuple):
+        return model(*batch)
+    return model(batch)
+
+
+def _training_step(model: Any, batch: Any, batch_idx: int) -> Any:
+    return loss_of(model.training_step(batch, batch_idx))
+
+
+def loss_of(out: Any) -> Any:
+    """The loss in what a model or a training_step returned."""
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return out
+    loss = getattr(out, "loss", None)
+    if isinstance(loss, torch.Tensor):
+        return loss
+    if isinstance(out, Mapping) and isinstance(out.get("loss"), torch.Tensor):
+        return out["loss"]
+    if isinstance(out, list | tuple) and out and isinstance(out[0], torch.Tensor):
+        return out[0]
+    raise TypeError(f"the step returned {type(out).__name__}, which holds no loss tensor")
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    """The micro-batches of one optimizer step and which one to instrument.
+
+    ``failing`` is the micro-batch whose loss the run saw go non-finite; without one (the
+    fault came later, in the update) the last is instrumented. ``divide``: each loss is
+    divided by the number of micro-batches before backward, as the loop did.
+    """
+
+    micro: tuple[Mapping[str, Any], ...]
+    failing: int | None = None
+    divide: bool = True
+    dropped: tuple[str, ...] = field(default=())
+
+    @classmethod
+    def pair(cls, inputs: Any, targets: Any) -> StepBatch:
+        return cls(({"inputs": inputs, "targets": targets},))
+
+    @property
+    def target(self) -> int:
+        last = len(self.micro) - 1
+        return self.failing if self.failing is not None and 0 <= self.failing <= last else last
+
+    @property
+    def divisor(self) -> int:
+        return len(self.micro) if self.divide else 1
+
+    @property
+    def instrumented(self) -> Mapping[str, Any]:
+        return self.micro[self.target]
+
+
+def scaled(loss: Any, divisor: int) -> Any:
+    return loss / divisor if divisor > 1 else loss
+
+
+def bad_parts(micro: Mapping[str, Any]) -> tuple[str, ...]:
+    """Which parts of a micro-batch hold NaN/Inf (a float mask of 0 and -inf is a mask)."""
+    bad: list[str] = []
+    if "batch" not in micro:
+        inputs = micro.get("inputs")
+        ins = list(inputs) if isinstance(inputs, list | tuple) else [inputs]
+        for i, t in enumerate(ins):
+            if not _finite(t):
+                bad.append(f"inputs[{i}]" if len(ins) > 1 else "inputs")
+        if not all(is_finite(t) for t in floating(micro.get("targets"))):
+            bad.append("targets")
+        return tuple(bad)
+    _walk(micro.get("batch"), "batch", bad)
+    return tuple(bad)
+
+
+def _finite(value: Any) -> bool:
+    return all(is_finite(t) for t in floating(value) if not is_additive_mask(t))
+
+
+def _walk(value: Any, where: str, bad: list[str]) -> None:
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            _walk(v, f"{where}[{k!r}]", bad)
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            _walk(v, f"{where}[{i}]", bad)
+    elif not _finite(value):
+        bad.append(where)
+
+
+def batch_values(micro: Mapping[str, Any]) -> Any:
+    """The part of a micro-batch that is the model's input: ``inputs`` or the whole nest."""
+    return micro.get("batch") if "batch" in micro else micro.get("inputs")
