@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import platform
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 from analyzer.capture.folder import ENV_FILE, ENV_FORMAT
@@ -64,12 +65,20 @@ def _config_value(config: str, key: str) -> str | None:
     return value or None
 
 
-def write_env(run_dir: str | os.PathLike[str], seed: int | None = None) -> str | None:
-    """Write ``env.json`` into ``run_dir``; return its path, or None if it could not."""
+def write_env(run_dir: str | os.PathLike[str], seed: int | None = None,
+              recorder: Mapping[str, Any] | None = None) -> str | None:
+    """Write ``env.json`` into ``run_dir``; return its path, or None if it could not.
+
+    ``recorder`` (added by the flight recorder) says how the run's model, loss and step are
+    rebuilt: the same "model", "loss", "step_call" and "code" keys as a capture's meta.json,
+    so that a run that died without a capture can still be replayed from a checkpoint."""
     try:
         os.makedirs(run_dir, exist_ok=True)
         path = os.path.join(run_dir, ENV_FILE)
-        write_json(path, {"format": ENV_FORMAT, "version": 1, **environment(seed)})
+        data = {"format": ENV_FORMAT, "version": 1, **environment(seed)}
+        if recorder is not None:
+            data["recorder"] = dict(recorder)
+        write_json(path, data)
         return path
     except Exception as exc:  # the run matters more than its environment record
         warnings.warn(f"flight recorder: could not write {ENV_FILE}: {exc}", stacklevel=2)

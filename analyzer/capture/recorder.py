@@ -188,7 +188,7 @@ class FlightRecorder:
         if validate:
             self._validate()
         self.code = self._code_record(trust_code_root)
-        if write_env_file and write_env(self.run_dir, seed) is None:
+        if write_env_file and write_env(self.run_dir, seed, self._rebuild()) is None:
             self.errors.append(f"could not write {ENV_FILE}")
 
     @property
@@ -321,6 +321,20 @@ class FlightRecorder:
         if trust:
             self.notes.extend(code.register_trust(record))
         return record
+
+    def _rebuild(self) -> dict[str, Any]:
+        """How a replay rebuilds this run's model, loss and step: the keys of meta.json that
+        say it, written into env.json at the start (for a replay from a checkpoint)."""
+        model = self.model_factory.to_json()
+        if self.model_config is not None:
+            model["config"] = hparams_json(self.model_config)
+        return {
+            "model": model,
+            "loss": self.loss_factory.to_json() if self.loss_factory else None,
+            "step_call": {"kind": self.step_kind,
+                          "factory": self.step_factory.to_json() if self.step_factory else None},
+            "code": self.code,
+        }
 
     def _guard(self, what: str, func: Any, *args: Any) -> None:
         try:
@@ -455,21 +469,15 @@ class FlightRecorder:
         device = str(params[0].device) if params else "cpu"
         optimizers = [_optimizer_json(o, lrs) for o, lrs in zip(self.optimizers, current.lrs,
                                                                   strict=True)]
-        model = self.model_factory.to_json()
-        if self.model_config is not None:
-            model["config"] = hparams_json(self.model_config)
+        rebuild = self._rebuild()
         failing = trigger.get("micro_batch")
         meta: dict[str, Any] = {
             "format": FORMAT_NAME,
             "version": FORMAT_VERSION,
             "step": current.step,
             "trigger": trigger,
-            "model": model,
-            "step_call": {
-                "kind": self.step_kind,
-                "factory": self.step_factory.to_json() if self.step_factory else None,
-                "batch_idx": current.batch_idx,
-            },
+            "model": rebuild["model"],
+            "step_call": {**rebuild["step_call"], "batch_idx": current.batch_idx},
             "optimizer": {k: v for k, v in optimizers[0].items() if k != "lrs"},
             "optimizers": optimizers,
             "lr": current.lr,
