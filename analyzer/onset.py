@@ -29,7 +29,7 @@ from analyzer.model import (
 )
 from analyzer.place import read_place
 from analyzer.scaler import read_scale
-from analyzer.tags import layer_from_tag, role, tie_rank
+from analyzer.tags import TagRole, layer_from_tag, role, tie_rank
 from analyzer.wording import step_words
 
 _KINDS = ("nan", "+inf", "-inf", "nan-or-inf")
@@ -55,13 +55,30 @@ def first_nonfinite(steps: np.ndarray, values: np.ndarray) -> tuple[int, int | N
     return i, (i - 1 if i > 0 else None)
 
 
-def series_incident(series: Series, skips: frozenset[int] = frozenset()) -> Incident | None:
+_GUARD_KEEPS = (TagRole.LAYER_WEIGHT, TagRole.LEARNING_RATE, TagRole.LOSS_SCALE)
+"""What a step the guard refused the update of still answers for: the weights it kept."""
+
+
+def _masked(tag: str, skips: frozenset[int], guarded: frozenset[int]) -> frozenset[int]:
+    """Steps at which ``tag`` being non-finite is no incident: a scaler's overflow skips
+    for gradients; steps a guarded step refused and the run went on from
+    (:func:`analyzer.scaler.guard_skips`) for everything but weights, learning rates and
+    loss scales."""
+    r = role(tag)
+    out = skips if skips and r.is_gradient else frozenset()
+    return out | guarded if guarded and r not in _GUARD_KEEPS else out
+
+
+def series_incident(series: Series, skips: frozenset[int] = frozenset(),
+                    guarded: frozenset[int] = frozenset()) -> Incident | None:
     """The first non-finite point of a series; ``skips`` are steps whose gradients are
-    expected to be non-finite (overflow skips), ignored for gradient tags."""
+    expected to be non-finite (overflow skips), ignored for gradient tags; ``guarded``
+    steps a guarded step refused the update of, ignored but for weights."""
     values = series.values
-    if skips and role(series.tag).is_gradient:
+    masked = _masked(series.tag, skips, guarded)
+    if masked:
         values = values.copy()
-        values[np.isin(series.steps, list(skips))] = 0.0
+        values[np.isin(series.steps, list(masked))] = 0.0
     found = first_nonfinite(series.steps, values)
     if found is None:
         return None
@@ -77,11 +94,12 @@ def series_incident(series: Series, skips: frozenset[int] = frozenset()) -> Inci
                     rank=series.rank)
 
 
-def histogram_incident(hist: Histogram,
-                       skips: frozenset[int] = frozenset()) -> Incident | None:
+def histogram_incident(hist: Histogram, skips: frozenset[int] = frozenset(),
+                       guarded: frozenset[int] = frozenset()) -> Incident | None:
     mask = hist.nonfinite_mask()
-    if skips and role(hist.tag).is_gradient:
-        mask &= ~np.isin(hist.steps, list(skips))
+    masked = _masked(hist.tag, skips, guarded)
+    if masked:
+        mask &= ~np.isin(hist.steps, list(masked))
     bad = np.flatnonzero(mask)
     if not bad.size:
         return None
@@ -152,21 +170,24 @@ def _checkpoint_incident(run: Run) -> Incident | None:
     return checkpoint_incident(run.checkpoints)
 
 
-def tag_incidents(run: Run, skips: frozenset[int] = frozenset()) -> list[Incident]:
+def tag_incidents(run: Run, skips: frozenset[int] = frozenset(),
+                  guarded: frozenset[int] = frozenset()) -> list[Incident]:
     """The first incident of every tag that has one, earliest first.
 
     A tag read from several files (a restarted writer, several ranks) keeps its earliest
-    step; on a tie, the file read first.
+    step; on a tie, the file read first. ``skips`` and ``guarded`` as for
+    :func:`series_incident`; a log line at a guarded step is passed over alike.
     """
     best: dict[str, Incident] = {}
     # Each incident is on the numbering of the series or event it came from: one file may
     # hold lines placed on the global step beside lines that are not.
     on = [run.is_aligned(s.source, s.axis) for s in run.series]
     candidates: Iterable[tuple[Incident | None, bool]] = (
-        [(series_incident(s, skips if aligned else frozenset()), aligned)
+        [(series_incident(s, *((skips, guarded) if aligned else ())), aligned)
          for s, aligned in zip(run.series, on, strict=True)]
-        + [(histogram_incident(h, skips), True) for h in run.histograms]
-        + [(event_incident(e), run.is_aligned(e.location.file, e.axis)) for e in run.events]
+        + [(histogram_incident(h, skips, guarded), True) for h in run.histograms]
+        + [(_unless_guarded(event_incident(e), guarded if aligned else frozenset()), aligned)
+           for e, aligned in ((e, run.is_aligned(e.location.file, e.axis)) for e in run.events)]
         + [(_checkpoint_incident(run), True)]
     )
     for inc, aligned in candidates:
@@ -282,9 +303,16 @@ def _with_last_finite(inc: Incident, run: Run) -> Incident:
     return inc if last is None else replace(inc, last_finite_step=last)
 
 
+def _unless_guarded(inc: Incident | None, guarded: frozenset[int]) -> Incident | None:
+    if inc is None or inc.after or inc.step not in guarded:
+        return inc
+    return inc if not _masked(inc.tag, frozenset(), guarded) else None
+
+
 def locate(run: Run) -> RunResult:
     scale = read_scale(run)
-    incidents = [_with_last_finite(i, run) for i in tag_incidents(run, scale.skips)]
+    incidents = [_with_last_finite(i, run)
+                 for i in tag_incidents(run, scale.skips, scale.guarded)]
     first = run_incident(incidents)
     return RunResult(run=run, incident=first, tag_incidents=tuple(incidents),
                      layer_incident=layer_incident(incidents),

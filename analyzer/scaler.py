@@ -28,6 +28,13 @@ is contradicted but gradients were non-finite, every logged step was skipped and
 readings are taken together. Otherwise (no gradient series, a scale logged every k steps,
 or as many contradictions each way) the before reading is kept and said to be assumed.
 Overflow events from logs that name their step are skips whatever the scale series says.
+
+A guarded step (``analyzer.capture.StepGuard`` with ``skip_nonfinite``) refuses the update
+of a step whose gradients are non-finite and logs its count of refusals,
+``guard/skipped_steps``, at each step it grows: those steps are read from the counter
+(:func:`guard_skips`). Unlike a scaler's, such a step's loss is often non-finite too (a NaN
+in the batch); it is the run's failure only when the run did not go on from it: the
+refusals after the last step the run logged without one are kept as incidents.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ import numpy as np
 import numpy.typing as npt
 
 from analyzer.model import FloatArray, IntArray, Run, ScaleConvention, ScaleReading, Series
-from analyzer.tags import is_loss_scale_tag, role
+from analyzer.tags import is_guard_skips_tag, is_loss_scale_tag, role
 
 
 def _scale_points(s: Series) -> tuple[IntArray, FloatArray]:
@@ -102,8 +109,9 @@ def read_scale(run: Run) -> ScaleReading:
                     if e.kind == "overflow_skip" and e.step is not None}
     curves = [_scale_points(s) for s in run.global_series if is_loss_scale_tag(s.tag)]
     curves = [(st, val) for st, val in curves if st.size >= 2]
+    guarded = guard_skips(run)
     if not curves:
-        return ScaleReading(skips=frozenset(logged_skips), convention=None)
+        return ScaleReading(skips=frozenset(logged_skips), convention=None, guarded=guarded)
     logged, bad = gradient_steps(run)
     # Each drop between consecutive logged points: its earlier and its later step.
     drops = [(st[:-1][val[1:] < val[:-1]], st[1:][val[1:] < val[:-1]]) for st, val in curves]
@@ -124,7 +132,28 @@ def read_scale(run: Run) -> ScaleReading:
     skips = set(logged_skips) | {int(x) for m in marked for x in np.unique(m)} | set(edges)
     return ScaleReading(skips=frozenset(skips), convention=convention,
                         inferred=inferred, drops=int(earlier.size), agree=agree,
-                        against_before=against_before, against_after=against_after)
+                        against_before=against_before, against_after=against_after,
+                        guarded=guarded)
+
+
+def guard_skips(run: Run) -> frozenset[int]:
+    """Steps whose update a guarded step refused, and that the run went on from: a step
+    at which a ``guard/skipped_steps`` count grew, before the last step logged (by any
+    source on the global step) without such a refusal."""
+    counters = [s for s in run.global_series if is_guard_skips_tag(s.tag) and len(s)]
+    if not counters:
+        return frozenset()
+    refused: set[int] = set()
+    for s in counters:
+        st, val = _scale_points(s)
+        grew = val > np.concatenate(([0.0], val[:-1]))
+        refused.update(int(x) for x in st[grew])
+    if not refused:
+        return frozenset()
+    logged = _sorted_unique(np.concatenate([s.steps for s in run.global_series if len(s)]))
+    went_on = logged[~_member(logged, np.array(sorted(refused), dtype=np.int64))]
+    last = int(went_on[-1]) if went_on.size else None
+    return frozenset(x for x in refused if last is not None and x < last)
 
 
 def _edge_skip(st: IntArray, bad: IntArray, after: bool) -> int | None:

@@ -8,6 +8,8 @@ curves the rules read and the dashboard's panels, so their answers cannot drift 
     layer_from_tag(tag)    the layer a per-layer tag names: ``grads/fc1.weight`` -> ``fc1``
     is_validation(tag)     a tag of a validation or test pass: ``val_loss``, ``eval/loss``
     is_loss_scale_tag(tag) a mixed-precision loss scale: ``loss_scale``, ``amp/grad_scale``
+    is_guard_skips_tag(tag) the count of updates a guarded step refused:
+                           ``guard/skipped_steps`` (analyzer.capture.StepGuard)
     tie_rank(tag)          where a tag goes when several fail at one step: loss before
                            total gradient norm before per-layer gradients before the rest
 
@@ -91,6 +93,15 @@ def tie_rank(tag: str) -> int:
 
 def is_loss_scale_tag(tag: str) -> bool:
     return bool(_SCALE.search(tag))
+
+
+GUARD_SKIPS_TAG = "guard/skipped_steps"
+"""The tag of ``analyzer.capture.StepGuard``'s count of refused updates."""
+
+
+def is_guard_skips_tag(tag: str) -> bool:
+    """The guard's counter, also under a logger's prefix (``train/guard/skipped_steps``)."""
+    return tag == GUARD_SKIPS_TAG or tag.endswith("/" + GUARD_SKIPS_TAG)
 
 
 def is_validation(tag: str) -> bool:

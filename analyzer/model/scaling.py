@@ -26,6 +26,9 @@ class ScaleReading:
     """Steps whose gradients contradict the before-update reading."""
     against_after: int = 0
     """Steps whose gradients contradict the after-update reading."""
+    guarded: frozenset[int] = frozenset()
+    """Steps whose update a guarded step refused (its ``guard/skipped_steps`` count grew)
+    and which the run went on from: their loss and gradients are not incidents."""
 
     @property
     def statement(self) -> str | None:

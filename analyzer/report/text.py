@@ -83,6 +83,10 @@ def _run_block(result: RunResult) -> str:
     if result.overflow_skips:
         after = "then a failure" if inc else "training recovered: normal for mixed precision"
         lines.append(f"   overflow skips: {_skips(result.overflow_skips)} ({after})")
+    guarded = sorted(result.scale.guarded) if result.scale is not None else []
+    if guarded:
+        lines.append(f"   guard skips: {_skips(tuple(guarded), 'the guard')} (updates refused "
+                     "on non-finite gradients; training went on)")
     lines += _checkpoint_lines(run)
     lines += _metadata_lines(run)
     lines += _log_lines(run)
@@ -245,10 +249,10 @@ def _checkpoint_lines(run: Run) -> list[str]:
     return lines
 
 
-def _skips(steps: tuple[int, ...]) -> str:
+def _skips(steps: tuple[int, ...], by: str = "the loss scaler") -> str:
     shown = ", ".join(str(s) for s in steps[:_MAX_LISTED])
     more = f", ... ({len(steps)} in all)" if len(steps) > _MAX_LISTED else ""
-    return f"{len(steps)} step{'s' if len(steps) != 1 else ''} skipped by the loss scaler " \
+    return f"{len(steps)} step{'s' if len(steps) != 1 else ''} skipped by {by} " \
            f"at {shown}{more}"
 
 

@@ -1,0 +1,300 @@
+"""The guarded step: per-layer norms in the run's events, a NaN/Inf check, an opt-in skip.
+
+Two calls at fixed points of any training step, so a plain loop and every framework
+integration use it alike::
+
+    guard = StepGuard(model, log_dir=run_dir, every=10, skip_nonfinite=True)
+    loss.backward()
+    if guard.after_backward(step, scaler=scaler):   # False: the guard refused the update
+        optimizer.step()                            # (a no-op anyway: every .grad is None)
+    guard.after_update(step)
+    guard.close()
+
+What it writes, as TensorBoard scalars at the step it is given (tag names the analyzer
+reads as per-layer tags, :mod:`analyzer.tags`):
+
+- ``grad_norm/<param>`` and ``grad_norm/total`` after backward, ``weight_norm/<param>``
+  after the update, with full dotted parameter names (``net.0.weight``), every ``every``
+  steps and at any step whose check found a non-finite value, so the step that fails
+  leaves layer-level evidence whatever ``every`` is;
+- ``guard/loss_scale``, the GradScaler's scale the step used, beside the gradient norms
+  (which are divided by it): the analyzer reads a scaler's skips from it;
+- ``guard/skipped_steps``, the number of updates the guard refused so far, at each step it
+  grows (:func:`analyzer.scaler.guard_skips` reads those steps back).
+
+Each kind of norm is one ``torch._foreach_norm`` call (in float32, so a float16 tensor's
+norm does not overflow) and one copy to the host. The check reads the same norms: a
+tensor holding a NaN or an Inf has a non-finite norm, and only then is the tensor itself
+looked at, to tell ``nan`` from ``+inf`` and ``-inf`` and to pass over a norm that
+overflowed though every element is finite.
+
+Under an enabled GradScaler, non-finite gradients are the scaler's own business: it skips
+that update itself, so they are neither a fault nor a guard skip. Weights are checked
+after the update either way. A fault (:class:`Fault`: step, parameter, gradient or weight,
+``nan``/``+inf``/``-inf``) is kept in :attr:`StepGuard.first_fault` and
+:attr:`StepGuard.last_fault`, and the first is warned about (``UserWarning``, once);
+nothing is raised into the loop. Frozen parameters
+(``requires_grad=False``) and parameters without a gradient are left out.
+
+``torch`` and ``torch.utils.tensorboard`` are imported when first needed.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from analyzer.tags import GUARD_SKIPS_TAG
+
+if TYPE_CHECKING:
+    import torch
+
+GRAD_PREFIX = "grad_norm/"
+WEIGHT_PREFIX = "weight_norm/"
+TOTAL_GRAD_TAG = "grad_norm/total"
+SCALE_TAG = "guard/loss_scale"
+SKIPS_TAG = GUARD_SKIPS_TAG  # the analyzer reads it back: one name, in analyzer.tags
+
+FaultKind = Literal["nan", "+inf", "-inf"]
+FaultTensor = Literal["gradient", "weight"]
+
+
+class ScalarWriter(Protocol):
+    """What the guard writes through: torch's SummaryWriter, tensorboardX's, Lightning's
+    ``logger.experiment``."""
+
+    def add_scalar(self, tag: str, scalar_value: float, global_step: int) -> Any: ...
+
+
+@dataclass(frozen=True)
+class Fault:
+    """The first parameter whose gradient or weight was non-finite at one step."""
+
+    step: int
+    parameter: str
+    tensor: FaultTensor
+    kind: FaultKind
+
+    def __str__(self) -> str:
+        return f"{self.tensor} of {self.parameter} is {self.kind} at step {self.step}"
+
+
+class StepGuard:
+    """Per-layer gradient and weight norms, a per-parameter NaN/Inf check and an opt-in
+    skip of non-finite updates, for any training step (see the module docstring).
+
+    ``log_dir`` makes a ``torch.utils.tensorboard.SummaryWriter`` there on the first write
+    (closed by :meth:`close`); ``writer`` is one of the caller's, flushed but not closed.
+    With neither, nothing is written and the check still runs. ``every`` spaces the
+    norms out (0: only at steps whose check failed); ``check=False`` turns the NaN/Inf
+    check off, so steps between the ``every`` ones cost nothing. ``skip_nonfinite``
+    needs the check.
+    """
+
+    def __init__(self, model: torch.nn.Module, *, log_dir: str | os.PathLike[str] | None = None,
+                 writer: ScalarWriter | None = None, every: int = 10, check: bool = True,
+                 skip_nonfinite: bool = False) -> None:
+        if log_dir is not None and writer is not None:
+            raise ValueError("StepGuard takes log_dir or writer, not both")
+        if every < 0:
+            raise ValueError(f"every must be 0 or more, not {every}")
+        if skip_nonfinite and not check:
+            raise ValueError("skip_nonfinite=True needs check=True")
+        self.every = every
+        self.check = check
+        self.skip_nonfinite = skip_nonfinite
+        self.skipped = 0
+        """Updates the guard refused (a GradScaler's own skips are not counted)."""
+        self.first_fault: Fault | None = None
+        """The run's first fault: what to look at first."""
+        self.last_fault: Fault | None = None
+        """The latest fault: the first offending parameter of the latest step with one."""
+        self._params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self._log_dir = None if log_dir is None else os.fspath(log_dir)
+        self._writer = writer
+        self._owned = False
+
+    # -- the two calls of a step -------------------------------------------------------
+
+    def after_backward(self, step: int, *, scaler: Any = None) -> bool:
+        """Check and log the gradients of ``step``; False when the guard refused the
+        update (``skip_nonfinite``), having set every gradient to None so that any
+        torch optimizer's ``step()`` changes nothing. Call it after backward and before
+        the optimizer (and before ``scaler.step``)."""
+        due = self._due(step)
+        if not (due or self.check):
+            return True
+        named = [(n, p.grad) for n, p in self._params if p.grad is not None]
+        scale_t, scale = _scale_of(scaler)
+        extra = [] if scale_t is None else [scale_t]
+        values = _norms([g for _, g in named], extra)
+        if scale_t is not None:
+            scale = values.pop()
+        fault = None
+        if self.check and not _enabled(scaler):  # an overflow is the scaler's to skip
+            fault = _first_fault(step, "gradient", named, values)
+        if due or fault is not None:
+            self._write_grads(step, named, values, scale)
+        if fault is None:
+            return True
+        self._fault(fault)
+        if not self.skip_nonfinite:
+            return True
+        for _, p in self._params:
+            p.grad = None
+        self.skipped += 1
+        self._scalar(SKIPS_TAG, float(self.skipped), step)
+        return False
+
+    def after_update(self, step: int) -> None:
+        """Check and log the weights after ``step``'s update."""
+        due = self._due(step)
+        if not (due or self.check):
+            return
+        import torch
+
+        with torch.no_grad():
+            weights = [(n, p.detach()) for n, p in self._params]
+            values = _norms([w for _, w in weights], [])
+        fault = _first_fault(step, "weight", weights, values) if self.check else None
+        if due or fault is not None:
+            for (name, _), v in zip(weights, values, strict=True):
+                self._scalar(WEIGHT_PREFIX + name, v, step)
+        if fault is not None:
+            self._fault(fault)
+
+    def close(self) -> None:
+        """Flush what was written; close the writer the guard made itself."""
+        if self._writer is None:
+            return
+        flush = getattr(self._writer, "flush", None)
+        if callable(flush):
+            flush()
+        if self._owned:
+            self._writer.close()  # type: ignore[attr-defined]
+            self._writer = None
+            self._owned = False
+
+    def __enter__(self) -> StepGuard:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- inside ----------------------------------------------------------------------
+
+    def _due(self, step: int) -> bool:
+        return self.every > 0 and step % self.every == 0
+
+    def _write_grads(self, step: int, named: Sequence[tuple[str, Any]], values: list[float],
+                     scale: float | None) -> None:
+        div = scale if scale else 1.0
+        unscaled = [v / div for v in values]
+        for (name, _), v in zip(named, unscaled, strict=True):
+            self._scalar(GRAD_PREFIX + name, v, step)
+        if unscaled:
+            self._scalar(TOTAL_GRAD_TAG, math.sqrt(math.fsum(v * v for v in unscaled)), step)
+        if scale is not None:
+            self._scalar(SCALE_TAG, scale, step)
+
+    def _fault(self, fault: Fault) -> None:
+        self.last_fault = fault
+        if self.first_fault is not None:
+            return
+        self.first_fault = fault
+        then = ("the update was skipped (guard.skipped counts such steps)"
+                if fault.tensor == "gradient" and self.skip_nonfinite else
+                "training goes on; StepGuard keeps the last fault in last_fault")
+        warnings.warn(f"StepGuard: the {fault}; {then}", UserWarning, stacklevel=3)
+
+    def _scalar(self, tag: str, value: float, step: int) -> None:
+        writer = self._writer
+        if writer is None:
+            if self._log_dir is None:
+                return
+            from torch.utils.tensorboard import SummaryWriter
+
+            writer = self._writer = SummaryWriter(log_dir=self._log_dir)
+            self._owned = True
+        writer.add_scalar(tag, value, step)
+
+
+def _scale_of(scaler: Any) -> tuple[torch.Tensor | None, float | None]:
+    """An enabled GradScaler's scale while the gradients are still scaled: as a tensor
+    where the scaler keeps one (read with the norms, in one copy to the host), else as a
+    number. (None, None) without a scaler, a disabled one, or gradients already unscaled
+    (``scaler.unscale_`` called before the guard, as a loop that clips does)."""
+    if not _enabled(scaler) or _unscaled(scaler):
+        return None, None
+    tensor = getattr(scaler, "_scale", None)
+    import torch
+
+    if isinstance(tensor, torch.Tensor):
+        return tensor.detach().reshape(()).float(), 1.0
+    return None, float(scaler.get_scale())
+
+
+def _enabled(scaler: Any) -> bool:
+    return scaler is not None and bool(scaler.is_enabled())
+
+
+def _unscaled(scaler: Any) -> bool:
+    """Whether ``scaler.unscale_`` ran for an optimizer this step (torch's own record)."""
+    states = getattr(scaler, "_per_optimizer_states", None)
+    if not isinstance(states, dict):
+        return False
+    return any(getattr(s.get("stage"), "value", 0) == 1 for s in states.values())
+
+
+def _norms(tensors: Sequence[torch.Tensor], extra: Sequence[torch.Tensor]) -> list[float]:
+    """The float32 2-norm of each tensor, then ``extra`` 0-d values: one foreach call per
+    device and one copy to the host."""
+    if not tensors and not extra:
+        return []
+    import torch
+
+    by_device: dict[torch.device, list[int]] = {}
+    for i, t in enumerate(tensors):
+        by_device.setdefault(t.device, []).append(i)
+    parts: list[tuple[list[int], torch.Tensor]] = []
+    for idx in by_device.values():
+        norms = torch._foreach_norm([tensors[i] for i in idx], 2, dtype=torch.float32)
+        parts.append((idx, torch.stack(norms)))
+    tail = [e.reshape(1).to(parts[0][1].device if parts else e.device) for e in extra]
+    if len(parts) == 1:
+        flat = torch.cat([parts[0][1], *tail]).tolist()
+        order = parts[0][0]
+    else:  # several devices: one copy each
+        flat = [v for _, t in parts for v in t.cpu().tolist()] + [float(e) for e in tail]
+        order = [i for idx, _ in parts for i in idx]
+    out = [0.0] * len(tensors)
+    for i, v in zip(order, flat, strict=False):
+        out[i] = v
+    return out + flat[len(order):]
+
+
+def _first_fault(step: int, tensor: FaultTensor, named: Sequence[tuple[str, torch.Tensor]],
+                 values: Sequence[float]) -> Fault | None:
+    """The first parameter (in the model's order) holding a NaN or an Inf; a norm that
+    overflowed over finite elements is no fault."""
+    for (name, t), v in zip(named, values, strict=True):
+        if math.isfinite(v):
+            continue
+        kind = _kind(t)
+        if kind is not None:
+            return Fault(step=step, parameter=name, tensor=tensor, kind=kind)
+    return None
+
+
+def _kind(t: torch.Tensor) -> FaultKind | None:
+    if bool(t.isnan().any()):
+        return "nan"
+    if bool(t.isposinf().any()):
+        return "+inf"
+    if bool(t.isneginf().any()):
+        return "-inf"
+    return None
