@@ -464,3 +464,37 @@ def test_regression_the_tools_own_factories_refuse_arguments_beyond_the_saved_st
     _meta_path(run).write_text(json.dumps(meta))
     result = analyze(str(run)).results[0]
     assert result.replay is None and "more than the" in (result.replay_error or "")
+
+
+@pytest.mark.parametrize("target", ["transformers:GPT2LMHeadModel",
+                                    "transformers.models.gpt2.modeling_gpt2:GPT2LMHeadModel"])
+def test_a_model_class_of_the_installed_transformers_is_allowed_without_trust(
+        target: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("transformers")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    plan = trust.check(target, TrustPolicy())
+    assert (plan.source, plan.folder) == ("library", None)
+    import transformers
+
+    found = trust.resolve_plan(plan, TrustPolicy())
+    assert found.obj is transformers.GPT2LMHeadModel and found.folder is None
+    trust.check_model_config(target, {"n_layer": 1, "n_embd": 8})
+
+
+@pytest.mark.parametrize("target", ["transformers:pipeline", "transformers:AutoModelForCausalLM",
+                                    "transformers:PreTrainedModel", "transformers:GPT2Config",
+                                    "transformers.models.bert.modeling_bert:GPT2LMHeadModel",
+                                    "transformers.trainer:Trainer", "transformers:_private"])
+def test_nothing_else_of_transformers_is_a_library_factory(
+        target: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("transformers")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(RefusedCode):
+        trust.resolve(target, TrustPolicy(trust_code=True))
+
+
+@pytest.mark.parametrize("key", ["auto_map", "trust_remote_code"])
+def test_a_library_model_config_asking_for_remote_code_is_refused(key: str) -> None:
+    with pytest.raises(RefusedCode, match=key):
+        trust.check_model_config("transformers:GPT2LMHeadModel",
+                                 {"n_layer": 1, key: {"AutoModel": "evil.Model"}})
