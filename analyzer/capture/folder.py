@@ -426,7 +426,8 @@ def _record(folder: str, data: dict[str, Any]) -> CaptureMeta:
         or (first,),
         accumulation=Accumulation(
             micro or 1, _key(accumulation, "divide", _BOOL, where="accumulation.") is not False,
-            _key(accumulation, "failing", _INT, where="accumulation.")),
+            _key(accumulation, "failing", _INT, where="accumulation."),
+            _key(accumulation, "divisor", _INT, where="accumulation.")),
         code=_key(data, "code", _OBJECT),
         raw=data,
     )

@@ -16,7 +16,7 @@ import tempfile
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from analyzer.capture.batch import keepable
 from analyzer.capture.env import environment, write_env
@@ -127,7 +127,7 @@ class FlightRecorder:
         autocast_dtype: torch.dtype | None = None,
         grad_clip: float | None = None,
         accumulation: int = 1,
-        divide_loss: bool = True,
+        divide_loss: bool | Literal["micro_batches"] = True,
         seed: int | None = None,
         mode: Mode | None = None,
         every_n: int = 1,
@@ -322,6 +322,17 @@ class FlightRecorder:
             self.notes.extend(code.register_trust(record))
         return record
 
+    def _divisor(self, current: _StepInputs) -> int:
+        """What each micro-batch's loss was divided by before backward: the configured
+        ``accumulation`` (accelerate's backward), the step's own count of micro-batches
+        (``divide_loss="micro_batches"``: the HF Trainer, whose last step of an epoch may
+        hold fewer), or 1."""
+        if self.divide_loss is False:
+            return 1
+        if self.divide_loss == "micro_batches":
+            return len(current.micro)
+        return self.accumulation
+
     def _rebuild(self) -> dict[str, Any]:
         """How a replay rebuilds this run's model, loss and step: the keys of meta.json that
         say it, written into env.json at the start (for a replay from a checkpoint)."""
@@ -483,8 +494,10 @@ class FlightRecorder:
             "lr": current.lr,
             "lrs": current.lrs,
             "grad_clip": self.grad_clip,
-            "accumulation": {"micro_batches": len(current.micro), "divide": self.divide_loss,
-                             "failing": failing, "configured": self.accumulation},
+            "accumulation": {"micro_batches": len(current.micro),
+                             "divide": self.divide_loss is not False,
+                             "divisor": self._divisor(current), "failing": failing,
+                             "configured": self.accumulation},
             "dtype": dtype,
             "amp": {
                 "autocast_dtype": dtype_name(self.autocast_dtype) if self.autocast_dtype else None,

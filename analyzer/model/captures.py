@@ -74,6 +74,9 @@ class Accumulation:
     micro_batches: int = 1
     divide: bool = True
     failing: int | None = None
+    divisor: int | None = None
+    """What each loss was divided by (version 2 writers record it; None: the count when
+    ``divide``)."""
 
 
 @dataclass(frozen=True)

@@ -237,10 +237,11 @@ def _step_batch(meta: CaptureMeta, folder: str, batch: Mapping[str, Any]) -> Ste
         if not (isinstance(micro, list) and micro
                 and all(isinstance(m, dict) and key in m for m in micro)):
             raise CaptureError(path, f"'micro_batches' is not a list of dicts holding {key!r}")
-        return StepBatch(tuple(micro), meta.accumulation.failing, meta.accumulation.divide)
+        return StepBatch(tuple(micro), meta.accumulation.failing, meta.accumulation.divide,
+                         by=meta.accumulation.divisor)
     one = {"inputs": batch["inputs"], "targets": batch.get("targets")} if key == "inputs" \
         else {"batch": batch["batch"]}
-    return StepBatch((one,), None, meta.accumulation.divide)
+    return StepBatch((one,), None, meta.accumulation.divide, by=meta.accumulation.divisor)
 
 
 def _optimizer_states(meta: CaptureMeta, state: Mapping[str, Any],

@@ -71,12 +71,12 @@ def _history_batch(cap: Capture, entry: Mapping[str, Any]) -> StepBatch | None:
     key = "inputs" if cap.call.kind == "loss_fn" else "batch"
     micro = entry.get("micro_batches")
     if isinstance(micro, list) and micro and all(isinstance(m, dict) for m in micro):
-        return StepBatch(tuple(micro), None, cap.batch.divide)
+        return StepBatch(tuple(micro), None, cap.batch.divide, by=cap.batch.by)
     if key not in entry:
         return None
     one = {"inputs": entry.get("inputs"), "targets": entry.get("targets")} \
         if key == "inputs" else {"batch": entry.get("batch")}
-    return StepBatch((one,), None, cap.batch.divide)
+    return StepBatch((one,), None, cap.batch.divide, by=cap.batch.by)
 
 
 def _advance(cap: Capture, config: StepConfig) -> tuple[TrainState, list[str]]:
@@ -95,8 +95,8 @@ def _advance(cap: Capture, config: StepConfig) -> tuple[TrainState, list[str]]:
         if batch is None:
             notes.append(f"history step {entry.get('step')} holds no batch; stopped there")
             break
-        batch = StepBatch(tuple(cast_batch(dict(m), config) for m in batch.micro), None,
-                          batch.divide)
+        batch = dataclasses.replace(batch, micro=tuple(cast_batch(dict(m), config)
+                                                       for m in batch.micro))
         run_step(state, batch, cap.call, config)
         if not all_finite(list(state.model.parameters())):
             notes.append(f"history step {entry.get('step')} already made parameters "

@@ -107,6 +107,9 @@ class StepBatch:
     failing: int | None = None
     divide: bool = True
     dropped: tuple[str, ...] = field(default=())
+    by: int | None = None
+    """The recorded divisor, where it is not the number of micro-batches (accelerate
+    divides by the configured accumulation even in a shorter last step)."""
 
     @classmethod
     def pair(cls, inputs: Any, targets: Any) -> StepBatch:
@@ -119,7 +122,9 @@ class StepBatch:
 
     @property
     def divisor(self) -> int:
-        return len(self.micro) if self.divide else 1
+        if not self.divide:
+            return 1
+        return self.by if self.by is not None and self.by >= 1 else len(self.micro)
 
     @property
     def instrumented(self) -> Mapping[str, Any]:
