@@ -34,7 +34,7 @@ from analyzer.capture.folder import (
     read_meta,
 )
 from analyzer.capture.format import Factory, Mode
-from analyzer.capture.recorder import FlightRecorder
+from analyzer.capture.recorder import CaptureSetupError, FlightRecorder
 from analyzer.capture.rng import restore_rng, rng_state
 
 __all__ = [
@@ -42,6 +42,7 @@ __all__ = [
     "ENV_FILE",
     "FORMAT_NAME",
     "FORMAT_VERSION",
+    "CaptureSetupError",
     "Factory",
     "FlightRecorder",
     "MetaError",

@@ -1,0 +1,125 @@
+"""Capture format 2 from the recorder's side: batches kept exactly, factories checked when the
+recorder starts, a raised step captured, gradient accumulation recorded as it ran."""
+
+from __future__ import annotations
+
+from collections import UserDict
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from analyzer.capture import CaptureSetupError, FlightRecorder, read_meta
+from analyzer.capture.batch import keepable
+from analyzer.replayer import replay
+from analyzer.scenarios import models
+
+MLP = "analyzer.scenarios.models:mlp"
+KW = {"in_features": 3, "hidden": 4, "out_features": 1}
+MSE = "analyzer.scenarios.losses:mse"
+
+
+def _load(path: Path) -> Any:
+    return torch.load(path, weights_only=True, map_location="cpu")
+
+
+class _Opaque:
+    pass
+
+
+def test_a_batch_of_any_nest_is_kept_as_it_was() -> None:
+    x = torch.randn(2, 3)
+    batch = {"pair": (x, torch.tensor([1, 2])), "names": ["a", "b"], "n": 3, "scale": 0.5,
+             "flag": True, "none": None, "nested": [{"ids": torch.arange(4)}]}
+    kept, dropped = keepable(batch)
+    assert dropped == []
+    assert isinstance(kept["pair"], tuple) and isinstance(kept["names"], list)
+    assert torch.equal(kept["pair"][0], x) and kept["pair"][0] is not x
+    assert kept["n"] == 3 and kept["scale"] == 0.5 and kept["flag"] is True
+    assert torch.equal(kept["nested"][0]["ids"], torch.arange(4))
+
+
+def test_a_mapping_type_becomes_a_dict_and_an_object_is_dropped_by_name(tmp_path: Path) -> None:
+    kept, dropped = keepable(UserDict({"input_ids": torch.ones(2, 3), "meta": _Opaque()}))
+    assert type(kept) is dict and kept["meta"] is None
+    assert dropped == ["batch['meta'] (_Opaque)"]
+    torch.save(kept, tmp_path / "b.pt")  # what weights_only reads back
+    back = _load(tmp_path / "b.pt")
+    assert torch.equal(back["input_ids"], torch.ones(2, 3)) and back["meta"] is None
+
+
+def test_a_factory_that_builds_another_model_fails_when_the_recorder_starts(
+        tmp_path: Path) -> None:
+    model = models.mlp(**KW)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(CaptureSetupError, match=r"does not build the model being trained.*"
+                                                r"builds fc1.bias as \(8,\), the live "
+                                                r"model has \(4,\)"):
+        FlightRecorder(tmp_path, model, opt, model_factory=MLP,
+                       model_kwargs={**KW, "hidden": 8}, loss_factory=MSE)
+    with pytest.raises(CaptureSetupError, match="cannot build the model"):
+        FlightRecorder(tmp_path, model, opt, model_factory="analyzer.scenarios.models:nothing",
+                       loss_factory=MSE)
+    with pytest.raises(CaptureSetupError, match="say how the step computes its loss"):
+        FlightRecorder(tmp_path, model, opt, model_factory=MLP, model_kwargs=KW)
+    assert not (tmp_path / "capture").exists()
+
+
+def test_a_step_that_raises_is_captured_with_the_error(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = models.mlp(**KW)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    rec = FlightRecorder(tmp_path, model, opt, model_factory=MLP, model_kwargs=KW,
+                         loss_factory=MSE)
+    x, y = torch.randn(4, 3), torch.randn(4, 1)
+    x[0, 0] = float("nan")
+    with pytest.raises(FloatingPointError), rec.step(inputs=x, targets=y):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        if not torch.isfinite(loss):  # a loop that stops before handing over its loss
+            raise FloatingPointError("loss is nan")
+    meta = read_meta(tmp_path / "capture" / "step_0")
+    assert meta["trigger"]["what"] == "error" and meta["trigger"]["kind"] == "nan"
+    assert meta["trigger"]["error"] == "FloatingPointError: loss is nan"
+    result = replay(str(tmp_path))
+    assert result.phase == "forward" and result.verdict.kind == "bad-input"
+
+
+def test_an_unrelated_error_is_not_a_capture(tmp_path: Path) -> None:
+    model = models.mlp(**KW)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    rec = FlightRecorder(tmp_path, model, opt, model_factory=MLP, model_kwargs=KW,
+                         loss_factory=MSE)
+    with pytest.raises(KeyError), rec.step(inputs=torch.randn(2, 3), targets=torch.randn(2, 1)):
+        raise KeyError("label")
+    assert not rec.captured and rec.active
+
+
+def test_accumulation_records_the_failing_micro_batch_and_the_divisor(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = models.mlp(**KW)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    rec = FlightRecorder(tmp_path, model, opt, model_factory=MLP, model_kwargs=KW,
+                         loss_factory=MSE, accumulation=3)
+    good = [(torch.randn(2, 3), torch.randn(2, 1)) for _ in range(2)]
+    bad = (torch.full((2, 3), float("nan")), torch.randn(2, 1))
+    with rec.step(inputs=good[0][0], targets=good[0][1]) as r:
+        opt.zero_grad()
+        for i, (x, y) in enumerate([good[0], bad, good[1]]):
+            if i:
+                r.micro_batch(inputs=x, targets=y)
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            r.loss(loss)
+            (loss / 3).backward()
+        opt.step()
+    folder = tmp_path / "capture" / "step_0"
+    meta = read_meta(folder)
+    assert meta["trigger"]["micro_batch"] == 1
+    assert meta["accumulation"] == {"micro_batches": 3, "divide": True, "divisor": 3,
+                                    "failing": 1, "configured": 3}
+    saved = _load(folder / "batch.pt")
+    assert len(saved["micro_batches"]) == 3 and torch.isnan(saved["inputs"]).all()
+    result = replay(str(tmp_path))
+    assert result.phase == "forward" and result.verdict.kind == "bad-input"
+    assert "the batch inputs of micro-batch 1" in result.verdict.summary
+    assert result.forward.bad_inputs == ("inputs",)
