@@ -359,8 +359,9 @@ def check(target: str, policy: TrustPolicy, *, run_folder: str | None = None,
     from analyzer.capture.code import recorded_roots
     from analyzer.replayer.errors import ModelRebuildError
 
-    if separator == ":" and target.partition(":")[0] == "__main__":
-        return _check_main(target, policy, run_folder, code, capture_folder)
+    head, _, attr = target.rpartition(".") if separator == "." else target.partition(":")
+    if head == "__main__":
+        return _check_main(target, attr, policy, run_folder, code, capture_folder)
     module_name, attr = _split(target, separator)
     if separator == "." and (module_name + ".").startswith("torch.optim."):
         return Plan(target, module_name, attr, "torch")
@@ -448,7 +449,7 @@ def _read_code(path: str) -> bytes | None:
     return data if len(data) <= SOURCE_LIMIT else None
 
 
-def _check_main(target: str, policy: TrustPolicy, run_folder: str | None,
+def _check_main(target: str, attr: str, policy: TrustPolicy, run_folder: str | None,
                 code: Mapping[str, Any] | None, capture_folder: str | None) -> Plan:
     """Judge a factory of the training script. What runs, in order:
 
@@ -463,7 +464,6 @@ def _check_main(target: str, policy: TrustPolicy, run_folder: str | None,
     from analyzer.capture.code import SAVED_MAIN, recorded_main, sha256_of
     from analyzer.replayer.errors import ModelRebuildError
 
-    attr = target.partition(":")[2]
     if not attr.isidentifier() or attr.startswith("_"):
         raise RefusedCode(target, "does not name a plain public attribute of a module")
     script = recorded_main(code)

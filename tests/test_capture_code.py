@@ -158,6 +158,9 @@ def test_the_saved_script_of_a_registered_run_replays_and_its_training_block_doe
     assert type(model).__module__ != "__main__"
     net = resolve_plan(_judge(step, "__main__:Net"), TrustPolicy()).obj
     assert type(model) is net  # one module for every factory of the same script
+    dotted = check("__main__.Net", TrustPolicy(), separator=".", code=code,
+                   capture_folder=str(step))  # how an optimizer class is named
+    assert resolve_plan(dotted, TrustPolicy()).obj is net
     assert not (tmp_path / "marker").exists()
 
 
@@ -347,8 +350,10 @@ def test_register_trust_never_raises_and_keeps_the_folders_of_version_one(
     (own_config / "trusted.json").write_text(json.dumps(
         {"version": 1, "trusted": [str(tmp_path)]}))
     digest = "ab" * 32
-    notes = register_trust({"modules": {}, "main": {"file": str(tmp_path / "t.py"),
-                                                    "root": "/", "sha256": digest}})
+    installed = {"file": str(tmp_path / "lib.py"), "root": None, "sha256": "cd" * 32}
+    notes = register_trust({"modules": {"lib": installed},
+                            "main": {"file": str(tmp_path / "t.py"), "root": "/",
+                                     "sha256": digest}})
     assert len(notes) == 1 and "filesystem root" in notes[0]
     assert trust.trusted_folders() == (str(tmp_path),)
     assert trust.trusted_sources() == {digest}
@@ -360,3 +365,15 @@ def test_register_trust_never_raises_and_keeps_the_folders_of_version_one(
     own_config.write_text("a file where the folder should be")
     notes = register_trust({"main": {"file": str(tmp_path / "t.py"), "sha256": digest}})
     assert notes and notes[0].startswith("could not record the code as trusted")
+
+
+@pytest.mark.timeout(120)
+def test_regression_a_fifo_as_the_saved_script_does_not_hang(tmp_path: Path) -> None:
+    step, script = _train(tmp_path, GUARDED, register=False)
+    os.remove(step / SAVED_MAIN)
+    os.mkfifo(step / SAVED_MAIN)
+    with pytest.raises(UntrustedCode):  # the script's own folder is what trust would fix
+        _judge(step, policy=TrustPolicy(trust_code=False))
+    os.remove(script)
+    with pytest.raises(ModelRebuildError, match="gone"):
+        _judge(step, policy=TrustPolicy(trust_code=True))

@@ -118,10 +118,11 @@ def write_main_source(step_folder: str, record: Mapping[str, Any]) -> str | None
 
 
 def register_trust(record: Mapping[str, Any]) -> list[str]:
-    """Trust the record's code on this machine: its roots as trusted folders, its hashes
-    as trusted sources. The filesystem root, the home folder and site-packages are not
-    trusted (a note says so; the script's saved copy still replays, by its hash). Never
-    raises; returns notes on what was not done."""
+    """Trust the record's code on this machine: its roots as trusted folders, the hashes
+    of the script and of the modules under those roots as trusted sources. The filesystem
+    root, the home folder and site-packages are not trusted as folders (a note says so;
+    the script's saved copy still replays, by its hash). Never raises; returns notes on
+    what was not done."""
     notes: list[str] = []
     try:
         from analyzer import trust
@@ -251,7 +252,10 @@ def recorded_roots(code: object) -> list[str]:
 
 
 def recorded_hashes(code: object) -> list[str]:
-    entries = [*recorded_modules(code).values(), recorded_main(code)]
+    """The hashes of the user's own code: the script's, and those of modules with a root
+    (not the standard library's or site-packages')."""
+    own = [e for e in recorded_modules(code).values() if e.root]
+    entries = [*own, recorded_main(code)]
     return list(dict.fromkeys(e.sha256 for e in entries if e is not None and e.sha256))
 
 
