@@ -154,6 +154,7 @@ class FlightRecorder:
         self.model = unwrap_model(model)
         optimizers = list(optimizer) if isinstance(optimizer, list | tuple) else [optimizer]
         self.optimizers = [unwrap_optimizer(o) for o in optimizers]
+        self._default_factory = model_factory is None
         if model_factory is None:
             model_factory = type(self.model)
         self.step_kind: StepKind = _step_kind(step_kind, loss_factory, step_factory)
@@ -275,8 +276,11 @@ class FlightRecorder:
         except CaptureSetupError:
             raise
         except Exception as exc:
+            hint = (" (no model_factory was given, so the model's own class was tried with "
+                    "model_kwargs; pass model_factory= and model_kwargs= to say how the model "
+                    "is built)" if self._default_factory else "")
             raise CaptureSetupError(f"model_factory {self.model_factory.path!r} cannot build "
-                                    f"the model: {type(exc).__name__}: {exc}") from None
+                                    f"the model: {type(exc).__name__}: {exc}{hint}") from None
         _same_shapes(self.model_factory.path, built, self.model)
         for what, factory in (("loss_factory", self.loss_factory),
                               ("step_factory", self.step_factory)):
