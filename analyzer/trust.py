@@ -180,18 +180,26 @@ def trust_sources(hashes: Sequence[str]) -> None:
 def trust_folder(path: str) -> str:
     """Record ``path`` as trusted; its real path, as recorded."""
     real = os.path.realpath(path)
-    if not os.path.isdir(real):
-        raise UsageError(f"{path}: not a folder")
-    if real in (os.path.dirname(real), os.path.realpath(os.path.expanduser("~"))):
-        raise UsageError(f"{path}: the filesystem root or your home folder would trust every "
-                         "folder below it, run folders included; trust the project's folder")
-    if is_system(real):
-        raise UsageError(f"{path}: lies in the standard library or site-packages; code there "
-                         "is never imported for a replay, so it cannot be trusted")
+    reason = _untrustable(real)
+    if reason is not None:
+        raise UsageError(f"{path}: {reason}")
     held = trusted_folders()
     if real not in held:
         _save([*held, real])
     return real
+
+
+def _untrustable(real: str) -> str | None:
+    """Why the folder ``real`` (a real path) cannot be trusted, or None when it can."""
+    if not os.path.isdir(real):
+        return "not a folder"
+    if real in (os.path.dirname(real), os.path.realpath(os.path.expanduser("~"))):
+        return ("the filesystem root or your home folder would trust every folder below it, "
+                "run folders included; trust the project's folder")
+    if is_system(real):
+        return ("lies in the standard library or site-packages; code there is never "
+                "imported for a replay, so it cannot be trusted")
+    return None
 
 
 def distrust_folder(path: str) -> bool:
@@ -488,10 +496,15 @@ def _check_main(target: str, attr: str, policy: TrustPolicy, run_folder: str | N
                 if script.sha256 else ()
             return Plan(target, "__main__", attr, "main", trusted_root, notes=notes,
                         file=script.file, script=data)
-    if present:
-        raise UntrustedCode(target, root or folder, "run")
+    offered = [f for f in (root, folder) if f and _untrustable(os.path.realpath(f)) is None]
+    if present and offered:
+        raise UntrustedCode(target, offered[0], "run")
     if saved is not None and os.path.isfile(saved):
         raise UntrustedCode(target, os.path.dirname(saved), "run")
+    if present:
+        raise RefusedCode(target, f"would run {script.file}, in a folder that cannot be "
+                                  f"trusted ({_untrustable(os.path.realpath(folder))}); pass "
+                                  "--trust-code for one call")
     raise ModelRebuildError(target, f"the training script {script.file} is gone and the "
                                     "capture holds no saved copy of it")
 

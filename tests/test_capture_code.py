@@ -377,3 +377,17 @@ def test_regression_a_fifo_as_the_saved_script_does_not_hang(tmp_path: Path) -> 
     os.remove(script)
     with pytest.raises(ModelRebuildError, match="gone"):
         _judge(step, policy=TrustPolicy(trust_code=True))
+
+
+def test_regression_a_refusal_never_offers_a_recorded_root_that_cannot_be_trusted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    step, script = _train(tmp_path, GUARDED, register=False)
+    code = _code(step)
+    code["main"]["root"] = os.sep  # a hostile record: "trust /" must not be suggested
+    with pytest.raises(UntrustedCode) as refused:
+        _judge(step, code=code)
+    assert refused.value.folder == str(script.parent)
+    monkeypatch.setenv("HOME", str(script.parent))  # the script's folder is now home
+    os.remove(step / SAVED_MAIN)
+    with pytest.raises(RefusedCode, match="cannot be trusted"):
+        _judge(step, code=code)
