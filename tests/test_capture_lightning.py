@@ -200,6 +200,24 @@ def test_check_grads_captures_the_step_whose_gradient_went_nan(tmp_path: Path,
     assert meta_of(tmp_path / "grads", 3)["trigger"]["what"] == "grad"
 
 
+def test_every_n_replays_the_steps_since_the_kept_state(tmp_path: Path,
+                                                        project: ModuleType) -> None:
+    cb = project.train(str(tmp_path), recorder=project.FlightRecorderCallback(every_n=5))
+    assert cb.capture_path.endswith("step_3")
+    meta = meta_of(tmp_path, 3)
+    assert meta["state_step"] == 0 and meta["history_steps"] == [0, 1, 2]
+    layer, ops = names(analyse(tmp_path))
+    assert layer == "net.2" and "div" in ops
+
+
+def test_a_healthy_fit_leaves_no_capture(tmp_path: Path, project: ModuleType) -> None:
+    # One optimizer step of batches 0 and 1: it ends before the zero sample (batch 3).
+    cb = project.train(str(tmp_path), accumulate=2, max_steps=1)
+    assert cb.capture_path is None and cb.recorder.errors == []
+    assert not (version_dir(tmp_path) / "capture").exists()
+    assert (version_dir(tmp_path) / "env.json").is_file()
+
+
 def test_without_a_logger_the_capture_goes_to_default_root_dir(
         tmp_path: Path, project: ModuleType) -> None:
     import lightning.pytorch as pl
