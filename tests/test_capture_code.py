@@ -10,6 +10,7 @@ block would leave a marker file: none may appear.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -20,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from analyzer import trust
 from analyzer.capture.code import (
@@ -391,3 +394,24 @@ def test_regression_a_refusal_never_offers_a_recorded_root_that_cannot_be_truste
     os.remove(step / SAVED_MAIN)
     with pytest.raises(RefusedCode, match="cannot be trusted"):
         _judge(step, code=code)
+
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8)
+                     | st.sampled_from(["/", "/tmp", "/nonexistent/train.py", "a" * 64,
+                                        "source/__main__.py", "\x00"]),
+                     lambda inner: st.lists(inner, max_size=3)
+                     | st.dictionaries(st.sampled_from(["modules", "main", "file", "root",
+                                                        "sha256", "saved", "json"]),
+                                       inner, max_size=4), max_leaves=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(code=_JSON)
+def test_any_code_record_is_read_or_ignored_never_a_crash(tmp_path_factory: Any,
+                                                          code: Any) -> None:
+    folder = str(tmp_path_factory.getbasetemp())
+    for target, separator in (("__main__:make", ":"), ("json_nowhere_x.m:make", ":"),
+                              ("__main__.Opt", ".")):
+        with contextlib.suppress(RefusedCode, UntrustedCode, ModelRebuildError):
+            check(target, TrustPolicy(), code=code, capture_folder=folder, separator=separator)
+    recorded_modules(code), recorded_main(code)
