@@ -67,7 +67,11 @@ def version_dir(out: Path) -> Path:
 def meta_of(out: Path, step: int) -> dict[str, Any]:
     folder = version_dir(out) / "capture" / f"step_{step}"
     assert folder.is_dir(), sorted(p.name for p in (version_dir(out) / "capture").iterdir())
-    data: dict[str, Any] = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
+    return meta_of_folder(folder)
+
+
+def meta_of_folder(folder: str | Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((Path(folder) / "meta.json").read_text(encoding="utf-8"))
     return data
 
 
@@ -216,6 +220,34 @@ def test_a_healthy_fit_leaves_no_capture(tmp_path: Path, project: ModuleType) ->
     assert cb.capture_path is None and cb.recorder.errors == []
     assert not (version_dir(tmp_path) / "capture").exists()
     assert (version_dir(tmp_path) / "env.json").is_file()
+
+
+def test_a_resumed_fit_counts_on_from_the_checkpoints_global_step(
+        tmp_path: Path, project: ModuleType) -> None:
+    import lightning.pytorch as pl
+    from torch.utils.data import DataLoader
+
+    def fit(data: Any, epochs: int, ckpt: str | None = None) -> Any:
+        cb = project.FlightRecorderCallback()
+        trainer = pl.Trainer(default_root_dir=str(tmp_path), max_epochs=epochs,
+                             accelerator="cpu",
+                             devices=1, callbacks=[cb], enable_progress_bar=False,
+                             enable_model_summary=False, log_every_n_steps=1)
+        trainer.fit(project.LitNet(), DataLoader(data, batch_size=project.BATCH_SIZE),
+                    ckpt_path=ckpt)
+        return cb, trainer
+
+    # A healthy first epoch (8 batches) saved; resumed on data whose batch 3 fails.
+    healthy, first = fit(project.data(zero=None), 1)
+    assert healthy.capture_path is None
+    saved = first.checkpoint_callback.best_model_path  # version_0/checkpoints/epoch=0-step=8
+    assert saved.endswith("step=8.ckpt")
+    cb, _ = fit(project.data(), 2, ckpt=saved)
+    assert cb.capture_path == str(tmp_path / "lightning_logs" / "version_1" / "capture"
+                                  / "step_11")
+    assert meta_of_folder(cb.capture_path)["step_call"]["batch_idx"] == 3
+    layer, ops = names(analyse(tmp_path))
+    assert layer == "net.2" and "div" in ops
 
 
 def test_without_a_logger_the_capture_goes_to_default_root_dir(

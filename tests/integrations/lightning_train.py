@@ -92,10 +92,11 @@ def mse_step() -> Callable[[LitNet, Sequence[torch.Tensor]], torch.Tensor]:
     return step
 
 
-def data(features: int = 4, samples: int = 32) -> TensorDataset:
+def data(features: int = 4, samples: int = 32, zero: int | None = ZERO_SAMPLE) -> TensorDataset:
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(samples, features, generator=gen)
-    x[ZERO_SAMPLE] = 0.0
+    if zero is not None:
+        x[zero] = 0.0
     return TensorDataset(x, torch.randn(samples, generator=gen))
 
 
