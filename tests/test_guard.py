@@ -343,7 +343,7 @@ def test_gradients_already_unscaled_are_not_divided_again() -> None:
     norm = float(model.net[0].weight.grad.norm())  # type: ignore[union-attr]
     guard.after_backward(0, scaler=scaler)
     assert w.value("grad_norm/net.0.weight", 0) == pytest.approx(norm, rel=1e-6)
-    assert (SCALE_TAG, 0) not in w.points
+    assert w.value(SCALE_TAG, 0) == 2.0**8  # the scale is still written, for its skips
 
 
 # -- writers ------------------------------------------------------------------------------
@@ -391,3 +391,71 @@ class _Recorder:
 
     def value(self, tag: str, step: int) -> float:
         return self.points[(tag, step)]
+
+
+# -- inside a framework's hooks -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed", "16-mixed"])
+def test_a_lightning_callback_guards_a_real_trainer(tmp_path: Path, precision: str) -> None:
+    # The guard's two calls from Lightning's own hooks, its logger's writer passed in: two
+    # NaN batches are refused, and the run, which goes on, is read as healthy; under
+    # 16-mixed the precision plugin's GradScaler skips them itself.
+    import lightning.pytorch as pl
+    from lightning.pytorch.plugins.precision import MixedPrecision
+    from torch.utils.data import DataLoader, TensorDataset
+
+    class Lit(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = Net()
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            loss = torch.nn.functional.mse_loss(self.model(x).float(), y)
+            self.log("train_loss", loss)
+            return loss
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.Adam(self.parameters(), lr=0.01)
+
+    class Guarded(pl.Callback):
+        guard: StepGuard
+
+        def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+            self.guard = StepGuard(pl_module, writer=trainer.logger.experiment, every=4,
+                                   skip_nonfinite=True)
+
+        def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+            scaler = getattr(trainer.precision_plugin, "scaler", None)
+            self.guard.after_backward(trainer.global_step, scaler=scaler)
+
+        def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+            self.guard.after_update(trainer.global_step - 1)
+
+    batches = [_batch(i, nan_at=(5, 11)) for i in range(16)]
+    data = TensorDataset(torch.cat([x for x, _ in batches]), torch.cat([y for _, y in batches]))
+    cb = Guarded()
+    trainer = pl.Trainer(default_root_dir=str(tmp_path), max_epochs=1, log_every_n_steps=1,
+                         accelerator="cpu", devices=1, callbacks=[cb], enable_progress_bar=False,
+                         enable_model_summary=False, enable_checkpointing=False,
+                         **({"plugins": [MixedPrecision("16-mixed", "cpu",
+                                                        scaler=torch.amp.GradScaler("cpu"))]}
+                            if precision == "16-mixed" else {"precision": precision}))
+    lit = Lit()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(lit, DataLoader(data, batch_size=16))
+    cb.guard.close()
+    assert _finite(lit)
+    result = analyse_read_only(tmp_path)
+    assert "grad_norm/model.net.0.weight" in {s.tag for s in result.run.series}  # full paths
+    if precision != "16-mixed":
+        assert cb.guard.skipped == 2 and result.scale is not None
+        assert result.scale.guarded == frozenset({5, 11})
+        assert result.status == "finite"
+    else:  # the scaler's skips, not the guard's; its scale is logged beside the norms
+        assert cb.guard.skipped == 0 and cb.guard.last_fault is None
+        scale = _series(result, SCALE_TAG)
+        assert {4, 5, 6, 8, 11, 12} <= set(scale.steps.tolist())  # every=4, and each drop
+        assert {5, 11} <= set(result.overflow_skips)  # (fp16 may overflow at step 0 too)

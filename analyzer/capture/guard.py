@@ -18,7 +18,8 @@ reads as per-layer tags, :mod:`analyzer.tags`):
   steps and at any step whose check found a non-finite value, so the step that fails
   leaves layer-level evidence whatever ``every`` is;
 - ``guard/loss_scale``, the GradScaler's scale the step used, beside the gradient norms
-  (which are divided by it): the analyzer reads a scaler's skips from it;
+  (which are divided by it while the gradients are still scaled) and at the two steps
+  around each change of the scale: the analyzer reads a scaler's skips from its drops;
 - ``guard/skipped_steps``, the number of updates the guard refused so far, at each step it
   grows (:func:`analyzer.scaler.guard_skips` reads those steps back).
 
@@ -118,6 +119,7 @@ class StepGuard:
         self._log_dir = None if log_dir is None else os.fspath(log_dir)
         self._writer = writer
         self._owned = False
+        self._scale_seen: tuple[int, float, bool] | None = None  # step, scale, written there
 
     # -- the two calls of a step -------------------------------------------------------
 
@@ -127,19 +129,22 @@ class StepGuard:
         torch optimizer's ``step()`` changes nothing. Call it after backward and before
         the optimizer (and before ``scaler.step``)."""
         due = self._due(step)
-        if not (due or self.check):
+        scaled = _enabled(scaler)
+        check = self.check and not scaled  # under a scaler, an overflow is its own to skip
+        follow = self.check and scaled  # its scale at every step, to pin the skips to steps
+        if not (due or check or follow):
             return True
-        named = [(n, p.grad) for n, p in self._params if p.grad is not None]
+        named = [(n, p.grad) for n, p in self._params if p.grad is not None] \
+            if due or check else []
         scale_t, scale = _scale_of(scaler)
-        extra = [] if scale_t is None else [scale_t]
-        values = _norms([g for _, g in named], extra)
+        values = _norms([g for _, g in named], [] if scale_t is None else [scale_t])
         if scale_t is not None:
             scale = values.pop()
-        fault = None
-        if self.check and not _enabled(scaler):  # an overflow is the scaler's to skip
-            fault = _first_fault(step, "gradient", named, values)
+        fault = _first_fault(step, "gradient", named, values) if check else None
         if due or fault is not None:
-            self._write_grads(step, named, values, scale)
+            self._write_grads(step, named, values, scale, divide=not _unscaled(scaler))
+        if follow and scale is not None:
+            self._follow_scale(step, scale, written=due)
         if fault is None:
             return True
         self._fault(fault)
@@ -192,8 +197,8 @@ class StepGuard:
         return self.every > 0 and step % self.every == 0
 
     def _write_grads(self, step: int, named: Sequence[tuple[str, Any]], values: list[float],
-                     scale: float | None) -> None:
-        div = scale if scale else 1.0
+                     scale: float | None, *, divide: bool) -> None:
+        div = scale if scale and divide else 1.0
         unscaled = [v / div for v in values]
         pairs = [(GRAD_PREFIX + name, v) for (name, _), v in zip(named, unscaled, strict=True)]
         if unscaled:
@@ -201,6 +206,19 @@ class StepGuard:
         if scale is not None:
             pairs.append((SCALE_TAG, scale))
         self._write(step, pairs)
+
+    def _follow_scale(self, step: int, scale: float, *, written: bool) -> None:
+        """Write the scale of both steps around each change, so that a drop lies between
+        consecutive steps, which is how the analyzer pins a scaler's skip to its step."""
+        seen = self._scale_seen
+        self._scale_seen = (step, scale, written)
+        if seen is None or seen[1] == scale:
+            return
+        if not seen[2]:
+            self._write(seen[0], [(SCALE_TAG, seen[1])])
+        if not written:
+            self._write(step, [(SCALE_TAG, scale)])
+            self._scale_seen = (step, scale, True)
 
     def _fault(self, fault: Fault) -> None:
         self.last_fault = fault
@@ -249,11 +267,10 @@ _PROTOS = {"torch": "tensorboard.compat.proto.summary_pb2",
 
 
 def _scale_of(scaler: Any) -> tuple[torch.Tensor | None, float | None]:
-    """An enabled GradScaler's scale while the gradients are still scaled: as a tensor
-    where the scaler keeps one (read with the norms, in one copy to the host), else as a
-    number. (None, None) without a scaler, a disabled one, or gradients already unscaled
-    (``scaler.unscale_`` called before the guard, as a loop that clips does)."""
-    if not _enabled(scaler) or _unscaled(scaler):
+    """An enabled GradScaler's scale: as a tensor where the scaler keeps one (read with
+    the norms, in one copy to the host), else as a number; (None, None) without a scaler
+    or with a disabled one."""
+    if not _enabled(scaler):
         return None, None
     tensor = getattr(scaler, "_scale", None)
     import torch
@@ -268,7 +285,11 @@ def _enabled(scaler: Any) -> bool:
 
 
 def _unscaled(scaler: Any) -> bool:
-    """Whether ``scaler.unscale_`` ran for an optimizer this step (torch's own record)."""
+    """Whether ``scaler.unscale_`` ran for an optimizer this step (torch's own record), as
+    in a loop that clips and in Lightning's mixed-precision plugin: the gradients are
+    no longer scaled."""
+    if not _enabled(scaler):
+        return False
     states = getattr(scaler, "_per_optimizer_states", None)
     if not isinstance(states, dict):
         return False
