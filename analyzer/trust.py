@@ -564,7 +564,7 @@ def resolve_plan(plan: Plan, policy: TrustPolicy, *, run_folder: str | None = No
     if plan.source == "library":
         return Resolved(_library_class(plan), None)
     if plan.source == "main":
-        module = _run_script(plan)
+        module = _run_script(plan, policy.import_paths)
         obj = vars(module).get(plan.attr)
         if obj is None:
             raise ModelRebuildError(target, f"the training script defines no {plan.attr!r} "
@@ -613,12 +613,13 @@ def _library_class(plan: Plan) -> Any:
     return obj
 
 
-def _run_script(plan: Plan) -> types.ModuleType:
+def _run_script(plan: Plan, import_paths: Sequence[str] = ()) -> types.ModuleType:
     """Run the top level of the training script (see
     :func:`analyzer.capture.code.top_level_code` for exactly which statements) as a fresh
     module under a private name, never ``__main__``, with ``sys.argv`` holding only the
     script's path (an argument parser at the top level sees no arguments) and its root,
-    when trusted, first on ``sys.path``. The same bytes give the same module, run once."""
+    when trusted, and the call's import paths first on ``sys.path``. The same bytes give
+    the same module, run once."""
     from analyzer.capture.code import sha256_of, top_level_code
     from analyzer.replayer.errors import ModelRebuildError
 
@@ -640,13 +641,16 @@ def _run_script(plan: Plan) -> types.ModuleType:
     argv = sys.argv
     sys.argv = [plan.file]
     try:
-        with import_path([plan.folder] if plan.folder else []):
+        with import_path([*([plan.folder] if plan.folder else []), *import_paths]):
             exec(code, vars(module))
     except (Exception, SystemExit) as exc:
         sys.modules.pop(name, None)
+        hint = ("; a replay skips the script's top-level calls, sys.path.insert(...) among "
+                "them: give that folder with --import-path"
+                if isinstance(exc, ImportError) else "")
         raise ModelRebuildError(plan.target, f"running the top level of the training script "
                                              f"{plan.file} raised {type(exc).__name__}: "
-                                             f"{exc}") from None
+                                             f"{exc}{hint}") from None
     finally:
         sys.argv = argv
     return module

@@ -415,3 +415,20 @@ def test_any_code_record_is_read_or_ignored_never_a_crash(tmp_path_factory: Any,
         with contextlib.suppress(RefusedCode, UntrustedCode, ModelRebuildError):
             check(target, TrustPolicy(), code=code, capture_folder=folder, separator=separator)
     recorded_modules(code), recorded_main(code)
+
+
+def test_a_script_importing_a_folder_it_put_on_sys_path_needs_that_folder_given(
+        tmp_path: Path) -> None:
+    helpers = tmp_path / "helpers"
+    helpers.mkdir()
+    (helpers / "widths_t.py").write_text("WIDTH = 9\n")
+    source = GUARDED.replace("MARKER =", f"import sys\nsys.path.insert(0, {str(helpers)!r})\n"
+                                         "from widths_t import WIDTH\nMARKER =")
+    step, _ = _train(tmp_path, source.replace("width=4", "width=WIDTH"))
+    sys.modules.pop("widths_t", None)
+    plan = _judge(step)
+    with pytest.raises(ModelRebuildError, match="--import-path"):
+        _build(plan)
+    given = TrustPolicy.of([str(helpers)])
+    assert resolve_plan(plan, given).obj().layer.in_features == 9
+    sys.modules.pop("widths_t", None)
