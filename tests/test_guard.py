@@ -459,3 +459,62 @@ def test_a_lightning_callback_guards_a_real_trainer(tmp_path: Path, precision: s
         scale = _series(result, SCALE_TAG)
         assert {4, 5, 6, 8, 11, 12} <= set(scale.steps.tolist())  # every=4, and each drop
         assert {5, 11} <= set(result.overflow_skips)  # (fp16 may overflow at step 0 too)
+
+
+def test_a_trainer_callback_guards_a_real_hf_trainer(tmp_path: Path) -> None:
+    # The Trainer logs the update it made at state.global_step N on step N + 1 (after it
+    # counted it): the guard is given that number, so the NaN grad_norm the Trainer logs
+    # for a refused update falls on the guard's own step.
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("WANDB_DISABLED", "true")
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+    from transformers.integrations import TensorBoardCallback
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = Net()
+
+        def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+            return {"loss": torch.nn.functional.mse_loss(self.body(x), labels)}
+
+    class Guarded(TrainerCallback):  # type: ignore[misc]
+        guard: StepGuard
+
+        def __init__(self, tb: Any) -> None:
+            self.tb = tb
+
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            self.guard = StepGuard(kw["model"], writer=self.tb.tb_writer, every=4,
+                                   skip_nonfinite=True)
+
+        def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            self.guard.after_backward(state.global_step + 1)
+
+        def on_optimizer_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            self.guard.after_update(state.global_step + 1)
+
+    rows = [{"x": x[i], "labels": y[i]} for x, y in (_batch(s, nan_at=(5, 11)) for s in range(16))
+            for i in range(2, 6)]  # four rows a batch, x[3] the NaN sample
+    args = TrainingArguments(output_dir=str(tmp_path), report_to=["tensorboard"], logging_steps=1,
+                             max_steps=16, per_device_train_batch_size=4, use_cpu=True, seed=0,
+                             save_strategy="no", disable_tqdm=True, learning_rate=1e-2,
+                             train_sampling_strategy="sequential")
+    model = Model()
+    trainer = Trainer(model=model, args=args, train_dataset=rows)
+    tb = next(c for c in trainer.callback_handler.callbacks if isinstance(c, TensorBoardCallback))
+    cb = Guarded(tb)
+    trainer.add_callback(cb)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.train()
+    cb.guard.close()
+    assert cb.guard.skipped == 2 and _finite(model)
+    result = analyse_read_only(tmp_path)
+    assert "grad_norm/body.net.0.weight" in {s.tag for s in result.run.series}
+    assert math.isnan(_series(result, "train/grad_norm").values[5])  # the Trainer's own
+    assert result.scale is not None and result.scale.guarded == frozenset({6, 12})
+    assert result.status == "finite"
