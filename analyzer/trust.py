@@ -58,6 +58,7 @@ import importlib
 import importlib.machinery
 import importlib.util
 import json
+import linecache
 import os
 import shlex
 import site
@@ -348,6 +349,9 @@ class Plan:
     notes: tuple[str, ...] = ()
     file: str | None = None
     script: bytes | None = field(default=None, repr=False)
+    shown: str | None = None
+    """The name the script's code is compiled under, so that source lines name the user's
+    script (``train.py:12``) when its saved copy runs; None: ``file``."""
 
 
 def check(target: str, policy: TrustPolicy, *, run_folder: str | None = None,
@@ -486,7 +490,9 @@ def _check_main(target: str, attr: str, policy: TrustPolicy, run_folder: str | N
         data = _read_code(saved)
         if data is not None and (sha256_of(data) in trusted_sources()
                                  or policy.trusts(os.path.dirname(saved), run_folder)):
-            return Plan(target, "__main__", attr, "main", trusted_root, file=saved, script=data)
+            shown = script.file if script.file.endswith(".py") else None
+            return Plan(target, "__main__", attr, "main", trusted_root, file=saved, script=data,
+                        shown=shown)
     folder = os.path.dirname(script.file)
     present = script.file.endswith(".py") and os.path.isfile(script.file)
     if present and policy.trusts(folder, run_folder) and not is_system(script.file):
@@ -629,11 +635,17 @@ def _run_script(plan: Plan, import_paths: Sequence[str] = ()) -> types.ModuleTyp
     loaded = sys.modules.get(name)
     if loaded is not None and getattr(loaded, "__forensics_sha256__", None) == digest:
         return loaded
+    shown = plan.shown or plan.file
     try:
-        code = top_level_code(plan.script, plan.file)
+        code = top_level_code(plan.script, shown)
     except (SyntaxError, ValueError) as exc:
         raise ModelRebuildError(plan.target, f"the training script {plan.file} is not "
                                              f"Python: {exc}") from None
+    if shown != plan.file:
+        # The lines a report quotes are those of the code that ran (the saved copy), under
+        # the name the script had when it trained.
+        text = plan.script.decode("utf-8", "replace")
+        linecache.cache[shown] = (len(text), None, text.splitlines(True), shown)
     module = types.ModuleType(name)
     module.__file__ = plan.file
     vars(module)["__forensics_sha256__"] = digest

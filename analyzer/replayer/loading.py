@@ -222,7 +222,8 @@ def _plans(meta: CaptureMeta, policy: TrustPolicy,
         check_model_config(meta.model.factory, meta.model.config)
     for i, opt in enumerate(meta.optimizers):
         plans[f"optimizer{i}"] = (check(opt.cls, policy, run_folder=run_folder,
-                                        separator="."), {})
+                                        separator=".", code=meta.code,
+                                        capture_folder=meta.folder), {})
     return plans
 
 
