@@ -1,0 +1,204 @@
+"""The flight recorder for a loop written with Hugging Face Accelerate.
+
+Two lines in the user's script::
+
+    recorder = recorder_for(accelerator, run_dir, model, optimizer,
+                            model_factory=make_model, loss_factory=make_loss)
+    for x, y in loader:
+        with accelerator.accumulate(model), recorder.step(inputs=x, targets=y):
+            loss = loss_fn(model(x), y)
+            accelerator.backward(loss)
+            ...                                   # clip, optimizer.step(), zero_grad()
+
+What :func:`recorder_for` reads from the accelerator, so the replay runs the step the way
+Accelerate 1.x ran it (``Accelerator.backward``, ``accumulate``, ``clip_grad_norm_``):
+
+- the model through ``accelerator.unwrap_model`` (its parameter names are the user's
+  module's) and the optimizers under their ``AcceleratedOptimizer`` wrappers;
+- ``accelerator.scaler`` (a GradScaler only for fp16 on an accelerator device) and the
+  autocast dtype of ``mixed_precision`` when Accelerate autocasts (``native_amp``);
+- ``gradient_accumulation_steps`` as the micro-batches of one optimizer step, with the loss
+  divided by it, as ``backward`` divides every micro-batch's loss;
+- the end of an optimizer step from ``accelerator.sync_gradients``, which ``accumulate``
+  sets on entry: one ``recorder.step`` per loop iteration (micro-batch), and the recorder's
+  step is over when the micro-batch that synchronised leaves (at the end of a dataloader
+  that is earlier than ``gradient_accumulation_steps``, as Accelerate syncs there too);
+- the loss handed to ``accelerator.backward`` (before its division) and the ``max_norm``
+  of ``accelerator.clip_grad_norm_``, seen by wrapping those two methods on this one
+  accelerator object: the loop needs no ``rec.loss`` and no ``grad_clip=``.
+
+What the replay does not reproduce: Accelerate autocasts the model's forward only and
+casts its outputs to float32, where the replay autocasts the whole step (the loss too);
+``clip_grad_norm_`` over other parameters than the model's, or with a norm other than 2;
+the all-reduce of a multi-process run (only the main process records: the replay is its
+step on its own batch); DeepSpeed, Megatron-LM, FSDP, XLA and fp8, which own the step
+themselves and are refused with :class:`CaptureSetupError` when the recorder is made.
+
+``accelerate`` itself is never imported here: everything is read from the object given.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from analyzer.capture.recorder import CaptureSetupError, FlightRecorder
+
+if TYPE_CHECKING:
+    import torch
+
+# Distributed types whose engine runs backward, the update or the sharding itself.
+_REFUSED = {"DEEPSPEED", "MEGATRON_LM", "FSDP", "XLA"}
+_OWN = ("scaler", "autocast_dtype", "accumulation", "divide_loss")
+
+
+class AcceleratorRecorder:
+    """A :class:`FlightRecorder` driven by an ``accelerate.Accelerator``'s own state.
+
+    ``step`` is entered once per loop iteration, i.e. per micro-batch; the recorder's
+    optimizer step begins with the first micro-batch after a synchronised one and ends with
+    the next that synchronises (or raises). ``recorder`` is the FlightRecorder underneath
+    (None on the processes other than the main one, which record nothing).
+    """
+
+    def __init__(self, accelerator: Any, recorder: FlightRecorder | None) -> None:
+        self.accelerator = accelerator
+        self.recorder = recorder
+        self._open = False
+        self._originals: dict[str, Any] = {}
+        if recorder is not None:
+            self._wrap("backward", self._on_backward)
+            self._wrap("clip_grad_norm_", self._on_clip)
+
+    @contextlib.contextmanager
+    def step(self, batch: Any = None, *, inputs: Any = None, targets: Any = None,
+             step: int | None = None) -> Iterator[AcceleratorRecorder]:
+        """Record one micro-batch: ``batch=`` for the step_fn and model_loss kinds,
+        ``inputs``/``targets`` for the loss_fn kind; ``step`` is the global step (default:
+        the recorder's own count of optimizer steps)."""
+        rec = self.recorder
+        if rec is None or not rec.active:
+            yield self
+            return
+        if self._open:
+            rec.micro_batch(batch, inputs=inputs, targets=targets)
+        else:
+            rec.begin(step, inputs, targets, batch=batch)
+            self._open = True
+        try:
+            yield self
+        except BaseException as exc:
+            self._open = False
+            rec.end(exc)
+            raise
+        if self.accelerator.sync_gradients:
+            self._open = False
+            rec.end()
+
+    def loss(self, value: Any) -> None:
+        """Hand the loss over by hand (``accelerator.backward`` already does)."""
+        if self.recorder is not None:
+            self.recorder.loss(value)
+
+    def close(self) -> None:
+        """Put the accelerator's own ``backward`` and ``clip_grad_norm_`` back."""
+        for name in self._originals:
+            vars(self.accelerator).pop(name, None)
+        self._originals.clear()
+
+    @property
+    def captured(self) -> bool:
+        return self.recorder is not None and self.recorder.captured
+
+    @property
+    def capture_path(self) -> str | None:
+        return None if self.recorder is None else self.recorder.capture_path
+
+    @property
+    def errors(self) -> list[str]:
+        return [] if self.recorder is None else self.recorder.errors
+
+    @property
+    def active(self) -> bool:
+        return self.recorder is not None and self.recorder.active
+
+    @property
+    def global_step(self) -> int | None:
+        return None if self.recorder is None else self.recorder.global_step
+
+    def _wrap(self, name: str, hook: Any) -> None:
+        original = getattr(self.accelerator, name)
+        self._originals[name] = original
+
+        @functools.wraps(original)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            hook(*args, **kwargs)
+            return original(*args, **kwargs)
+
+        # An attribute of this one object, not of the class: other accelerators are untouched.
+        setattr(self.accelerator, name, wrapper)
+
+    def _on_backward(self, loss: Any, **_: Any) -> None:
+        if self._open and self.recorder is not None:
+            self.recorder.loss(loss)
+
+    def _on_clip(self, parameters: Any, max_norm: float, norm_type: float = 2) -> None:
+        rec = self.recorder
+        if rec is None or not rec.active:
+            return
+        if float(norm_type) != 2.0:
+            _note(rec, f"clip_grad_norm_ with norm_type={norm_type}: the replay clips "
+                       "by the L2 norm")
+        rec.grad_clip = float(max_norm)
+
+
+def recorder_for(accelerator: Any, run_dir: str | os.PathLike[str], model: torch.nn.Module,
+                 optimizer: Any, **options: Any) -> AcceleratorRecorder:
+    """A recorder for a loop that ``accelerator`` prepared ``model`` and ``optimizer`` for.
+
+    ``options`` are :class:`FlightRecorder`'s keyword arguments (the factories, ``seed``,
+    ``mode``, the checks, ``grad_clip`` when the loop clips without
+    ``accelerator.clip_grad_norm_``...), except the four read from the accelerator:
+    ``scaler``, ``autocast_dtype``, ``accumulation`` and ``divide_loss``. ``optimizer`` may
+    be a list (several optimizers). Raises :class:`CaptureSetupError` for a setup whose
+    step the replay cannot run, and whatever FlightRecorder raises for wrong factories.
+    """
+    given = sorted(set(_OWN) & set(options))
+    if given:
+        raise TypeError(f"recorder_for reads {', '.join(given)} from the accelerator; "
+                        "do not pass them")
+    kind = str(getattr(accelerator.distributed_type, "name", accelerator.distributed_type))
+    if kind in _REFUSED:
+        raise CaptureSetupError(f"the flight recorder cannot replay a {kind} step "
+                                "(the engine runs backward and the update itself)")
+    if str(accelerator.mixed_precision) == "fp8":
+        raise CaptureSetupError("the flight recorder cannot replay fp8 mixed precision")
+    if not accelerator.is_main_process:
+        return AcceleratorRecorder(accelerator, None)
+    optimizers = list(optimizer) if isinstance(optimizer, list | tuple) else [optimizer]
+    recorder = FlightRecorder(
+        # The recorder takes the user's optimizers from under their AcceleratedOptimizer.
+        run_dir, accelerator.unwrap_model(model), optimizers,
+        scaler=accelerator.scaler, autocast_dtype=autocast_dtype(accelerator),
+        accumulation=int(accelerator.gradient_accumulation_steps), divide_loss=True,
+        **options)
+    return AcceleratorRecorder(accelerator, recorder)
+
+
+def autocast_dtype(accelerator: Any) -> torch.dtype | None:
+    """The dtype Accelerate autocasts the forward to, or None when it does not (no native
+    AMP, or an ``AutocastKwargs(enabled=False)`` handler)."""
+    import torch
+
+    handler = getattr(accelerator, "autocast_handler", None)
+    if not getattr(accelerator, "native_amp", False) or not getattr(handler, "enabled", True):
+        return None
+    return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(str(accelerator.mixed_precision))
+
+
+def _note(rec: FlightRecorder, message: str) -> None:
+    if message not in rec.notes:
+        rec.notes.append(message)

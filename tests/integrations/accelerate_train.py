@@ -1,0 +1,65 @@
+"""A loop written with Hugging Face Accelerate, recorded by two lines: ``recorder_for`` and
+``recorder.step``. ``python tests/integrations/accelerate_train.py OUT [bf16]`` trains it;
+the tests call :func:`train` in their own process.
+
+The model (``loop_models.Net``, a module beside this script) takes log(softmax) of its
+logits; batch ``bad`` holds a row a thousand times too large, so its softmax underflows and
+log(0) = -inf.
+"""
+
+from __future__ import annotations
+
+import sys
+from types import ModuleType
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def train(out: str, *, mixed_precision: str = "no", accumulation: int = 1,
+          clip: float | None = None, batches: int = 5, bad: int = 3, epochs: int = 2,
+          models: ModuleType) -> Any:
+    """Train until the recorder captures; returns the recorder. ``models`` is the module of
+    the model and loss (the tests import loop_models.py as a project module of their own)."""
+    from accelerate import Accelerator
+
+    from analyzer.capture.accelerate import recorder_for
+
+    torch.manual_seed(0)
+    accelerator = Accelerator(cpu=True, mixed_precision=mixed_precision,
+                              gradient_accumulation_steps=accumulation)
+    model = models.make_net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+    data = models.batches(batches, bad=bad, outlier=1e3)
+    loader = DataLoader(TensorDataset(torch.cat([x for x, _ in data]),
+                                      torch.cat([y for _, y in data])), batch_size=4)
+    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader,
+                                                              scheduler)
+    loss_fn = models.nll()
+    recorder = recorder_for(accelerator, out, model, optimizer,
+                            model_factory=models.make_net, loss_factory=models.nll, seed=0,
+                            check_params=True)
+    for _ in range(epochs):
+        for x, y in loader:
+            with accelerator.accumulate(model), recorder.step(inputs=x, targets=y):
+                loss = loss_fn(model(x), y)
+                accelerator.backward(loss)
+                if clip is not None and accelerator.sync_gradients:
+                    accelerator.clip_grad_norm_(model.parameters(), clip)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
+            if recorder.captured:
+                return recorder
+    return recorder
+
+
+if __name__ == "__main__":
+    import loop_models  # beside this script (sys.path[0]), as a user's own module would be
+
+    args = sys.argv[1:]
+    rec = train(args[0], mixed_precision="bf16" if "bf16" in args else "no",
+                accumulation=2, clip=1.0, models=loop_models)
+    print(rec.capture_path)

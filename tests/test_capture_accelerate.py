@@ -1,0 +1,195 @@
+"""The flight recorder in a loop written with Hugging Face Accelerate, end to end.
+
+tests/integrations/accelerate_train.py trains lm.Net with the real Accelerator on
+the CPU (``accumulate``, ``backward``, ``clip_grad_norm_``, bf16 autocast); a batch with an
+outlier row makes the softmax underflow and the head take log(0). ``forensics analyze`` on
+the run folder, with no flag, must then replay the captured step and name the head's log.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+
+from analyzer.capture.recorder import CaptureSetupError
+from analyzer.model import RunResult
+from tests.integrations import accelerate_train
+from tests.integrations.loop_models import project_module
+from tests.readonly import snapshot
+
+pytest.importorskip("accelerate")
+MODELS = "accelerate_project"
+
+
+@pytest.fixture(scope="module")
+def lm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModuleType]:
+    """tests/integrations/lm.py as the user's project module ``accelerate_project``
+    (a replay never imports factories from this tool's own tree)."""
+    with project_module(tmp_path_factory.mktemp("project"), MODELS) as module:
+        yield module
+
+
+@pytest.fixture(autouse=True)
+def fresh_accelerate_state() -> Iterator[None]:
+    """Accelerate keeps one process-wide state; each test builds its own Accelerator (as
+    accelerate's own test cases reset it)."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    yield
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+
+
+def analyse(run: Path) -> RunResult:
+    import analyzer
+
+    before = snapshot(run)
+    (result,) = analyzer.analyze(str(run)).results
+    assert snapshot(run) == before
+    assert result.replay is not None, result.replay_error or result.replay_refused
+    return result
+
+
+def meta_of(path: str | None) -> dict[str, Any]:
+    assert path is not None
+    data: dict[str, Any] = json.loads((Path(path) / "meta.json").read_text(encoding="utf-8"))
+    return data
+
+
+def layer_and_op(result: RunResult) -> tuple[str | None, tuple[str, ...]]:
+    replay = result.replay
+    assert replay is not None and replay.op is not None, replay
+    return replay.layer, tuple(replay.op.names)
+
+
+@pytest.mark.parametrize(("bad", "step", "micro_batches", "failing"),
+                         [(3, 1, 2, 1), (4, 2, 1, None)])
+def test_accumulate_two_micro_batches_with_clipping(tmp_path: Path, lm: ModuleType, bad: int,
+                                                    step: int, micro_batches: int,
+                                                    failing: int | None) -> None:
+    # Five batches of a dataloader, two micro-batches a step: steps [0 1] [2 3] [4] an epoch,
+    # the last cut short by the end of the dataloader, yet its loss still divided by 2.
+    rec = accelerate_train.train(str(tmp_path), accumulation=2, clip=1.0, bad=bad, models=lm)
+    assert rec.capture_path == str(tmp_path / "capture" / f"step_{step}"), rec.errors
+    meta = meta_of(rec.capture_path)
+    assert meta["accumulation"] == {"micro_batches": micro_batches, "divide": True,
+                                    "divisor": 2, "failing": failing, "configured": 2}
+    assert meta["grad_clip"] == 1.0  # seen in accelerator.clip_grad_norm_
+    assert meta["amp"]["autocast_dtype"] is None and meta["amp"]["grad_scaler"] is False
+    # Batch 4's outlier row has a class its softmax keeps as target: a finite loss; the NaN
+    # gradient of log(0) reaches the parameters (check_params: the loop's zero_grad has
+    # already cleared the gradients when the step ends).
+    assert meta["trigger"]["what"] == ("loss" if bad == 3 else "param")
+    assert layer_and_op(analyse(tmp_path)) == ("head", ("log",))
+
+
+def test_bf16_on_the_cpu(tmp_path: Path, lm: ModuleType) -> None:
+    rec = accelerate_train.train(str(tmp_path), mixed_precision="bf16", clip=0.5,
+                                 models=lm)
+    assert rec.capture_path == str(tmp_path / "capture" / "step_3"), rec.errors
+    meta = meta_of(rec.capture_path)
+    assert meta["amp"] == {"autocast_dtype": "bfloat16", "device_type": "cpu",
+                           "grad_scaler": False}
+    assert meta["dtype"] == "float32" and meta["grad_clip"] == 0.5
+    result = analyse(tmp_path)
+    assert result.replay is not None and result.replay.autocast == "bfloat16"
+    assert layer_and_op(result) == ("head", ("log",))
+
+
+def test_the_recorder_reads_the_accelerator_and_puts_its_methods_back(
+        tmp_path: Path, lm: ModuleType) -> None:
+    from accelerate import Accelerator
+
+    from analyzer.capture.accelerate import recorder_for
+
+    accelerator = Accelerator(cpu=True, mixed_precision="bf16", gradient_accumulation_steps=3)
+    model, opt = accelerator.prepare(lm.make_net(),
+                                     torch.optim.SGD(lm.make_net().parameters(), 0.1))
+    with pytest.raises(TypeError, match="scaler"):
+        recorder_for(accelerator, tmp_path, model, opt, model_factory=f"{MODELS}:make_net",
+                     loss_factory=f"{MODELS}:nll", scaler=None)
+    rec = recorder_for(accelerator, tmp_path, model, opt, model_factory=f"{MODELS}:make_net",
+                       loss_factory=f"{MODELS}:nll")
+    inner = rec.recorder
+    assert inner is not None
+    assert inner.model is accelerator.unwrap_model(model)
+    assert inner.autocast_dtype == torch.bfloat16 and inner.scaler is None
+    assert inner.accumulation == 3 and inner.divide_loss is True
+    assert "backward" in vars(accelerator)
+    rec.close()
+    assert "backward" not in vars(accelerator) and "clip_grad_norm_" not in vars(accelerator)
+
+
+def test_a_wrong_factory_fails_when_the_recorder_is_made(tmp_path: Path, lm: ModuleType) -> None:
+    from accelerate import Accelerator
+
+    from analyzer.capture.accelerate import recorder_for
+
+    accelerator = Accelerator(cpu=True)
+    model = lm.make_net()
+    opt = torch.optim.SGD(model.parameters(), 0.1)
+    model, opt = accelerator.prepare(model, opt)
+    with pytest.raises(CaptureSetupError, match="make_nett"):
+        recorder_for(accelerator, tmp_path, model, opt, model_factory=f"{MODELS}:make_nett",
+                     loss_factory=f"{MODELS}:nll")
+    assert "backward" not in vars(accelerator)
+
+
+class _Calls:
+    """Stands in for the FlightRecorder under AcceleratorRecorder: the calls it gets."""
+
+    active = True
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.grad_clip: float | None = None
+        self.errors: list[str] = []
+
+    def begin(self, step: Any, inputs: Any, targets: Any, *, batch: Any = None) -> None:
+        self.calls.append("begin")
+
+    def micro_batch(self, batch: Any = None, *, inputs: Any = None, targets: Any = None) -> None:
+        self.calls.append("micro")
+
+    def loss(self, value: Any) -> None:
+        self.calls.append(f"loss {float(value.detach()):g}")
+
+    def end(self, error: BaseException | None = None) -> None:
+        self.calls.append("end" if error is None else f"end {type(error).__name__}")
+
+
+def test_an_optimizer_step_ends_where_accelerate_syncs() -> None:
+    """Two micro-batches a step over a dataloader of five: Accelerate syncs after batches 1,
+    3 and 4 (the end of the dataloader), so the recorder's steps are [0 1] [2 3] [4]; each
+    loss is handed over as the loop computed it, before backward divides it by 2."""
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from analyzer.capture.accelerate import AcceleratorRecorder
+
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
+    model = torch.nn.Linear(2, 1)
+    loader = DataLoader(TensorDataset(torch.arange(5.0)), batch_size=1)
+    model, loader = accelerator.prepare(model, loader)
+    fake = _Calls()
+    rec = AcceleratorRecorder(accelerator, fake)  # type: ignore[arg-type]
+    for (x,) in loader:
+        with accelerator.accumulate(model), rec.step(batch=x):
+            accelerator.backward((model.weight.sum() * 0 + x).sum())
+    assert fake.calls == ["begin", "loss 0", "micro", "loss 1", "end",
+                          "begin", "loss 2", "micro", "loss 3", "end",
+                          "begin", "loss 4", "end"]
+    with pytest.raises(FloatingPointError), rec.step(batch=torch.zeros(1)):
+        raise FloatingPointError("nan loss")
+    assert fake.calls[-2:] == ["begin", "end FloatingPointError"]
+    accelerator.clip_grad_norm_(model.parameters(), 2.0)
+    assert fake.grad_clip == 2.0
+    rec.close()
