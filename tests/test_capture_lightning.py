@@ -354,3 +354,26 @@ def test_the_callback_is_a_lightning_callback() -> None:
     assert FlightRecorderCallback.__module__ == "analyzer.capture.lightning"
     with pytest.raises(TypeError, match="grad_clip"):
         FlightRecorderCallback(grad_clip=1.0)
+
+
+def test_regression_every_rank_asks_for_log_dir_which_lightning_broadcasts(
+        project: ModuleType) -> None:
+    """Trainer.log_dir is a collective (strategy.broadcast from rank zero): asked on rank
+    zero alone, a 2-process DDP fit hung in on_fit_start. Checked here on a stand-in for a
+    rank-1 trainer (a real DDP fit takes 40 s on 2 cores)."""
+
+    class RankOne:
+        is_global_zero = False
+        default_root_dir = "unused"
+        asked = 0
+
+        @property
+        def log_dir(self) -> str:
+            RankOne.asked += 1
+            return "unused"
+
+    cb = project.FlightRecorderCallback()
+    trainer, module = RankOne(), project.LitNet()
+    cb.setup(trainer, module, "fit")
+    cb.on_fit_start(trainer, module)
+    assert RankOne.asked == 1 and cb.recorder is None

@@ -36,7 +36,9 @@ Replay calls ``module.training_step(batch, batch_idx)`` (step kind "training_ste
 ``step_factory`` given) on a module rebuilt from its class, so layers keep their full paths
 (``net.2``, not ``2``).
 
-Only global rank zero records (every rank would write the same folder). Lightning is
+Only global rank zero records (every rank would write the same folder): under DDP a fault
+born on another rank shows on rank zero after the gradients' all-reduce, a step later or
+more, and that is the step captured. Lightning is
 imported when the callback class is first asked for, so importing this module, like
 ``analyzer.capture``, needs torch alone.
 """
@@ -149,7 +151,8 @@ class RecorderHooks:
     # -- Lightning hooks -------------------------------------------------------------
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        if stage != "fit" or not trainer.is_global_zero:
+        # Checked on every rank, so that all of them stop alike.
+        if stage != "fit":
             return
         if self.model_factory is not None:
             self._factory = (self.model_factory, dict(self.model_kwargs or {}))
@@ -160,6 +163,8 @@ class RecorderHooks:
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         self._open = False
         self.recorder = None
+        # log_dir is broadcast from rank zero: every rank has to ask for it.
+        run_dir = self.run_dir or trainer.log_dir or trainer.default_root_dir
         if not trainer.is_global_zero:
             return
         if self._factory is None:  # setup ran for another stage, or was overridden
@@ -172,8 +177,7 @@ class RecorderHooks:
             options["step_kind"] = "training_step"
         scaler, autocast = _precision(trainer)
         self.recorder = FlightRecorder(
-            self.run_dir or trainer.log_dir or trainer.default_root_dir,
-            pl_module, list(trainer.optimizers),
+            run_dir, pl_module, list(trainer.optimizers),
             model_factory=factory, model_kwargs=kwargs,
             scaler=scaler, autocast_dtype=autocast, grad_clip=_grad_clip(trainer),
             accumulation=self._accumulation(trainer, pl_module), divide_loss=True,
