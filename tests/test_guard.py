@@ -374,6 +374,32 @@ def test_log_dir_makes_its_own_writer_on_the_first_write(tmp_path: Path) -> None
     assert "grad_norm/net.0.weight" in {s.tag for s in result.run.series}
 
 
+def test_a_writer_that_fails_is_warned_about_once_and_training_goes_on() -> None:
+    class Full:
+        calls = 0
+
+        def add_scalar(self, tag: str, scalar_value: float, global_step: int) -> None:
+            self.calls += 1
+            raise OSError(28, "No space left on device")
+
+    model = Net()
+    writer = Full()
+    guard = StepGuard(model, writer=writer, every=1, skip_nonfinite=True)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for step in range(3):
+            x, y = _batch(step, nan_at=(2,))
+            model.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()  # type: ignore[no-untyped-call]
+            guard.after_backward(step)
+            guard.after_update(step)
+    assert [str(w.message)[:34] for w in seen] == ["StepGuard: writing failed (step 0:",
+                                                   "StepGuard: the gradient of net.0.w"]
+    assert writer.calls == 1 and guard.errors == ["step 0: OSError: [Errno 28] No space left "
+                                                  "on device"]
+    assert guard.skipped == 1 and guard.first_fault is not None  # the check went on
+
+
 def test_importing_the_guard_does_not_import_torch() -> None:
     code = "import sys, analyzer.capture.guard; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -33,8 +33,9 @@ Under an enabled GradScaler, non-finite gradients are the scaler's own business:
 that update itself, so they are neither a fault nor a guard skip. Weights are checked
 after the update either way. A fault (:class:`Fault`: step, parameter, gradient or weight,
 ``nan``/``+inf``/``-inf``) is kept in :attr:`StepGuard.first_fault` and
-:attr:`StepGuard.last_fault`, and the first is warned about (``UserWarning``, once);
-nothing is raised into the loop. Frozen parameters
+:attr:`StepGuard.last_fault`, and the first is warned about (``UserWarning``, once); a
+writer that fails is warned about once and left alone (:attr:`StepGuard.errors`). Nothing
+is raised into the loop. Frozen parameters
 (``requires_grad=False``) and parameters without a gradient are left out.
 
 ``torch`` and ``torch.utils.tensorboard`` are imported when first needed.
@@ -114,6 +115,8 @@ class StepGuard:
         self.first_fault: Fault | None = None
         """The run's first fault: what to look at first."""
         self.last_fault: Fault | None = None
+        self.errors: list[str] = []
+        """Why writing stopped, when it did."""
         """The latest fault: the first offending parameter of the latest step with one."""
         self._params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self._log_dir = None if log_dir is None else os.fspath(log_dir)
@@ -233,7 +236,18 @@ class StepGuard:
     def _write(self, step: int, pairs: Sequence[tuple[str, float]]) -> None:
         """The values of one step, as one event where the writer is a SummaryWriter
         (torch's or tensorboardX's: a hundred times cheaper than an ``add_scalar`` each),
-        else through ``add_scalar``."""
+        else through ``add_scalar``. A writer that fails (a full disk, a closed writer)
+        is warned about once, kept in ``errors`` and not used again: training goes on."""
+        if self.errors:
+            return
+        try:
+            self._write_now(step, pairs)
+        except Exception as exc:  # any writer's failure: the loop is not the guard's to stop
+            self.errors.append(f"step {step}: {type(exc).__name__}: {exc}")
+            warnings.warn(f"StepGuard: writing failed ({self.errors[0]}); the guard writes "
+                          "nothing more and goes on checking", UserWarning, stacklevel=4)
+
+    def _write_now(self, step: int, pairs: Sequence[tuple[str, float]]) -> None:
         writer: Any = self._writer
         if writer is None:
             if self._log_dir is None:
