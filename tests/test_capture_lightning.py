@@ -151,14 +151,21 @@ def test_bf16_mixed_with_clipping(tmp_path: Path, project: ModuleType) -> None:
     assert layer == "net.2" and "div" in ops
 
 
+def test_clipping_by_value_is_said_to_be_left_out(tmp_path: Path, project: ModuleType) -> None:
+    with pytest.warns(UserWarning, match="gradient_clip_algorithm='value' is not recorded"):
+        project.train(str(tmp_path), clip=0.5, clip_algorithm="value")
+    assert meta_of(tmp_path, 3)["grad_clip"] is None
+
+
 def test_16_mixed_with_the_plugins_grad_scaler(tmp_path: Path, project: ModuleType) -> None:
     from lightning.pytorch.plugins.precision import MixedPrecision
 
     # Trainer(precision="16-mixed") on CPU becomes bf16-mixed in this Lightning; the plugin
     # given outright keeps float16 autocast and its CPU GradScaler.
-    cb = project.train(str(tmp_path), plugins=[MixedPrecision("16-mixed", "cpu")])
+    cb = project.train(str(tmp_path), plugins=[MixedPrecision("16-mixed", "cpu")], clip=0.5)
     assert cb.recorder.scaler is not None
     meta = meta_of(tmp_path, 3)
+    assert meta["grad_clip"] == 0.5
     assert meta["amp"] == {"autocast_dtype": "float16", "device_type": "cpu",
                            "grad_scaler": True}
     layer, ops = names(analyse(tmp_path))

@@ -103,7 +103,8 @@ def data(features: int = 4, samples: int = 32, zero: int | None = ZERO_SAMPLE) -
 def train(out: str, *, precision: Any = "32-true", accumulate: int = 1,
           anomaly: bool = False, layer: str = "normalize", raise_on_nan: bool = False,
           manual: bool = False,
-          clip: float | None = None, max_steps: int = 6, plugins: Sequence[Any] = (),
+          clip: float | None = None, clip_algorithm: str | None = None,
+          max_steps: int = 6, plugins: Sequence[Any] = (),
           module: pl.LightningModule | None = None, recorder: Any = None) -> Any:
     """Train into ``out`` under ``recorder`` (a new FlightRecorderCallback by default),
     which comes back."""
@@ -115,7 +116,8 @@ def train(out: str, *, precision: Any = "32-true", accumulate: int = 1,
         default_root_dir=out, max_steps=max_steps, accelerator="cpu", devices=1,
         precision=None if plugins else precision, plugins=list(plugins) or None,
         accumulate_grad_batches=accumulate, detect_anomaly=anomaly,
-        gradient_clip_val=clip, callbacks=[recorder], log_every_n_steps=1,
+        gradient_clip_val=clip, gradient_clip_algorithm=clip_algorithm,
+        callbacks=[recorder], log_every_n_steps=1,
         enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
     trainer.fit(model, DataLoader(data(), batch_size=BATCH_SIZE, shuffle=False))
     return recorder
