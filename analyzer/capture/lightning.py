@@ -24,8 +24,10 @@ What each hook does:
   the later batches of the same optimizer step are its micro-batches (Lightning zeroes the
   gradients when ``batch_idx % accumulate_grad_batches == 0``, which is where a step
   starts here too).
-- ``on_before_backward`` hands each loss to the recorder, so a loss exists even when the
-  backward pass then raises (``detect_anomaly=True``).
+- ``on_before_backward`` hands each loss to the recorder (as Lightning backpropagates it:
+  divided by ``accumulate_grad_batches``), so a loss exists even when the backward pass
+  then raises (``detect_anomaly=True``). Under manual optimization every backward of the
+  step counts: the first non-finite one is the step's loss.
 - ``on_train_batch_end`` ends the step once the optimizer stepped (``global_step`` moved):
   the recorder checks it and writes the capture on the first bad one.
 - ``on_exception`` ends an open step with the exception: a step that raised (anomaly
@@ -38,9 +40,9 @@ Replay calls ``module.training_step(batch, batch_idx)`` (step kind "training_ste
 
 Only global rank zero records (every rank would write the same folder): under DDP a fault
 born on another rank shows on rank zero after the gradients' all-reduce, a step later or
-more, and that is the step captured. Lightning is
-imported when the callback class is first asked for, so importing this module, like
-``analyzer.capture``, needs torch alone.
+more, and that is the step captured. Lightning is imported when the callback class is
+first asked for, so importing this module, like ``analyzer.capture``, needs neither
+Lightning nor torch.
 """
 
 from __future__ import annotations
