@@ -264,6 +264,33 @@ def test_frozen_parameters_and_no_parameters() -> None:
     assert empty.last_fault is None and not any(s == 1 for _, s in w.points)
 
 
+def test_wrapped_models_keep_their_own_names_and_sparse_gradients_are_read() -> None:
+    class Bag(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = torch.nn.Embedding(10, 3, sparse=True)
+            self.head = Net()
+
+        def forward(self, i: torch.Tensor) -> torch.Tensor:
+            out: torch.Tensor = self.head(torch.cat([self.emb(i), self.emb(i)[:, :1]], 1))
+            return out
+
+    model = Bag()
+    w = _Recorder()
+    guard = StepGuard(torch.nn.DataParallel(model), writer=w, every=1)
+    ids = torch.tensor([1, 1, 4])  # index 1 twice: the sparse gradient has duplicates
+    model(ids).sum().backward()  # type: ignore[no-untyped-call]
+    assert model.emb.weight.grad is not None and model.emb.weight.grad.is_sparse
+    dense = model.emb.weight.grad.to_dense().norm()
+    assert guard.after_backward(0)
+    assert w.value("grad_norm/emb.weight", 0) == pytest.approx(float(dense), rel=1e-6)
+    assert "grad_norm/head.net.0.weight" in {t for t, _ in w.points}
+    model.emb.weight.grad = torch.sparse_coo_tensor([[2]], [[math.nan, 0.0, 0.0]], (10, 3),
+                                                    check_invariants=True)
+    with pytest.warns(UserWarning, match="gradient of emb.weight is nan"):
+        guard.after_backward(1)
+
+
 def test_arguments_that_contradict_each_other() -> None:
     with pytest.raises(ValueError, match="needs check=True"):
         StepGuard(Net(), check=False, skip_nonfinite=True)

@@ -36,7 +36,9 @@ after the update either way. A fault (:class:`Fault`: step, parameter, gradient 
 :attr:`StepGuard.last_fault`, and the first is warned about (``UserWarning``, once); a
 writer that fails is warned about once and left alone (:attr:`StepGuard.errors`). Nothing
 is raised into the loop. Frozen parameters
-(``requires_grad=False``) and parameters without a gradient are left out.
+(``requires_grad=False``) and parameters without a gradient are left out; a model
+wrapped in DataParallel, DistributedDataParallel or ``torch.compile`` is named as the
+model inside; a sparse gradient is read by its coalesced values.
 
 ``torch`` and ``torch.utils.tensorboard`` are imported when first needed.
 """
@@ -118,7 +120,8 @@ class StepGuard:
         self.errors: list[str] = []
         """Why writing stopped, when it did."""
         """The latest fault: the first offending parameter of the latest step with one."""
-        self._params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self._params = [(n, p) for n, p in _unwrapped(model).named_parameters()
+                        if p.requires_grad]
         self._log_dir = None if log_dir is None else os.fspath(log_dir)
         self._writer = writer
         self._owned = False
@@ -137,7 +140,7 @@ class StepGuard:
         follow = self.check and scaled  # its scale at every step, to pin the skips to steps
         if not (due or check or follow):
             return True
-        named = [(n, p.grad) for n, p in self._params if p.grad is not None] \
+        named = [(n, _dense(p.grad)) for n, p in self._params if p.grad is not None] \
             if due or check else []
         scale_t, scale = _scale_of(scaler)
         values = _norms([g for _, g in named], [] if scale_t is None else [scale_t])
@@ -278,6 +281,24 @@ def _summary(writer: Any, pairs: Sequence[tuple[str, float]]) -> Any:
 
 _PROTOS = {"torch": "tensorboard.compat.proto.summary_pb2",
            "tensorboardX": "tensorboardX.proto.summary_pb2"}
+
+
+def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+    """The model inside DataParallel, DistributedDataParallel and ``torch.compile``, whose
+    parameter names are the model's own (``net.0.weight``, not ``module.net.0.weight``)."""
+    import torch
+
+    wrappers = (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)
+    while True:
+        inner = model.module if isinstance(model, wrappers) else getattr(model, "_orig_mod", None)
+        if not isinstance(inner, torch.nn.Module):
+            return model
+        model = inner
+
+
+def _dense(grad: torch.Tensor) -> torch.Tensor:
+    """A sparse gradient's values (coalesced, as its norm needs); a dense one as it is."""
+    return grad.coalesce().values() if grad.is_sparse else grad
 
 
 def _scale_of(scaler: Any) -> tuple[torch.Tensor | None, float | None]:
