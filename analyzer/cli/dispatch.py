@@ -66,7 +66,10 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return replay_command(args.path, device=args.device, dtype=args.dtype,
                               json_file=args.json, import_paths=args.import_path,
-                              trust_code=args.trust_code, run_roots=args.run_root)
+                              trust_code=args.trust_code, run_roots=args.run_root,
+                              checkpoint=args.checkpoint, batch=args.batch, data=args.data,
+                              model=args.model, model_kwargs=args.model_kwargs,
+                              loss=args.loss, step=args.step)
     if args.command == "inspect":
         from analyzer.cli.inspect import inspect_command
 

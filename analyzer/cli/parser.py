@@ -118,6 +118,35 @@ def _replay_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     rp.add_argument("--run-root", action="append", default=[], metavar="DIR",
                     help="with a run folder, " + _RUN_ROOT_HELP + ": its earliest capture, "
                          "wherever it lies in the run, is replayed")
+    ck = rp.add_argument_group(
+        "replay from a checkpoint",
+        "For a run that left no capture: --batch or --data replays one step from a "
+        "checkpoint on a batch you supply. It is not the failing step, and the report says "
+        "so. The model, loss and step come from these options, else from what the flight "
+        "recorder wrote into the run's env.json, else from the checkpoint (a Hugging Face "
+        "folder's config.json, a LightningModule's training_step). Code is imported only as "
+        "for a capture (--import-path, 'forensics trust', --trust-code).")
+    ck.add_argument("--checkpoint", metavar="PATH",
+                    help="a checkpoint file or Hugging Face checkpoint folder (default: the "
+                         "run's last checkpoint whose weights are all finite)")
+    ck.add_argument("--batch", metavar="FILE",
+                    help="the batch: a .pt file (read with weights_only) holding a tensor, an "
+                         "(inputs, targets) pair or any nest of them, or a .npy/.npz file")
+    ck.add_argument("--data", metavar="MODULE:FUNCTION",
+                    help="the batch from your code: FUNCTION(step) returns the batch of the "
+                         "checkpoint's step")
+    ck.add_argument("--model", metavar="MODULE:FACTORY",
+                    help="the function or class that builds the model (for a Lightning "
+                         "checkpoint, its LightningModule class)")
+    ck.add_argument("--model-kwargs", metavar="JSON",
+                    help="keyword arguments for --model, as a JSON object (a Lightning "
+                         "checkpoint's own hyperparameters by default)")
+    ck.add_argument("--loss", metavar="MODULE:FACTORY",
+                    help="a factory of the loss function: the step is "
+                         "loss(model(inputs), targets)")
+    ck.add_argument("--step", metavar="MODULE:FACTORY",
+                    help="a factory of the step function: the step is step(model, batch), "
+                         "which returns the loss")
 
 
 def _trust_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

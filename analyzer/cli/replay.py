@@ -1,4 +1,5 @@
-"""``forensics replay``: replay one capture, print what it found, write its JSON."""
+"""``forensics replay``: replay one capture (or, for a run without one, a step from a
+checkpoint on a supplied batch), print what it found, write its JSON."""
 
 from __future__ import annotations
 
@@ -10,32 +11,58 @@ from typing import TextIO
 
 from analyzer.cli.exit import status
 from analyzer.cli.output import check_json_target, write_json_file
+from analyzer.errors import UsageError
 
 
 def replay_command(path: str, *, device: str = "cpu", dtype: str = "as-run",
                    json_file: str | None = None, import_paths: Sequence[str] = (),
                    trust_code: bool = False, run_roots: Sequence[str] = (),
-                   out: TextIO | None = None) -> int:
+                   out: TextIO | None = None, checkpoint: str | None = None,
+                   batch: str | None = None, data: str | None = None,
+                   model: str | None = None, model_kwargs: str | None = None,
+                   loss: str | None = None, step: str | None = None) -> int:
     """Replay the capture behind ``path``; print the report; return the exit status:
     1 when the replay found a non-finite value, 0 when the step stayed finite.
     ``json_file`` '-' prints the JSON instead of the text report. A run folder without a
     ``capture/`` of its own replays the earliest capture of the run discovery groups there
-    (``run_roots``: as ``analyze --run-root``)."""
-    from analyzer.replayer import replay
+    (``run_roots``: as ``analyze --run-root``).
+
+    With ``batch`` or ``data`` the run's checkpoint is replayed instead, on that batch
+    (:mod:`analyzer.replayer.from_checkpoint`): ``checkpoint``, ``model`` (with its JSON
+    ``model_kwargs``), ``loss`` and ``step`` say what to rebuild it from."""
     from analyzer.report.replay import format_replay
 
     stream = out if out is not None else sys.stdout
     if json_file and json_file != "-":
         check_json_target(json_file)
-    result = replay(run_capture(path, run_roots), device=device, dtype=dtype,
-                    import_paths=import_paths, trust_code=trust_code)
-    data = json.dumps(result.to_dict(), indent=2, allow_nan=False)
-    if json_file == "-":
-        stream.write(data + "\n")
+    asked = {"--checkpoint": checkpoint, "--model": model, "--model-kwargs": model_kwargs,
+             "--loss": loss, "--step": step}
+    label: str | None = None
+    if batch is not None or data is not None:
+        from analyzer.replayer.from_checkpoint import Request, parse_kwargs, replay_checkpoint
+
+        done = replay_checkpoint(Request(
+            path, checkpoint=checkpoint, model=model, model_kwargs=parse_kwargs(model_kwargs),
+            batch=batch, data=data, loss=loss, step=step, device=device, dtype=dtype,
+            import_paths=import_paths, trust_code=trust_code, run_roots=run_roots))
+        result, label, document = done.result, done.label, done.to_dict()
     else:
-        stream.write(format_replay(result) + "\n")
+        given = [name for name, value in asked.items() if value is not None]
+        if given:
+            raise UsageError(f"{', '.join(given)}: a replay from a checkpoint, which needs a "
+                             "batch: add --batch FILE or --data module:function")
+        from analyzer.replayer import replay
+
+        result = replay(run_capture(path, run_roots), device=device, dtype=dtype,
+                        import_paths=import_paths, trust_code=trust_code)
+        document = result.to_dict()
+    text = json.dumps(document, indent=2, allow_nan=False)
+    if json_file == "-":
+        stream.write(text + "\n")
+    else:
+        stream.write(format_replay(result, label=label) + "\n")
         if json_file:
-            write_json_file(json_file, data)
+            write_json_file(json_file, text)
     return status(nonfinite=result.phase is not None)
 
 

@@ -71,13 +71,17 @@ def _pass(p: PassOutcome) -> str:
             f"[{p.fingerprint}]")
 
 
-def format_replay(result: ReplayResult) -> str:
-    """The terminal report of one replay: verdict first, then the evidence."""
+def format_replay(result: ReplayResult, *, label: str | None = None) -> str:
+    """The terminal report of one replay: verdict first, then the evidence. ``label`` heads
+    a replay that is not of a captured step (one from a checkpoint on a supplied batch)."""
     r = result
     step = f" step {r.step}" if r.step is not None else ""
     amp = f", autocast {r.autocast}" if r.autocast else ""
-    lines = [f"replay of {r.source}{step} on {r.device}, {r.dtype}{amp}"]
-    lines += [f"  note: {n}" for n in r.notes]
+    if label is not None:
+        lines = [label, f"  on {r.device}, {r.dtype}{amp}"]
+    else:
+        lines = [f"replay of {r.source}{step} on {r.device}, {r.dtype}{amp}"]
+    lines += [f"  note: {n}" for n in r.notes if n != label]
     v = r.verdict
     lines.append(f"verdict: {v.kind}: {v.summary}")
     if v.hypothesis:
