@@ -146,7 +146,7 @@ def trusted_sources() -> frozenset[str]:
     """The sha256 hashes of code the recorder ran on this machine (the ``"sources"`` list
     of trusted.json, which version 1 readers ignore): a capture's saved training script
     with one of these hashes is the user's own code."""
-    from analyzer.capture.code import is_sha256
+    from analyzer.capture.coderef import is_sha256
 
     sources = _config().get("sources")
     if not isinstance(sources, list):
@@ -170,7 +170,7 @@ def _save(folders: Sequence[str], sources: Sequence[str] | None = None) -> None:
 
 def trust_sources(hashes: Sequence[str]) -> None:
     """Record sha256 hashes of code as trusted (keys only added to trusted.json)."""
-    from analyzer.capture.code import is_sha256
+    from analyzer.capture.coderef import is_sha256
 
     held = trusted_sources()
     new = [h for h in dict.fromkeys(hashes) if is_sha256(h) and h not in held]
@@ -368,7 +368,7 @@ def check(target: str, policy: TrustPolicy, *, run_folder: str | None = None,
     Raises :class:`RefusedCode` for what no trust allows, :class:`UntrustedCode` for a
     folder not trusted, and ``ModelRebuildError`` when no candidate folder holds it.
     """
-    from analyzer.capture.code import recorded_roots
+    from analyzer.capture.coderef import recorded_roots
     from analyzer.replayer.errors import ModelRebuildError
 
     head, _, attr = target.rpartition(".") if separator == "." else target.partition(":")
@@ -411,7 +411,7 @@ def check(target: str, policy: TrustPolicy, *, run_folder: str | None = None,
 
 def _changed(module_name: str, folder: str, code: Mapping[str, Any] | None) -> tuple[str, ...]:
     """A note when the module's file in ``folder`` is not the one the capture recorded."""
-    from analyzer.capture.code import recorded_modules
+    from analyzer.capture.coderef import recorded_modules
 
     recorded = recorded_modules(code).get(module_name)
     if recorded is None or recorded.sha256 is None:
@@ -423,7 +423,7 @@ def _changed(module_name: str, folder: str, code: Mapping[str, Any] | None) -> t
 
 
 def _hash_note(name: str, recorded: str, data: bytes | None) -> tuple[str, ...]:
-    from analyzer.capture.code import sha256_of
+    from analyzer.capture.coderef import sha256_of
 
     now = sha256_of(data) if data is not None else None
     if now == recorded:
@@ -451,7 +451,7 @@ def _submodule_file(module_name: str, folder: str) -> str | None:
 
 def _read_code(path: str) -> bytes | None:
     """A script or module file's bytes (regular files only, bounded), or None."""
-    from analyzer.capture.code import SOURCE_LIMIT
+    from analyzer.capture.coderef import SOURCE_LIMIT
     from analyzer.ingest.safeio import read_regular
 
     try:
@@ -473,7 +473,7 @@ def _check_main(target: str, attr: str, policy: TrustPolicy, run_folder: str | N
     3. else nothing: :class:`UntrustedCode` names the script's folder (or, when the script
        is gone, the saved copy's), which ``forensics trust`` fixes.
     """
-    from analyzer.capture.code import SAVED_MAIN, recorded_main, sha256_of
+    from analyzer.capture.coderef import SAVED_MAIN, recorded_main, sha256_of
     from analyzer.replayer.errors import ModelRebuildError
 
     if not attr.isidentifier() or attr.startswith("_"):
@@ -626,7 +626,7 @@ def _run_script(plan: Plan, import_paths: Sequence[str] = ()) -> types.ModuleTyp
     script's path (an argument parser at the top level sees no arguments) and its root,
     when trusted, and the call's import paths first on ``sys.path``. The same bytes give
     the same module, run once."""
-    from analyzer.capture.code import sha256_of, top_level_code
+    from analyzer.capture.coderef import sha256_of, top_level_code
     from analyzer.replayer.errors import ModelRebuildError
 
     assert plan.script is not None and plan.file is not None
