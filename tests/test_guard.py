@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from analyzer.capture.guard import SCALE_TAG, SKIPS_TAG, TOTAL_GRAD_TAG, Fault, StepGuard
+from analyzer.capture.guard import SCALE_TAG, SKIPS_TAG, TOTAL_GRAD_TAG, GuardFault, StepGuard
 from analyzer.model import RunResult, Series
 from analyzer.tags import TagRole, layer_from_tag, param_from_tag, role
 from tests.readonly import analyse_read_only
@@ -128,7 +128,7 @@ def test_regression_a_failing_run_leaves_layer_evidence_without_a_capture(tmp_pa
     # guard writes the norms of the step whose check failed, so the onset names a layer.
     model, guard, _ = _train(tmp_path, skip=False)
     assert not _finite(model)
-    assert guard.first_fault == Fault(step=7, parameter="net.0.weight", tensor="gradient",
+    assert guard.first_fault == GuardFault(step=7, parameter="net.0.weight", tensor="gradient",
                                       kind="nan")
     assert guard.last_fault is not None and guard.last_fault.step == STEPS - 1
     result = analyse_read_only(tmp_path)
@@ -232,7 +232,7 @@ def test_kinds_and_an_overflowing_norm_of_finite_values() -> None:
         assert guard.after_backward(1)
         params["net.0.bias"].grad[2] = math.inf
         assert guard.after_backward(2)
-    assert guard.last_fault == Fault(2, "net.0.bias", "gradient", "+inf")
+    assert guard.last_fault == GuardFault(2, "net.0.bias", "gradient", "+inf")
     assert [str(m.message) for m in seen] == [  # warned once
         "StepGuard: the gradient of net.2.bias is -inf at step 1; training goes on; "
         "StepGuard keeps the last fault in last_fault"]
@@ -240,7 +240,7 @@ def test_kinds_and_an_overflowing_norm_of_finite_values() -> None:
     with torch.no_grad():
         params["net.2.weight"][0, 0] = math.nan
     guard.after_update(3)
-    assert guard.last_fault == Fault(3, "net.2.weight", "weight", "nan")
+    assert guard.last_fault == GuardFault(3, "net.2.weight", "weight", "nan")
     assert math.isnan(w.value("weight_norm/net.2.weight", 3))
 
 

@@ -31,14 +31,14 @@ overflowed though every element is finite.
 
 Under an enabled GradScaler, non-finite gradients are the scaler's own business: it skips
 that update itself, so they are neither a fault nor a guard skip. Weights are checked
-after the update either way. A fault (:class:`Fault`: step, parameter, gradient or weight,
-``nan``/``+inf``/``-inf``) is kept in :attr:`StepGuard.first_fault` and
+after the update either way. A fault (:class:`GuardFault`: step, parameter, gradient or
+weight, ``nan``/``+inf``/``-inf``) is kept in :attr:`StepGuard.first_fault` and
 :attr:`StepGuard.last_fault`, and the first is warned about (``UserWarning``, once); a
 writer that fails is warned about once and left alone (:attr:`StepGuard.errors`). Nothing
-is raised into the loop. Frozen parameters
-(``requires_grad=False``) and parameters without a gradient are left out; a model
-wrapped in DataParallel, DistributedDataParallel or ``torch.compile`` is named as the
-model inside; a sparse gradient is read by its coalesced values.
+is raised into the loop. Frozen parameters (``requires_grad=False``) and parameters
+without a gradient are left out; a model wrapped in DataParallel, DistributedDataParallel
+or ``torch.compile`` is named as the model inside; a sparse gradient is read by its
+coalesced values.
 
 ``torch`` and ``torch.utils.tensorboard`` are imported when first needed.
 """
@@ -76,7 +76,7 @@ class ScalarWriter(Protocol):
 
 
 @dataclass(frozen=True)
-class Fault:
+class GuardFault:
     """The first parameter whose gradient or weight was non-finite at one step."""
 
     step: int
@@ -114,9 +114,9 @@ class StepGuard:
         self.skip_nonfinite = skip_nonfinite
         self.skipped = 0
         """Updates the guard refused (a GradScaler's own skips are not counted)."""
-        self.first_fault: Fault | None = None
+        self.first_fault: GuardFault | None = None
         """The run's first fault: what to look at first."""
-        self.last_fault: Fault | None = None
+        self.last_fault: GuardFault | None = None
         self.errors: list[str] = []
         """Why writing stopped, when it did."""
         """The latest fault: the first offending parameter of the latest step with one."""
@@ -226,7 +226,7 @@ class StepGuard:
             self._write(step, [(SCALE_TAG, scale)])
             self._scale_seen = (step, scale, True)
 
-    def _fault(self, fault: Fault) -> None:
+    def _fault(self, fault: GuardFault) -> None:
         self.last_fault = fault
         if self.first_fault is not None:
             return
@@ -359,7 +359,7 @@ def _norms(tensors: Sequence[torch.Tensor], extra: Sequence[torch.Tensor]) -> li
 
 
 def _first_fault(step: int, tensor: FaultTensor, named: Sequence[tuple[str, torch.Tensor]],
-                 values: Sequence[float]) -> Fault | None:
+                 values: Sequence[float]) -> GuardFault | None:
     """The first parameter (in the model's order) holding a NaN or an Inf; a norm that
     overflowed over finite elements is no fault."""
     for (name, t), v in zip(named, values, strict=True):
@@ -367,7 +367,7 @@ def _first_fault(step: int, tensor: FaultTensor, named: Sequence[tuple[str, torc
             continue
         kind = _kind(t)
         if kind is not None:
-            return Fault(step=step, parameter=name, tensor=tensor, kind=kind)
+            return GuardFault(step=step, parameter=name, tensor=tensor, kind=kind)
     return None
 
 
