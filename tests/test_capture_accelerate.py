@@ -193,3 +193,29 @@ def test_an_optimizer_step_ends_where_accelerate_syncs() -> None:
     accelerator.clip_grad_norm_(model.parameters(), 2.0)
     assert fake.grad_clip == 2.0
     rec.close()
+
+
+@pytest.mark.parametrize(("mixed_precision", "clip"), [("no", None), ("no", 0.1),
+                                                      ("bf16", 0.1)])
+def test_the_replay_runs_the_steps_as_accelerate_did(tmp_path: Path, lm: ModuleType,
+                                                     mixed_precision: str,
+                                                     clip: float | None) -> None:
+    """every_n mode: replay first re-runs steps 0..4 from the state kept at step 0 (two
+    micro-batches each, the epoch's last step one, every loss divided by 2, clipped or not,
+    the scheduler's lrs), then step 5, whose loss is finite: the replayed loss is the run's
+    only if every recorded step ran as Accelerate ran it. (Without clipping, a step of one
+    micro-batch divided by 1 instead of 2 changes it; clipping to 0.1 hides that factor.)"""
+    from analyzer.replayer import replay
+
+    rec = accelerate_train.train(str(tmp_path), mixed_precision=mixed_precision,
+                                 accumulation=2, clip=clip, bad=4, bad_epoch=1, every_n=10,
+                                 models=lm)
+    assert rec.capture_path == str(tmp_path / "capture" / "step_5"), rec.errors
+    meta = meta_of(rec.capture_path)
+    assert meta["history_steps"] == [0, 1, 2, 3, 4] and meta["trigger"]["what"] == "param"
+    run_loss = meta["loss_value"]
+    assert isinstance(run_loss, float)
+    result = replay(str(tmp_path))
+    as_run = result.passes[0]
+    assert as_run.loss == pytest.approx(run_loss, rel=1e-6), (as_run, run_loss)
+    assert (result.layer, result.op.names if result.op else None) == ("head", ("log",))

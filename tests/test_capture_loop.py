@@ -97,8 +97,9 @@ def net_recorder(run: Path, model: torch.nn.Module, optimizer: Any,
     # check_grads: a batch whose outlier row's target is the class the softmax keeps has a
     # finite loss; the NaN gradient of log(0) then shows the step.
     options.setdefault("loss_factory", f"{MODELS}:nll")
+    options.setdefault("check_grads", True)
     return FlightRecorder(run, model, optimizer, model_factory=f"{MODELS}:make_net", seed=0,
-                          check_grads=True, **options)
+                          **options)
 
 
 @pytest.mark.parametrize("counting", ["recorder", "itertools.count"])
@@ -236,3 +237,63 @@ def test_a_model_defined_in_the_training_script_replays(
     out = capsys.readouterr().out
     assert "replay: forward, layer norm, aten.div.Tensor" in out, out
     assert "source: return x / x.norm(dim=-1, keepdim=True)" in out  # the script's line
+
+
+# torch numbers an optimizer's parameters 0..n-1 in the order of its own param groups, and
+# replay/loading.py reads those numbers as indices into model.parameters(): a second
+# optimizer, or groups out of the model's order, get other tensors than the run's, silently
+# (load_state_dict checks only the group sizes). Reported to the replay's owner; the marks
+# go when the capture says which parameter each number is.
+WRONG_PARAMS = pytest.mark.xfail(
+    strict=True, reason="replay maps an optimizer's per-optimizer parameter ids to "
+                        "model.parameters() indices")
+
+
+@WRONG_PARAMS
+def test_the_replay_runs_the_steps_as_the_loop_did(tmp_path: Path, lm: ModuleType) -> None:
+    """every_n mode: replay re-runs steps 0..2 from the state kept at step 0 (two optimizers,
+    one with two param groups whose lrs a scheduler moves), then step 3, whose loss is
+    finite (the outlier row's target is the class its softmax keeps) while log(0) makes the
+    gradients NaN: the replayed loss is the run's only if each step ran as the loop ran it."""
+    from analyzer.replayer import replay
+
+    torch.manual_seed(0)
+    model = lm.make_net()
+    first = torch.optim.SGD(model.body[0].parameters(), lr=0.1, momentum=0.9)
+    second = torch.optim.Adam([{"params": [model.body[2].weight], "lr": 1e-2},
+                               {"params": [model.body[2].bias], "lr": 1e-3}])
+    sched = torch.optim.lr_scheduler.StepLR(second, step_size=1, gamma=0.7)
+    rec = FlightRecorder(tmp_path, model, [first, second], model_factory=f"{MODELS}:make_net",
+                         step_factory=f"{MODELS}:dict_step", check_params=True, every_n=10)
+    fn = lm.dict_step()
+    epochs = [[{"x": x, "y": y, "weight": 0.5} for x, y in batches(3, seed=s, bad=bad,
+                                                                    outlier=1e3)]
+              for s, bad in ((0, None), (2, 0))]
+    train(rec, [first, second], epochs, lambda b: fn(model, b), scheduler=sched)
+    meta = meta_of(tmp_path, 3)
+    assert meta["history_steps"] == [0, 1, 2] and meta["trigger"]["what"] == "param"
+    assert meta["lrs"] == [[0.1], [pytest.approx(1e-2 * 0.7**3), pytest.approx(1e-3 * 0.7**3)]]
+    result = replay(str(tmp_path))
+    assert result.passes[0].loss == pytest.approx(meta["loss_value"], rel=1e-6)
+    assert (result.layer, result.op.names if result.op else None) == ("head", ("log",))
+
+
+@WRONG_PARAMS
+def test_regression_param_groups_out_of_model_order_replay_their_own_parameters(
+        tmp_path: Path, lm: ModuleType) -> None:
+    """One optimizer whose first group is the model's last layer: replaying steps 0..2 and
+    step 3 (finite loss, NaN gradients) must give the run's loss of step 3."""
+    from analyzer.replayer import replay
+
+    torch.manual_seed(0)
+    model = lm.make_net()
+    opt = torch.optim.Adam([{"params": model.body[2].parameters(), "lr": 1e-2},
+                            {"params": model.body[0].parameters(), "lr": 1e-3}])
+    rec = net_recorder(tmp_path, model, opt, check_grads=False, check_params=True,
+                       every_n=10)
+    fn = lm.nll()
+    train(rec, [opt], [batches(3), batches(3, bad=0, seed=2, outlier=1e3)],
+          lambda b: fn(model(b[0]), b[1]), loss_fn_kind=True)
+    meta = meta_of(tmp_path, 3)
+    assert meta["trigger"]["what"] == "param" and meta["history_steps"] == [0, 1, 2]
+    assert replay(str(tmp_path)).passes[0].loss == pytest.approx(meta["loss_value"], rel=1e-6)

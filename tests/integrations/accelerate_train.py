@@ -18,10 +18,11 @@ from torch.utils.data import DataLoader, TensorDataset
 
 
 def train(out: str, *, mixed_precision: str = "no", accumulation: int = 1,
-          clip: float | None = None, batches: int = 5, bad: int = 3, epochs: int = 2,
-          models: ModuleType) -> Any:
-    """Train until the recorder captures; returns the recorder. ``models`` is the module of
-    the model and loss (the tests import loop_models.py as a project module of their own)."""
+          clip: float | None = None, batches: int = 5, bad: int = 3, bad_epoch: int = 0,
+          epochs: int = 2, every_n: int = 1, models: ModuleType) -> Any:
+    """Train until the recorder captures; returns the recorder. Batch ``bad`` goes bad from
+    epoch ``bad_epoch`` on. ``models`` is the module of the model and loss (the tests import
+    loop_models.py as a project module of their own)."""
     from accelerate import Accelerator
 
     from analyzer.capture.accelerate import recorder_for
@@ -32,16 +33,18 @@ def train(out: str, *, mixed_precision: str = "no", accumulation: int = 1,
     model = models.make_net()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
-    data = models.batches(batches, bad=bad, outlier=1e3)
-    loader = DataLoader(TensorDataset(torch.cat([x for x, _ in data]),
-                                      torch.cat([y for _, y in data])), batch_size=4)
+    data = models.batches(batches)
+    inputs = torch.cat([x for x, _ in data])
+    loader = DataLoader(TensorDataset(inputs, torch.cat([y for _, y in data])), batch_size=4)
     model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader,
                                                               scheduler)
     loss_fn = models.nll()
     recorder = recorder_for(accelerator, out, model, optimizer,
                             model_factory=models.make_net, loss_factory=models.nll, seed=0,
-                            check_params=True)
-    for _ in range(epochs):
+                            check_params=True, every_n=every_n)
+    for epoch in range(epochs):
+        if epoch == bad_epoch:
+            inputs[4 * bad] *= 1e3  # the loader reads the tensor as it is now
         for x, y in loader:
             with accelerator.accumulate(model), recorder.step(inputs=x, targets=y):
                 loss = loss_fn(model(x), y)
