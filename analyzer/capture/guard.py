@@ -117,9 +117,9 @@ class StepGuard:
         self.first_fault: GuardFault | None = None
         """The run's first fault: what to look at first."""
         self.last_fault: GuardFault | None = None
+        """The latest fault: the first offending parameter of the latest step with one."""
         self.errors: list[str] = []
         """Why writing stopped, when it did."""
-        """The latest fault: the first offending parameter of the latest step with one."""
         self._params = [(n, p) for n, p in _unwrapped(model).named_parameters()
                         if p.requires_grad]
         self._log_dir = None if log_dir is None else os.fspath(log_dir)
