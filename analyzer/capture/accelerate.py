@@ -22,14 +22,20 @@ Accelerate 1.x ran it (``Accelerator.backward``, ``accumulate``, ``clip_grad_nor
 - the end of an optimizer step from ``accelerator.sync_gradients``, which ``accumulate``
   sets on entry: one ``recorder.step`` per loop iteration (micro-batch), and the recorder's
   step is over when the micro-batch that synchronised leaves (at the end of a dataloader
-  that is earlier than ``gradient_accumulation_steps``, as Accelerate syncs there too);
+  that may be after fewer than ``gradient_accumulation_steps`` micro-batches: Accelerate
+  syncs there too, and still divides by ``gradient_accumulation_steps``);
 - the loss handed to ``accelerator.backward`` (before its division) and the ``max_norm``
   of ``accelerator.clip_grad_norm_``, seen by wrapping those two methods on this one
   accelerator object: the loop needs no ``rec.loss`` and no ``grad_clip=``.
 
+A loop that zeroes the gradients inside the step (``optimizer.zero_grad()`` after
+``optimizer.step()``, as Accelerate's examples do) leaves ``check_grads`` nothing to see when
+the step ends: ``check_params=True`` catches the NaN the update wrote instead.
+
 What the replay does not reproduce: Accelerate autocasts the model's forward only and
 casts its outputs to float32, where the replay autocasts the whole step (the loss too);
-``clip_grad_norm_`` over other parameters than the model's, or with a norm other than 2;
+``clip_grad_norm_`` over a subset of the model's parameters (the replay clips them all) or
+with a norm other than 2 (said in ``notes``);
 the all-reduce of a multi-process run (only the main process records: the replay is its
 step on its own batch); DeepSpeed, Megatron-LM, FSDP, XLA and fp8, which own the step
 themselves and are refused with :class:`CaptureSetupError` when the recorder is made.
@@ -120,6 +126,10 @@ class AcceleratorRecorder:
     @property
     def errors(self) -> list[str]:
         return [] if self.recorder is None else self.recorder.errors
+
+    @property
+    def notes(self) -> list[str]:
+        return [] if self.recorder is None else self.recorder.notes
 
     @property
     def active(self) -> bool:
