@@ -3,6 +3,7 @@ recorder starts, a raised step captured, gradient accumulation recorded as it ra
 
 from __future__ import annotations
 
+import sys
 from collections import UserDict
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ import torch
 
 from analyzer.capture import CaptureSetupError, FlightRecorder, read_meta
 from analyzer.capture.batch import keepable
+from analyzer.model import LOSS_NAME
 from analyzer.replayer import replay
 from analyzer.scenarios import models
 
@@ -123,3 +125,51 @@ def test_accumulation_records_the_failing_micro_batch_and_the_divisor(tmp_path: 
     assert result.phase == "forward" and result.verdict.kind == "bad-input"
     assert "the batch inputs of micro-batch 1" in result.verdict.summary
     assert result.forward.bad_inputs == ("inputs",)
+
+
+
+CHECKED_STEP = """
+import torch
+
+
+def checked_step():
+    # A step function that stops on a non-finite loss, as many training loops do.
+    def step(model, batch):
+        out = model(batch["x"])
+        loss = torch.log(out.abs().clamp(max=0.0)).mean()  # log(0) for every row
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"loss is {loss.item()}")
+        return loss
+    return step
+"""
+
+
+def test_a_step_that_raises_on_its_own_nan_is_replayed_to_the_op(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "checkedsteps.py").write_text(CHECKED_STEP, encoding="utf-8")
+    monkeypatch.syspath_prepend(str(project))
+    import checkedsteps  # type: ignore[import-not-found]
+
+    torch.manual_seed(0)
+    model = models.mlp(**KW)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    run = tmp_path / "run"
+    rec = FlightRecorder(run, model, opt, model_factory=MLP, model_kwargs=KW,
+                         step_factory=checkedsteps.checked_step)
+    step = checkedsteps.checked_step()
+    batch = {"x": torch.randn(4, 3)}
+    with pytest.raises(FloatingPointError), rec.step(batch=batch):
+        step(model, batch)
+    meta = read_meta(run / "capture" / "step_0")
+    assert meta["step_call"]["kind"] == "step_fn"
+    assert meta["step_call"]["factory"]["factory"] == "checkedsteps:checked_step"
+    monkeypatch.delitem(sys.modules, "checkedsteps")
+    result = replay(str(run))  # the recorder trusted the project folder: no flag
+    assert result.phase == "forward"
+    assert result.forward_op is not None and result.forward_op.op == "log.default"
+    assert result.forward_op.module == LOSS_NAME  # the step function's own code
+    assert "FloatingPointError: loss is -inf" in (result.update.note or "")
+    assert result.verdict.kind == "math-fault", result.verdict
+    assert meta["trigger"]["kind"] == "-inf"

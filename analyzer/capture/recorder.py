@@ -398,7 +398,7 @@ class FlightRecorder:
         current = self._current
         assert current is not None
         trigger = self._find_trigger(current)
-        if trigger is None and error is not None and _numeric_error(error):
+        if trigger is None and error is not None and numeric_error(error):
             trigger = {"what": "error", "name": type(error).__name__,
                        "kind": _error_kind(error)}
         if trigger is None:
@@ -648,19 +648,21 @@ def _failing_loss(current: _StepInputs, index: Any) -> Any:
     return current.losses[index if isinstance(index, int) else -1]
 
 
-def _numeric_error(error: BaseException) -> bool:
+def numeric_error(error: BaseException) -> bool:
     """An exception that says a value went non-finite: FloatingPointError, anomaly mode's
     RuntimeError ("returned nan values"), a ValueError about nan/inf."""
     if isinstance(error, FloatingPointError):
         return True
     text = str(error).lower()
-    return isinstance(error, RuntimeError | ValueError | ArithmeticError) and (
-        "nan" in text or "inf" in text or "non-finite" in text)
+    return isinstance(error, RuntimeError | ValueError | ArithmeticError) and any(
+        word in text for word in ("nan", "inf", "non-finite", "not finite"))
 
 
 def _error_kind(error: BaseException) -> str:
     text = str(error).lower()
-    return "nan" if "nan" in text else "+inf" if "inf" in text else "nan"
+    if "nan" in text or "inf" not in text:
+        return "nan"
+    return "-inf" if "-inf" in text else "+inf"
 
 
 def _copy_into(previous: Any, new: Any) -> Any:

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from analyzer.capture.recorder import numeric_error
 from analyzer.model.replays import (
     BackwardReport,
     ForwardReport,
@@ -113,16 +114,20 @@ def plain_pass(label: str, state: TrainState, batch: StepBatch, call: StepCall,
     phase: Phase | None = None
     loss_value: float | None = None
     error = None
+    stage: Phase = "forward"
     try:
         zero_grad(state)
         for i, micro in enumerate(batch.micro):
+            stage = "forward"
             loss = forward(state, micro, call, config)
             if i == batch.target:
                 loss_value = float(loss.detach().double())
             _digest(h, [loss])
             if phase is None and not all_finite([loss]):
                 phase = "forward"
+            stage = "backward"
             backward(state, scaled(loss, batch.divisor))
+        stage = "update"
         grads = _grads(state)
         _digest(h, grads)
         if phase is None and not all_finite(grads):
@@ -134,6 +139,8 @@ def plain_pass(label: str, state: TrainState, batch: StepBatch, call: StepCall,
             phase = "update"
     except Exception as exc:  # a pass that raises is evidence, not a crash of the replay
         error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        if phase is None and numeric_error(exc):
+            phase = stage  # the step's own check stopped it there
     autocast = dtype_name(config.autocast_dtype)
     return PassOutcome(label=label, device=config.device,
                        dtype=_param_dtype(state), autocast=autocast, loss=loss_value,
@@ -187,10 +194,8 @@ def instrumented_pass(state: TrainState, batch: StepBatch, call: StepCall,
     micro = batch.instrumented
     try:
         zero_grad(state)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # a LightningModule's self.log outside a Trainer
-            for earlier in batch.micro[:batch.target]:
-                backward(state, scaled(forward(state, earlier, call, config), batch.divisor))
+        for earlier in batch.micro[:batch.target]:
+            backward(state, scaled(forward(state, earlier, call, config), batch.divisor))
     except Exception as exc:
         raise ReplayError("forward", exc) from exc
     values = batch_values(micro)
@@ -211,7 +216,11 @@ def instrumented_pass(state: TrainState, batch: StepBatch, call: StepCall,
                 with recorder:
                     loss = forward(state, micro, call, config, recorder.hook(call.loss_label))
             except Exception as exc:
-                raise ReplayError("forward", exc) from exc
+                if not (numeric_error(exc) and _saw_fault(recorder, tracer)):
+                    raise ReplayError("forward", exc) from exc
+                # The step's own code stopped on the non-finite value it met (a training_step
+                # raising FloatingPointError on a NaN loss): what made it is already seen.
+                return _raised(recorder.report(None, bad_inputs, stats), tracer, exc)
             fwd = recorder.report(loss, bad_inputs, stats)
             loss = scaled(loss, batch.divisor)
             watch = GradWatch(model, loss, tracer)
@@ -224,6 +233,20 @@ def instrumented_pass(state: TrainState, batch: StepBatch, call: StepCall,
             bwd = watch.report()
             tracer.phase = "update"
             upd = _update_pass(state, config, fwd, bwd, tracer)
+    return Instrumented(fwd, tracer.fault("forward"), bwd, upd)
+
+
+def _saw_fault(recorder: ForwardRecorder, tracer: OpTracer) -> bool:
+    return tracer.fault("forward") is not None or any(
+        not all(s.finite for s in f.outputs) for f in recorder.frames)
+
+
+def _raised(fwd: ForwardReport, tracer: OpTracer, exc: BaseException) -> Instrumented:
+    said = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    bwd = BackwardReport(ran=False, origin=None, first_param=None, bad_params=())
+    upd = UpdateReport(ran=False, op=None, params=(),
+                       note=f"not run: the step raised {said} after a non-finite value in "
+                            "forward")
     return Instrumented(fwd, tracer.fault("forward"), bwd, upd)
 
 

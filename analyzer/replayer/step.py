@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -106,26 +107,30 @@ def replay_call(model: nn.Module, batch: StepBatch, call: StepCall,
     pristine = TrainState(model, first, scaler, tuple(extra))
     saved = RngState.now()
     restorer: Restorable = rng or saved
-    try:
+    # The step's own code warns as it runs outside its framework (a LightningModule's
+    # self.log without a Trainer): noise in a replay's report.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
         try:
-            on_device = _cast_batch(batch, config)
-            start = clone_state(pristine, config)
-        except Exception as exc:  # e.g. an optimizer that cannot be rebuilt on the device
-            raise ReplayError("setup", exc) from exc
-        bad_start = _bad_batch(on_device) + nonfinite_state(start)
-        restorer.restore()
-        inst = instrumented_pass(start, on_device, call, config)
-        own = []
-        for i in range(repeats):
+            try:
+                on_device = _cast_batch(batch, config)
+                start = clone_state(pristine, config)
+            except Exception as exc:  # e.g. an optimizer that cannot be rebuilt on the device
+                raise ReplayError("setup", exc) from exc
+            bad_start = _bad_batch(on_device) + nonfinite_state(start)
             restorer.restore()
-            own.append(plain_pass(f"as-run #{i + 1}", clone_state(pristine, config), on_device,
-                                  call, config))
-        wide = StepConfig(device="cpu", dtype=torch.float64, grad_clip=grad_clip)
-        restorer.restore()
-        f64 = plain_pass("float64 (cpu)", clone_state(pristine, wide), _cast_batch(batch, wide),
-                         call, wide)
-    finally:
-        saved.restore()
+            inst = instrumented_pass(start, on_device, call, config)
+            own = []
+            for i in range(repeats):
+                restorer.restore()
+                own.append(plain_pass(f"as-run #{i + 1}", clone_state(pristine, config), on_device,
+                                      call, config))
+            wide = StepConfig(device="cpu", dtype=torch.float64, grad_clip=grad_clip)
+            restorer.restore()
+            f64 = plain_pass("float64 (cpu)", clone_state(pristine, wide), _cast_batch(batch, wide),
+                             call, wide)
+        finally:
+            saved.restore()
     phase = _first_phase(inst)
     run_dtype = own[0].dtype if own else dtype_name(cast) or "?"
     op = _faults(inst)[phase] if phase else None

@@ -75,7 +75,22 @@ def _call(model: Any, batch: Any) -> Any:
 
 
 def _training_step(model: Any, batch: Any, batch_idx: int) -> Any:
+    # Lightning passes batch_idx only to a training_step that takes it.
+    if _positional(model.training_step) < 2:
+        return loss_of(model.training_step(batch))
     return loss_of(model.training_step(batch, batch_idx))
+
+
+def _positional(method: Any) -> int:
+    import inspect
+
+    try:
+        params = inspect.signature(method).parameters.values()
+    except (TypeError, ValueError):
+        return 2
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return 2
+    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
 
 
 def loss_of(out: Any) -> Any:

@@ -90,7 +90,9 @@ def decide(own: Sequence[PassOutcome], instrumented: Phase | None, phase: Phase 
             "check the data pipeline for the batch (NaN/Inf in the input files, a "
             "normalisation dividing by a zero std), or capture an earlier step")
     phases = [p.phase for p in own] + [instrumented]
-    errors = [p.error for p in own if p.error]
+    # A pass that raised after it went non-finite (the step's own check stopping on a NaN
+    # loss) failed where it says; only an error with no non-finite value before it is noise.
+    errors = [p.error for p in own if p.error and p.phase is None]
     where = ", ".join(f"{p.label}: {p.phase or 'finite'}" for p in own)
     if errors or len(set(phases)) > 1:
         return Verdict(
