@@ -280,6 +280,41 @@ def test_a_lightning_checkpoint_rebuilds_its_module_from_the_hyperparameters(
     assert code == 2 and "--model module:Class" in err and "Traceback" not in err
 
 
+def test_a_lightning_run_under_the_recorder_callback_replays_with_no_flag(
+        tmp_path: Path, project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import lightning.pytorch as pl
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from analyzer.capture.lightning import FlightRecorderCallback
+
+    lit = module("litproj")
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(32, 4), torch.randn(32, 1))
+    run = tmp_path / "run"
+    # The callback writes env.json into the logger's version folder at fit start (and
+    # trusts the project's root on this machine); the healthy run leaves no capture.
+    trainer = pl.Trainer(default_root_dir=run, max_steps=4, enable_progress_bar=False,
+                         callbacks=[pl.callbacks.ModelCheckpoint(every_n_train_steps=2),
+                                    FlightRecorderCallback()],
+                         enable_model_summary=False, accelerator="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(lit.LitNet(hidden=5), DataLoader(data, batch_size=4))
+    version = run / "lightning_logs" / "version_0"
+    assert (version / "env.json").is_file() and not (version / "capture").exists()
+    bad = zero_row_batch(tmp_path / "bad.pt")
+    before = snapshot(run)
+    code, data_ = replay_json(capsys, run, "--batch", bad)
+    assert code == 1
+    assert named(data_) == ("forward", "net.2", "div.Tensor")
+    origin = data_["origin"]
+    assert origin["model"] == {"factory": "litproj:LitNet", "from": str(version / "env.json")}
+    assert origin["step_call"] == {"kind": "training_step", "from": str(version / "env.json")}
+    assert origin["label"].startswith("replay from checkpoint lightning_logs/version_0/"
+                                      "checkpoints/epoch=0-step=4.ckpt (step 4) on a supplied")
+    assert snapshot(run) == before
+
+
 @pytest.fixture(scope="module")
 def hf_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from tests.frameworks import corpus
@@ -445,6 +480,8 @@ def test_a_missing_file_or_a_bad_batch_is_named_in_one_line(
     empty.mkdir()
     code, _, err = forensics(capsys, empty, "--batch", bad, *flags)
     assert code == 2 and "no checkpoint found" in err
+    code, _, err = forensics(capsys, run)  # no capture, no batch: says what would do
+    assert code == 2 and "holds no capture" in err and "add --batch FILE" in err
 
 
 @pytest.mark.parametrize("cls", [torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW,

@@ -51,10 +51,16 @@ def replay_command(path: str, *, device: str = "cpu", dtype: str = "as-run",
         if given:
             raise UsageError(f"{', '.join(given)}: a replay from a checkpoint, which needs a "
                              "batch: add --batch FILE or --data module:function")
-        from analyzer.replayer import replay
+        from analyzer.capture.folder import capture_of
+        from analyzer.replayer import CaptureError, replay
 
-        result = replay(run_capture(path, run_roots), device=device, dtype=dtype,
-                        import_paths=import_paths, trust_code=trust_code)
+        target = run_capture(path, run_roots)
+        if os.path.isdir(target) and capture_of(target) is None:
+            raise CaptureError(path, "holds no capture (no capture/step_<N>/meta.json); to "
+                                     "replay a step from one of its checkpoints instead, add "
+                                     "--batch FILE or --data module:function")
+        result = replay(target, device=device, dtype=dtype, import_paths=import_paths,
+                        trust_code=trust_code)
         document = result.to_dict()
     text = json.dumps(document, indent=2, allow_nan=False)
     if json_file == "-":
