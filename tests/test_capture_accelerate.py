@@ -219,3 +219,14 @@ def test_the_replay_runs_the_steps_as_accelerate_did(tmp_path: Path, lm: ModuleT
     as_run = result.passes[0]
     assert as_run.loss == pytest.approx(run_loss, rel=1e-6), (as_run, run_loss)
     assert (result.layer, result.op.names if result.op else None) == ("head", ("log",))
+
+
+def test_a_model_that_returns_its_own_loss(tmp_path: Path, lm: ModuleType) -> None:
+    """The Hugging Face shape of a step, ``model(**batch)["loss"]`` (step kind model_loss),
+    with two micro-batches a step."""
+    rec = accelerate_train.train(str(tmp_path), accumulation=2, model_loss=True, models=lm)
+    assert rec.capture_path == str(tmp_path / "capture" / "step_1"), rec.errors
+    meta = meta_of(rec.capture_path)
+    assert meta["step_call"]["kind"] == "model_loss" and "loss" not in meta
+    assert meta["accumulation"]["failing"] == 1
+    assert layer_and_op(analyse(tmp_path)) == ("net.head", ("log",))

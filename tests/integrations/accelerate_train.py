@@ -19,10 +19,12 @@ from torch.utils.data import DataLoader, TensorDataset
 
 def train(out: str, *, mixed_precision: str = "no", accumulation: int = 1,
           clip: float | None = None, batches: int = 5, bad: int = 3, bad_epoch: int = 0,
-          epochs: int = 2, every_n: int = 1, models: ModuleType) -> Any:
+          epochs: int = 2, every_n: int = 1, model_loss: bool = False,
+          models: ModuleType) -> Any:
     """Train until the recorder captures; returns the recorder. Batch ``bad`` goes bad from
     epoch ``bad_epoch`` on. ``models`` is the module of the model and loss (the tests import
-    loop_models.py as a project module of their own)."""
+    loop_models.py as a project module of their own). ``model_loss``: the model returns its
+    own loss from a dict batch, as a Hugging Face model does."""
     from accelerate import Accelerator
 
     from analyzer.capture.accelerate import recorder_for
@@ -30,7 +32,7 @@ def train(out: str, *, mixed_precision: str = "no", accumulation: int = 1,
     torch.manual_seed(0)
     accelerator = Accelerator(cpu=True, mixed_precision=mixed_precision,
                               gradient_accumulation_steps=accumulation)
-    model = models.make_net()
+    model = models.make_self_loss_net() if model_loss else models.make_net()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
     data = models.batches(batches)
@@ -39,15 +41,19 @@ def train(out: str, *, mixed_precision: str = "no", accumulation: int = 1,
     model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader,
                                                               scheduler)
     loss_fn = models.nll()
-    recorder = recorder_for(accelerator, out, model, optimizer,
-                            model_factory=models.make_net, loss_factory=models.nll, seed=0,
-                            check_params=True, every_n=every_n)
+    how: dict[str, Any] = ({"model_factory": models.make_self_loss_net,
+                            "step_kind": "model_loss"} if model_loss else
+                           {"model_factory": models.make_net, "loss_factory": models.nll})
+    recorder = recorder_for(accelerator, out, model, optimizer, seed=0, check_params=True,
+                            every_n=every_n, **how)
     for epoch in range(epochs):
         if epoch == bad_epoch:
             inputs[4 * bad] *= 1e3  # the loader reads the tensor as it is now
         for x, y in loader:
-            with accelerator.accumulate(model), recorder.step(inputs=x, targets=y):
-                loss = loss_fn(model(x), y)
+            # The loss_fn kind takes an (inputs, targets) pair as its batch.
+            batch = {"x": x, "labels": y} if model_loss else (x, y)
+            with accelerator.accumulate(model), recorder.step(batch):
+                loss = model(**batch)["loss"] if model_loss else loss_fn(model(x), y)
                 accelerator.backward(loss)
                 if clip is not None and accelerator.sync_gradients:
                     accelerator.clip_grad_norm_(model.parameters(), clip)

@@ -64,6 +64,18 @@ class PairNet(nn.Module):
         return self.net(a), self.net(b)
 
 
+class SelfLossNet(nn.Module):
+    """A model that returns its own loss, as Hugging Face models do: ``model(**batch)``."""
+
+    def __init__(self, features: int = 4, hidden: int = 8, classes: int = 3) -> None:
+        super().__init__()
+        self.net = Net(features, hidden, classes)
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        logp = self.net(x)
+        return {"loss": F.nll_loss(logp, labels), "logits": logp}
+
+
 def make_net(features: int = 4, hidden: int = 8, classes: int = 3,
              normalise: bool = False) -> Net:
     return Net(features, hidden, classes, normalise)
@@ -71,6 +83,10 @@ def make_net(features: int = 4, hidden: int = 8, classes: int = 3,
 
 def make_pair_net(features: int = 4, hidden: int = 8, classes: int = 3) -> PairNet:
     return PairNet(features, hidden, classes)
+
+
+def make_self_loss_net(features: int = 4, hidden: int = 8, classes: int = 3) -> SelfLossNet:
+    return SelfLossNet(features, hidden, classes)
 
 
 def nll() -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
