@@ -11,16 +11,19 @@ the rest), and the incident says which rule decided.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable
 from dataclasses import replace
 from typing import cast
 
 import numpy as np
 
+from analyzer.capture.folder import META_FILE
 from analyzer.model import (
     Event,
     Histogram,
     Incident,
+    Location,
     NonFiniteKind,
     Run,
     RunResult,
@@ -170,6 +173,28 @@ def _checkpoint_incident(run: Run) -> Incident | None:
     return checkpoint_incident(run.checkpoints)
 
 
+def capture_incident(run: Run) -> Incident | None:
+    """The first non-finite value the flight recorder saw, from its earliest capture's
+    trigger: the loss (tag ``train/loss`` or the loop's own), a parameter's gradient or
+    weight, or an exception that stopped the step on one (``FloatingPointError``, anomaly
+    mode's error). It is a source like the others: a run whose only evidence of its failure
+    is the capture (an anomaly error raised before anything was logged) is a failed run."""
+    for meta in run.capture_metas:
+        trigger = meta.trigger
+        kind = trigger.kind if trigger.kind in _KINDS else "nan-or-inf"
+        what = trigger.what or "loss"
+        if what in ("grad", "param") and trigger.name:
+            prefix = "grad_norm" if what == "grad" else "weight_norm"
+            tag = f"{prefix}/{trigger.name}"
+        else:
+            tag = trigger.name if what == "loss" and trigger.name else f"capture/{what}"
+        return Incident(step=meta.step, tag=tag, kind=cast(NonFiniteKind, kind),
+                        last_finite_step=None,
+                        location=Location(os.path.join(meta.folder, META_FILE)),
+                        layer=layer_from_tag(tag), origin="capture")
+    return None
+
+
 def tag_incidents(run: Run, skips: frozenset[int] = frozenset(),
                   guarded: frozenset[int] = frozenset()) -> list[Incident]:
     """The first incident of every tag that has one, earliest first.
@@ -188,7 +213,7 @@ def tag_incidents(run: Run, skips: frozenset[int] = frozenset(),
         + [(histogram_incident(h, skips, guarded), True) for h in run.histograms]
         + [(_unless_guarded(event_incident(e), guarded if aligned else frozenset()), aligned)
            for e, aligned in ((e, run.is_aligned(e.location.file, e.axis)) for e in run.events)]
-        + [(_checkpoint_incident(run), True)]
+        + [(_checkpoint_incident(run), True), (capture_incident(run), True)]
     )
     for inc, aligned in candidates:
         if inc is None:
@@ -202,7 +227,7 @@ def tag_incidents(run: Run, skips: frozenset[int] = frozenset(),
     return sorted(best.values(), key=_rank)
 
 
-_ORIGIN_ORDER = {"scalar": 0, "log": 1, "histogram": 2, "checkpoint": 3}
+_ORIGIN_ORDER = {"scalar": 0, "log": 1, "histogram": 2, "checkpoint": 3, "capture": 4}
 
 
 def _step_key(inc: Incident) -> float:

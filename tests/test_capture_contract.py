@@ -173,3 +173,25 @@ def test_a_step_that_raises_on_its_own_nan_is_replayed_to_the_op(
     assert "FloatingPointError: loss is -inf" in (result.update.note or "")
     assert result.verdict.kind == "math-fault", result.verdict
     assert meta["trigger"]["kind"] == "-inf"
+
+
+def test_a_run_whose_only_evidence_is_its_capture_is_a_failed_run(tmp_path: Path) -> None:
+    from analyzer.pipeline import analyze
+
+    torch.manual_seed(0)
+    model = models.mlp(**KW)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    rec = FlightRecorder(tmp_path, model, opt, model_factory=MLP, model_kwargs=KW,
+                         loss_factory=MSE)
+    for step in range(3):
+        x, y = torch.randn(4, 3), torch.randn(4, 1)
+        if step == 2:
+            x[1] = float("inf")
+        with rec.step(step, x, y) as r:  # nothing logged: no event file, no log
+            r.loss(torch.nn.functional.mse_loss(model(x), y))
+    report = analyze(str(tmp_path), replay=False)
+    (result,) = report.results
+    assert result.failed and result.incident is not None
+    assert (result.incident.step, result.incident.tag, result.incident.origin) == \
+        (2, "train/loss", "capture")
+    assert result.incident.location.file.endswith("step_2/meta.json")

@@ -30,7 +30,8 @@ class Incident:
     layer: str | None = None
     decided_by: str | None = None
     origin: str = "scalar"
-    """Where the value was seen: ``scalar``, ``histogram``, ``log`` or ``checkpoint``."""
+    """Where the value was seen: ``scalar``, ``histogram``, ``log``, ``checkpoint`` or
+    ``capture`` (the flight recorder's trigger)."""
     rank: int | None = None
     """The data-parallel rank whose log line it was, for rank-prefixed logs."""
     after: bool = False
