@@ -378,6 +378,38 @@ def test_a_trainers_adamw_state_is_restored_in_its_parameter_groups(
     assert code == 0 and data["verdict"]["kind"] == "finite" and data["phase"] is None
 
 
+@pytest.mark.parametrize("layout", ["sharded", "bin"])
+def test_a_save_pretrained_folder_replays_sharded_or_as_a_bin(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], layout: str) -> None:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=32, n_positions=16, n_embd=16, n_layer=1, n_head=2,
+                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    folder = tmp_path / "run" / "checkpoint-3"
+    model = GPT2LMHeadModel(config)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.save_pretrained(folder, max_shard_size="10KB")
+    if layout == "bin":  # as transformers 4 wrote it: torch.save of the state dict
+        for shard in folder.glob("model*.safetensors*"):
+            shard.unlink()
+        torch.save(model.state_dict(), folder / "pytorch_model.bin")
+    else:
+        assert (folder / "model.safetensors.index.json").is_file()
+    # an Adam over the same parameters, saved beside the weights as the Trainer does
+    torch.save(torch.optim.Adam(model.parameters()).state_dict(), folder / "optimizer.pt")
+    bad = huge_embeddings(tmp_path / "bad.pt")
+    before = snapshot(tmp_path / "run")
+    code, data = replay_json(capsys, tmp_path / "run", "--batch", bad)
+    assert code == 1
+    assert named(data) == ("forward", "transformer.h.0.ln_1", "native_layer_norm.default")
+    assert data["origin"]["checkpoint"] == str(folder)
+    assert data["origin"]["checkpoint_step"] == 3
+    assert data["origin"]["optimizer"]["class"] == "torch.optim.Adam"
+    assert snapshot(tmp_path / "run") == before
+
+
 def test_a_config_that_asks_for_remote_code_is_refused(
         tmp_path: Path, hf_runs: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     folder = tmp_path / "checkpoint-8"

@@ -40,7 +40,10 @@ from analyzer.replayer.loading import load_pt
 
 HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 """The weight files of a Hugging Face checkpoint folder, in the order they are taken."""
+HF_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 HF_OPTIMIZER = "optimizer.pt"
+ACCELERATE_OPTIMIZERS = ("optimizer.bin", "optimizer.pt")
+"""Where ``Accelerator.save_state`` puts the optimizer, beside ``model.safetensors``."""
 _STATE_KEYS = ("state_dict", "model_state_dict", "model", "module", "net", "weights")
 _OPTIMIZER_KEYS = ("optimizer_states", "optimizer_state_dict", "optimizer", "optim", "opt")
 _STEP_KEYS = ("global_step", "step", "iteration", "iter")
@@ -83,8 +86,9 @@ def last_finite_checkpoint(run: str, run_roots: Sequence[str] = ()) -> tuple[str
                          "model weights that are all finite; name one with --checkpoint PATH")
     path = good[-1].path
     folder = os.path.dirname(path)
-    if os.path.basename(path) in HF_WEIGHTS and os.path.isfile(os.path.join(folder,
-                                                                            "config.json")):
+    name = os.path.basename(path)
+    if (name in HF_WEIGHTS or name in HF_INDEXES) and \
+            os.path.isfile(os.path.join(folder, "config.json")):
         path = folder
     return path, good[-1].step
 
@@ -98,9 +102,13 @@ def read_checkpoint(path: str) -> Saved:
         return _read_hf_folder(path)
     name = os.path.basename(path)
     folder = os.path.dirname(path) or "."
-    if name in HF_WEIGHTS and os.path.isfile(os.path.join(folder, "config.json")):
+    if (name in HF_WEIGHTS or name in HF_INDEXES) and \
+            os.path.isfile(os.path.join(folder, "config.json")):
         return _read_hf_folder(folder)
-    root = _load_safetensors(path) if name.endswith(".safetensors") else _load_pt(path)
+    if name in HF_INDEXES:
+        root: Any = _load_shards(path)
+    else:
+        root = _load_safetensors(path) if name.endswith(".safetensors") else _load_pt(path)
     if not isinstance(root, dict):
         raise CaptureError(path, f"holds a {type(root).__name__}, not a state dict or a "
                                  "dict of saved sections")
@@ -109,11 +117,14 @@ def read_checkpoint(path: str) -> Saved:
         hyper = root.get("hyper_parameters")
         name_key = root.get("hparams_name")
         return Saved(path, "lightning", _weights(root, path), step,
-                      hyper=hyper if isinstance(hyper, dict) else None,
-                      hparams_name=name_key if isinstance(name_key, str) else None,
-                      optimizer=root.get("optimizer_states"))
+                     hyper=hyper if isinstance(hyper, dict) else None,
+                     hparams_name=name_key if isinstance(name_key, str) else None,
+                     optimizer=root.get("optimizer_states"))
     optimizer = next((root[k] for k in _OPTIMIZER_KEYS if k in root), None)
-    return Saved(path, "torch", _weights(root, path), step, optimizer=optimizer)
+    notes: list[str] = []
+    if optimizer is None:
+        optimizer = _beside(folder, ACCELERATE_OPTIMIZERS, notes)
+    return Saved(path, "torch", _weights(root, path), step, optimizer=optimizer, notes=notes)
 
 
 def _read_hf_folder(folder: str) -> Saved:
@@ -125,25 +136,65 @@ def _read_hf_folder(folder: str) -> Saved:
                          "Face checkpoint; name the weights file itself") from None
     except MetaError as exc:
         raise CaptureError(exc.path, exc.reason) from None
-    weights_file = next((os.path.join(folder, n) for n in HF_WEIGHTS
-                         if os.path.isfile(os.path.join(folder, n))), None)
-    if weights_file is None:
-        raise UsageError(f"--checkpoint {folder}: holds none of {', '.join(HF_WEIGHTS)} "
-                         "(sharded checkpoints are not replayed)")
-    if weights_file.endswith(".safetensors"):
+    names = [n for n in (*HF_WEIGHTS, *HF_INDEXES) if os.path.isfile(os.path.join(folder, n))]
+    if not names:
+        raise UsageError(f"--checkpoint {folder}: holds none of "
+                         f"{', '.join((*HF_WEIGHTS, *HF_INDEXES))}")
+    weights_file = os.path.join(folder, names[0])
+    if names[0] in HF_INDEXES:
+        weights: Any = _load_shards(weights_file)
+    elif weights_file.endswith(".safetensors"):
         weights = _load_safetensors(weights_file)
     else:
         weights = _load_pt(weights_file)
     if not isinstance(weights, dict):
         raise CaptureError(weights_file, "is not a state dict")
-    optimizer = None
-    opt_path = os.path.join(folder, HF_OPTIMIZER)
-    if os.path.isfile(opt_path):
-        optimizer = _load_pt(opt_path)
-    step = _step_of({}, weights_file)
     state = _trainer_state_step(folder)
+    notes: list[str] = []
+    optimizer = _beside(folder, (HF_OPTIMIZER,), notes)
     return Saved(folder, "huggingface", _weights(weights, weights_file),
-                  state if state is not None else step, config=config, optimizer=optimizer)
+                 state if state is not None else _step_of({}, weights_file), config=config,
+                 optimizer=optimizer, notes=notes)
+
+
+def _beside(folder: str, names: Sequence[str], notes: list[str]) -> Any:
+    """The optimizer state saved beside the weights (the Trainer's optimizer.pt,
+    Accelerate's optimizer.bin), or None; one that cannot be taken is a note, not a
+    reason to give up the replay."""
+    path = next((os.path.join(folder, n) for n in names
+                 if os.path.isfile(os.path.join(folder, n))), None)
+    if path is None:
+        return None
+    try:
+        return _load_pt(path)
+    except CaptureError as exc:
+        notes.append(f"optimizer state not used: {exc}")
+        return None
+
+
+def _load_shards(index: str) -> dict[str, Any]:
+    """The tensors of a sharded save, each shard named by the index a plain file beside it."""
+    from analyzer.ingest.ckpt.sharded import read_weight_map
+
+    try:
+        weight_map, problem = read_weight_map(index)
+    except OSError as exc:
+        raise CaptureError(index, f"cannot be read: {exc}") from None
+    if weight_map is None:
+        raise CaptureError(index, problem or "holds no weight_map")
+    folder = os.path.dirname(index)
+    out: dict[str, Any] = {}
+    for shard in dict.fromkeys(weight_map.values()):
+        if os.path.basename(shard) != shard or shard in (".", ".."):
+            raise CaptureError(index, f"names the shard {shard!r}, not a file beside it")
+        path = os.path.join(folder, shard)
+        if not os.path.isfile(path):
+            raise CaptureError(index, f"names the shard {shard}, which is missing")
+        tensors = _load_safetensors(path) if shard.endswith(".safetensors") else _load_pt(path)
+        if not isinstance(tensors, dict):
+            raise CaptureError(path, "is not a state dict shard")
+        out.update(tensors)
+    return out
 
 
 def _load_pt(path: str) -> Any:
