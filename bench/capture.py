@@ -30,10 +30,14 @@ from analyzer.capture.guard import StepGuard
 FACTORY = "analyzer.scenarios.models:mlp"
 
 
+def _kwargs(hidden: int) -> dict[str, Any]:
+    return {"in_features": 256, "hidden": hidden, "out_features": 10, "depth": 3, "seed": 0}
+
+
 def _model(hidden: int) -> torch.nn.Module:
     from analyzer.scenarios.models import mlp
 
-    return mlp(in_features=256, hidden=hidden, out_features=10, depth=3, seed=0)
+    return mlp(**_kwargs(hidden))
 
 
 def _runner(
@@ -48,8 +52,9 @@ def _runner(
     if recorder_options is not None:
         rec = FlightRecorder(
             tempfile.mkdtemp(prefix="bench-capture-"), model, opt,
-            model_factory=FACTORY, loss_factory="analyzer.scenarios.losses:cross_entropy",
-            write_env_file=False, **recorder_options,
+            model_factory=FACTORY, model_kwargs=_kwargs(hidden),
+            loss_factory="analyzer.scenarios.losses:cross_entropy",
+            write_env_file=False, trust_code_root=False, **recorder_options,
         )  # fmt: skip
     counter = [0]
 

@@ -34,6 +34,7 @@ from analyzer.capture.folder import (
     read_meta,
 )
 from analyzer.capture.format import Factory, Mode
+from analyzer.capture.guard import GuardFault, StepGuard
 from analyzer.capture.recorder import CaptureSetupError, FlightRecorder
 from analyzer.capture.rng import restore_rng, rng_state
 
@@ -45,8 +46,10 @@ __all__ = [
     "CaptureSetupError",
     "Factory",
     "FlightRecorder",
+    "GuardFault",
     "MetaError",
     "Mode",
+    "StepGuard",
     "environment",
     "read_capture_meta",
     "read_meta",
