@@ -27,6 +27,7 @@ import torch
 from analyzer.capture import FlightRecorder
 from analyzer.capture.recorder import CaptureSetupError
 from analyzer.cli import main
+from analyzer.cli.exit import EXIT_FOUND
 from analyzer.model import RunResult
 from tests.integrations.loop_models import batches, project_module
 from tests.readonly import snapshot
@@ -102,8 +103,11 @@ def net_recorder(run: Path, model: torch.nn.Module, optimizer: Any,
                           **options)
 
 
-@pytest.mark.parametrize("counting", ["recorder", "itertools.count"])
-def test_the_global_step_survives_epochs(tmp_path: Path, counting: str, lm: ModuleType) -> None:
+@pytest.mark.parametrize(("start", "failing"), [(None, 4), (0, 4), (1000, 1004)])
+def test_the_global_step_survives_epochs(tmp_path: Path, lm: ModuleType, start: int | None,
+                                         failing: int) -> None:
+    """step=None: the recorder counts optimizer steps across epochs; or the loop's own
+    itertools.count(start), e.g. a resumed run's."""
     torch.manual_seed(0)
     model = lm.make_net()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -112,10 +116,11 @@ def test_the_global_step_survives_epochs(tmp_path: Path, counting: str, lm: Modu
     # Three batches an epoch; the second epoch's middle batch underflows the softmax.
     train(rec, [opt], [batches(3), batches(3, bad=1, seed=1)],
           lambda b: fn(model(b[0]), b[1]), loss_fn_kind=True,
-          counter=itertools.count() if counting == "itertools.count" else None)
-    assert rec.capture_path == str(tmp_path / "capture" / "step_4")
-    meta = meta_of(tmp_path, 4)
-    assert meta["step"] == 4 and meta["trigger"]["what"] in ("loss", "grad")
+          counter=None if start is None else itertools.count(start))
+    assert rec.capture_path == str(tmp_path / "capture" / f"step_{failing}")
+    assert rec.global_step == failing
+    meta = meta_of(tmp_path, failing)
+    assert meta["step"] == failing and meta["trigger"]["what"] in ("loss", "grad")
     assert names(analyse(tmp_path)) == ("head", ("log",))
 
 
@@ -131,7 +136,7 @@ def test_a_step_function_over_dict_batches_replays_the_zero_row(tmp_path: Path,
     data = [{"x": x, "y": y, "weight": 0.5} for x, y in batches(4, bad=2, outlier=0)]
     train(rec, [opt], [data], lambda b: fn(model, b))
     meta = meta_of(tmp_path, 2)
-    assert meta["step_call"]["kind"] == "step_fn"
+    assert meta["step_call"]["kind"] == "step_fn" and meta["batch_dropped"] == []
     assert meta["step_call"]["factory"] == {"factory": f"{MODELS}:dict_step", "kwargs": {}}
     layer, ops = names(analyse(tmp_path))
     assert layer == "norm" and "div" in ops
@@ -232,9 +237,10 @@ def test_a_model_defined_in_the_training_script_replays(
     assert meta["step_call"]["factory"]["factory"] == "__main__:make_step"
     assert meta["lrs"] == [[0.05 / 4, 0.01 / 4]]
     before = snapshot(run)
-    assert main(["analyze", str(run)]) == 0  # `forensics analyze RUN`, no flag
+    assert main(["analyze", str(run)]) == EXIT_FOUND  # `forensics analyze RUN`, no flag
     assert snapshot(run) == before
     out = capsys.readouterr().out
+    assert "FIRST NON-FINITE  step 4  train/loss = nan" in out, out
     assert "replay: forward, layer norm, aten.div.Tensor" in out, out
     assert "source: return x / x.norm(dim=-1, keepdim=True)" in out  # the script's line
 
