@@ -111,16 +111,21 @@ def test_the_recorder_reads_the_accelerator_and_puts_its_methods_back(
     from analyzer.capture.accelerate import recorder_for
 
     accelerator = Accelerator(cpu=True, mixed_precision="bf16", gradient_accumulation_steps=3)
-    model, opt = accelerator.prepare(lm.make_net(),
-                                     torch.optim.SGD(lm.make_net().parameters(), 0.1))
+    net = lm.make_net()
+    first = torch.optim.SGD(net.body[0].parameters(), 0.1)
+    second = torch.optim.Adam(net.body[2].parameters(), 1e-3)
+    model, opt1, opt2 = accelerator.prepare(net, first, second)
+    assert type(opt1).__name__ == "AcceleratedOptimizer"
     with pytest.raises(TypeError, match="scaler"):
-        recorder_for(accelerator, tmp_path, model, opt, model_factory=f"{MODELS}:make_net",
-                     loss_factory=f"{MODELS}:nll", scaler=None)
-    rec = recorder_for(accelerator, tmp_path, model, opt, model_factory=f"{MODELS}:make_net",
-                       loss_factory=f"{MODELS}:nll")
+        recorder_for(accelerator, tmp_path, model, [opt1, opt2],
+                     model_factory=f"{MODELS}:make_net", loss_factory=f"{MODELS}:nll",
+                     scaler=None)
+    rec = recorder_for(accelerator, tmp_path, model, [opt1, opt2],
+                       model_factory=f"{MODELS}:make_net", loss_factory=f"{MODELS}:nll")
     inner = rec.recorder
     assert inner is not None
     assert inner.model is accelerator.unwrap_model(model)
+    assert inner.optimizers == [first, second]  # the user's own, unwrapped
     assert inner.autocast_dtype == torch.bfloat16 and inner.scaler is None
     assert inner.accumulation == 3 and inner.divide_loss is True
     assert "backward" in vars(accelerator)
