@@ -313,6 +313,9 @@ _NUMBER_OR_STR: _Check = (lambda v: _NUMBER[0](v) or isinstance(v, str), "a numb
 _INTS: _Check = (lambda v: isinstance(v, list) and all(_INT[0](x) for x in v), "a list of integers")
 _NUMBERS: _Check = (lambda v: isinstance(v, list) and all(_NUMBER[0](x) for x in v),
                     "a list of numbers")
+_STR_LISTS: _Check = (lambda v: isinstance(v, list) and all(
+    isinstance(g, list) and all(isinstance(x, str) for x in g) for g in v),
+    "a list of lists of strings")
 _OBJECTS: _Check = (lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v),
                     "a list of JSON objects")
 _STRS: _Check = (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
@@ -371,11 +374,13 @@ def _record(folder: str, data: dict[str, Any]) -> CaptureMeta:
 
     def optimizer_of(spec: Mapping[str, Any], where: str) -> OptimizerSpec:
         lrs = _key(spec, "lrs", _NUMBERS, where=where) or ()
+        params = _key(spec, "params", _STR_LISTS, where=where) or ()
         return OptimizerSpec(
             _key(spec, "class", _STR, where=where, required=True),
             dict(_key(spec, "hyperparameters", _OBJECT, where=where) or {}),
             _key(spec, "param_groups", _INT, where=where),
-            tuple(float(x) for x in lrs))
+            tuple(float(x) for x in lrs),
+            tuple(tuple(g) for g in params))
 
     version = data.get("version")
     call = _key(data, "step_call", _OBJECT) or {}

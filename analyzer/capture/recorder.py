@@ -482,8 +482,9 @@ class FlightRecorder:
         params = list(self.model.parameters())
         dtype = dtype_name(params[0].dtype) if params else "float32"
         device = str(params[0].device) if params else "cpu"
-        optimizers = [_optimizer_json(o, lrs) for o, lrs in zip(self.optimizers, current.lrs,
-                                                                  strict=True)]
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        optimizers = [_optimizer_json(o, lrs, names)
+                      for o, lrs in zip(self.optimizers, current.lrs, strict=True)]
         rebuild = self._rebuild()
         failing = trigger.get("micro_batch")
         meta: dict[str, Any] = {
@@ -621,13 +622,18 @@ def unwrap_optimizer(optimizer: Any) -> Any:
     return optimizer
 
 
-def _optimizer_json(optimizer: Any, lrs: list[float]) -> dict[str, Any]:
+def _optimizer_json(optimizer: Any, lrs: list[float], names: Mapping[int, str]
+                    ) -> dict[str, Any]:
+    """One optimizer as meta.json records it. ``params``: the model's names of each group's
+    parameters, in the optimizer's order, which is the order its state_dict numbers them
+    in (not the model's: a second optimizer, or groups listed out of the model's order)."""
     return {
         "class": class_path(optimizer),
         "hyperparameters": hparams_json(
             {k: v for k, v in optimizer.param_groups[0].items() if k != "params"}),
         "param_groups": len(optimizer.param_groups),
         "lrs": lrs,
+        "params": [[names.get(id(p), "") for p in g["params"]] for g in optimizer.param_groups],
     }
 
 

@@ -63,6 +63,9 @@ class OptimizerSpec:
     hyperparameters: Mapping[str, Any] = field(default_factory=dict)
     param_groups: int | None = None
     lrs: tuple[float, ...] = ()
+    params: tuple[tuple[str, ...], ...] = ()
+    """The model's names of each group's parameters, in the optimizer's own order (version
+    2); empty: the groups' indices are positions in ``model.parameters()`` (version 1)."""
 
 
 @dataclass(frozen=True)

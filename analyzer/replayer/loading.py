@@ -172,13 +172,7 @@ def build_optimizer(spec: OptimizerSpec, model: nn.Module, state: Mapping[str, A
     cls = resolve_plan(plan, policy, run_folder=run_folder).obj
     if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)):
         raise ModelRebuildError(target, "is not a torch.optim.Optimizer subclass")
-    params = list(model.parameters())
-    saved = state.get("param_groups") or [{"params": list(range(len(params)))}]
-    try:
-        groups = [{"params": [params[i] for i in g["params"]]} for g in saved]
-    except (IndexError, KeyError, TypeError):
-        raise ModelRebuildError(target, "the saved optimizer state names parameters the "
-                                        f"model does not have ({len(params)} parameters)") from None
+    groups = _groups(spec, model, state, target)
     accepted = inspect.signature(cls).parameters
     hyper = {k: v for k, v in spec.hyperparameters.items()
              if k in accepted and k != "params" and not isinstance(v, str)}
@@ -189,6 +183,27 @@ def build_optimizer(spec: OptimizerSpec, model: nn.Module, state: Mapping[str, A
         raise ModelRebuildError(target, f"cannot restore its state: {type(exc).__name__}: "
                                         f"{exc}") from None
     return optimizer
+
+
+def _groups(spec: OptimizerSpec, model: nn.Module, state: Mapping[str, Any],
+            target: str) -> list[dict[str, Any]]:
+    """The optimizer's param groups over the rebuilt model's parameters: by the names the
+    capture recorded (version 2), else by position in ``model.parameters()`` (version 1,
+    whose one optimizer listed them in the model's order)."""
+    if spec.params:
+        named = dict(model.named_parameters())
+        missing = [n for g in spec.params for n in g if n not in named]
+        if missing:
+            raise ModelRebuildError(target, f"the capture's optimizer names parameters the "
+                                            f"model does not have: {', '.join(missing[:3])}")
+        return [{"params": [named[n] for n in g]} for g in spec.params]
+    params = list(model.parameters())
+    saved = state.get("param_groups") or [{"params": list(range(len(params)))}]
+    try:
+        return [{"params": [params[i] for i in g["params"]]} for g in saved]
+    except (IndexError, KeyError, TypeError):
+        raise ModelRebuildError(target, "the saved optimizer state names parameters the "
+                                        f"model does not have ({len(params)} parameters)") from None
 
 
 def _check_size(plan: tuple[Plan, dict[str, Any]], saved: Mapping[str, Any],
