@@ -374,8 +374,10 @@ def test_a_trainers_adamw_state_is_restored_in_its_parameter_groups(
     ids = torch.arange(16).repeat(2, 1) % 32
     torch.save({"input_ids": ids, "labels": ids}, fine)
     code, data = replay_json(capsys, hf_runs["hf_healthy"], "--checkpoint", folder,
-                             "--batch", fine)
+                             "--batch", fine, "--model", "transformers:GPT2LMHeadModel")
     assert code == 0 and data["verdict"]["kind"] == "finite" and data["phase"] is None
+    assert data["origin"]["model"] == {"factory": "transformers:GPT2LMHeadModel",
+                                       "from": "--model"}  # built from the folder's config
 
 
 @pytest.mark.parametrize("layout", ["sharded", "bin"])
@@ -446,6 +448,21 @@ def test_an_untrusted_model_factory_is_refused_and_never_imported(
     code, _, err = forensics(capsys, run, "--batch", tmp_path / "bad.pt",
                              "--model", "os:system", "--loss", "strangerproj:make")
     assert code == 2 and "standard library" in err
+    # The tool's own model factory is trusted; the data function still is not.
+    mlp = torch.nn.Sequential()
+    mlp.add_module("fc1", torch.nn.Linear(4, 3))
+    mlp.add_module("act1", torch.nn.ReLU())
+    mlp.add_module("fc2", torch.nn.Linear(3, 1))
+    torch.save(mlp.state_dict(), run / "model.pt")
+    tool = ["--model", "analyzer.scenarios.models:mlp", "--loss", "analyzer.scenarios.losses:mse"]
+    code, _, err = forensics(capsys, run, "--data", "strangerproj:make", *tool, "--model-kwargs",
+                             '{"in_features": 4, "hidden": 3, "out_features": 1}')
+    assert code == 2 and "not trusted" in err and not marker.exists()
+    # ... and its arguments may not build a model larger than the checkpoint
+    code, _, err = forensics(capsys, run, "--batch", tmp_path / "bad.pt", *tool,
+                             "--model-kwargs",
+                             '{"in_features": 4, "hidden": 100000, "out_features": 1}')
+    assert code == 2 and "more than the 19 the checkpoint holds" in err
 
 
 class Payload:

@@ -94,6 +94,7 @@ class CheckpointReplay:
         """The replay's JSON with an ``"origin"`` key saying what was replayed."""
         return {**self.result.to_dict(), "origin": dict(self.origin)}
 
+
 # --- what the run recorded -----------------------------------------------------------------
 
 
@@ -193,6 +194,8 @@ def _model(req: Request, saved: Saved, rec: _Recorded | None,
         kwargs = dict(req.model_kwargs) if req.model_kwargs is not None else (
             spec[1] if spec is not None and same else {})
         config = spec[2] if spec is not None and same and req.model_kwargs is None else None
+        if config is None and req.model_kwargs is None and saved.kind == "huggingface":
+            config = saved.config  # a model class named for a Hugging Face folder
     elif spec is not None and rec is not None:
         target, kwargs, config = spec
         source = rec.path
