@@ -63,6 +63,7 @@ class Saved:
     optimizer: Any = None
     notes: list[str] = field(default_factory=list)
 
+
 # --- finding and reading the checkpoint ----------------------------------------------------
 
 
@@ -255,7 +256,6 @@ def _trainer_state_step(folder: str) -> int | None:
     except (FileNotFoundError, MetaError):
         return None
     return value if isinstance(value, int) and not isinstance(value, bool) else None
-
 
 
 def read_batch(path: str) -> Any:
