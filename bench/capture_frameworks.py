@@ -13,6 +13,8 @@ the median step without it, median over the rounds. Run: ``python bench/capture_
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
 import logging
 import os
 import statistics
@@ -46,7 +48,7 @@ def make_loss() -> Callable[..., torch.Tensor]:
 
 
 def _median_step(stamps: list[float]) -> float:
-    deltas = [b - a for a, b in zip(stamps, stamps[1:], strict=False)][WARMUP:]
+    deltas = [b - a for a, b in itertools.pairwise(stamps)][WARMUP:]
     return statistics.median(deltas)
 
 
@@ -95,7 +97,8 @@ def lightning(batch: int, steps: int, recorded: bool) -> float:
     trainer = pl.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, callbacks=callbacks)
-    loader = torch.utils.data.DataLoader(_data(batch, steps), batch_size=None)
+    batches: Any = _data(batch, steps)  # a list of ready batches is a map-style dataset
+    loader = torch.utils.data.DataLoader(batches, batch_size=None)
     trainer.fit(_lightning_module()(), loader)
     return _median_step(stamps)
 
@@ -120,20 +123,12 @@ def accelerate(batch: int, steps: int, recorded: bool) -> float:
     stamps: list[float] = []
     for x, y in _data(batch, steps):
         stamps.append(time.process_time())
-        with rec.step(inputs=x, targets=y) if rec is not None else _nothing():
+        with rec.step(inputs=x, targets=y) if rec is not None else contextlib.nullcontext():
             loss = nn.functional.cross_entropy(model(x), y)
             accelerator.backward(loss)
             opt.step()
             opt.zero_grad()
     return _median_step(stamps)
-
-
-class _nothing:  # noqa: N801 - used as a context manager, like contextlib.nullcontext
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 FRAMEWORKS: dict[str, Callable[[int, int, bool], float]] = {
