@@ -59,6 +59,7 @@ bench: setup
 	$(BIN)/python bench/checkpoints.py
 	$(BIN)/python bench/replay.py
 	$(BIN)/python bench/capture.py
+	$(BIN)/python bench/capture_frameworks.py
 
 # Score the analysis on dead runs without captures, per half (docs/evaluation.md).
 .PHONY: evaluate
