@@ -359,3 +359,41 @@ def test_a_dtype_override_replays_a_half_model_in_float64() -> None:
     result = replay_step(model, x, None, mean_loss, _sgd(model), dtype="float64")
     assert result.dtype == "float64" and result.phase is None
     assert result.verdict.kind == "not-reproducible"  # the run failed; float64 does not
+
+
+class _ReusesFreedMemory(nn.Module):
+    """Its forward fills memory with NaN, frees it, and takes it back with torch.empty: the
+    bytes an uninitialised tensor starts with are whatever was there (dropout's mask is
+    drawn into such memory too)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(64, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        junk = torch.full((4096,), float("nan"))
+        del junk
+        buf = torch.empty(4096)
+        buf.fill_(1.0)
+        return self.fc(x) * buf[:64]  # type: ignore[no-any-return]
+
+
+def test_regression_uninitialised_memory_is_never_the_op_that_made_a_nan() -> None:
+    torch.manual_seed(0)
+    model = _ReusesFreedMemory()
+    result = replay_step(model, torch.randn(8, 64), torch.randn(8, 64), nn.MSELoss(),
+                         torch.optim.SGD(model.parameters(), lr=0.1), expected=False)
+    assert result.verdict.kind == "finite"
+    assert result.forward_op is not None and result.forward_op.op == "full.default"
+
+
+def test_regression_adamw_replays() -> None:
+    """torch's AdamW keeps decoupled_weight_decay among its defaults, which its __init__
+    does not take: each pass's copy of the optimizer must not hand it back."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 1))
+    x = torch.randn(5, 3)
+    x[2] = float("nan")
+    result = replay_step(model, x, torch.randn(5, 1), nn.MSELoss(),
+                         torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1))
+    assert result.verdict.kind == "bad-input" and result.phase == "forward"

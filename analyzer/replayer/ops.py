@@ -129,6 +129,12 @@ def _narrow(value: Any, index: int) -> Any:
     return value
 
 
+UNINITIALISED = frozenset({"empty", "empty_like", "empty_strided", "new_empty",
+                           "new_empty_strided", "empty_permuted"})
+"""Ops that return memory nobody wrote yet (dropout draws its mask into ``empty_like``): a
+NaN bit pattern left there is no fault of theirs."""
+
+
 class OpTracer(TorchDispatchMode):
     """Finds the first non-finite-producing aten op of each phase.
 
@@ -181,6 +187,8 @@ class OpTracer(TorchDispatchMode):
             before = (ok, tree_map(lambda v: _clone_if(v, written), (args, kwargs))
                       if keep else (args, kwargs))
         out = func(*args, **kwargs)
+        if func.overloadpacket.__name__ in UNINITIALISED:
+            return out  # whatever bytes the allocator left, not a value any op computed
         results = floating(out) + (floating(_written_args(func, args, kwargs)) if mutable else [])
         if not results or all_finite(results):
             return out

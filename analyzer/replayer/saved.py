@@ -22,7 +22,6 @@ every saved moment having its parameter's shape.
 from __future__ import annotations
 
 import functools
-import inspect
 import io
 import os
 from collections.abc import Mapping, Sequence
@@ -327,31 +326,18 @@ def _restore(model: nn.Module, state: Mapping[str, Any],
         keys = ", ".join(sorted(str(k) for k in groups[0] if k != "params"))
         return None, f"its optimizer's hyperparameters ({keys}) match no torch.optim class"
     sizes = [len(g["params"]) for g in groups]
-    make, extra = _maker(cls)
     for order in _orders(model, hf):
         split = _split(order, sizes, per_param)
         if split is None:
             continue
         try:
-            optimizer = make([{"params": ps} for ps in split], **extra)
+            optimizer = cls([{"params": ps} for ps in split])
             optimizer.load_state_dict(dict(state))
         except Exception:  # the next order, else the stand-in
             continue
         return optimizer, f"torch.optim.{cls.__name__}"
     return None, (f"its optimizer state ({sum(sizes)} parameters in {len(sizes)} groups) does "
                   f"not fit the model's {len(list(model.parameters()))} parameters")
-
-
-def _maker(cls: type[torch.optim.Optimizer]) -> tuple[Any, dict[str, Any]]:
-    """How to build ``cls`` so that the replay can copy it. Each pass copies an optimizer as
-    ``type(opt)(groups, **opt.defaults)``, which AdamW refuses where its defaults hold
-    ``decoupled_weight_decay`` and its ``__init__`` does not take it; Adam with decoupled
-    weight decay is the same update, and takes it."""
-    adam_takes = "decoupled_weight_decay" in inspect.signature(torch.optim.Adam).parameters
-    adamw_takes = "decoupled_weight_decay" in inspect.signature(torch.optim.AdamW).parameters
-    if cls is torch.optim.AdamW and adam_takes and not adamw_takes:
-        return torch.optim.Adam, {"decoupled_weight_decay": True}
-    return cls, {}
 
 
 def optimizer_class(group: Mapping[str, Any]) -> type[torch.optim.Optimizer] | None:

@@ -9,6 +9,7 @@ original's state dict, which casts the optimizer state to match the parameters.
 from __future__ import annotations
 
 import copy
+import inspect
 import random
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -124,7 +125,7 @@ def clone_state(state: TrainState, config: StepConfig) -> TrainState:
     for original in state.optimizers:
         groups = [{"params": [params[index[id(p)]] for p in group["params"]]}
                   for group in original.param_groups]
-        optimizer = type(original)(groups, **original.defaults)
+        optimizer = type(original)(groups, **_accepted(type(original), original.defaults))
         # load_state_dict keeps tensors that already have the right dtype and device:
         # without the copy, a pass would update the moments of the original in place.
         optimizer.load_state_dict(copy.deepcopy(original.state_dict()))
@@ -134,6 +135,15 @@ def clone_state(state: TrainState, config: StepConfig) -> TrainState:
         scaler = torch.amp.GradScaler(config.device_type)
         scaler.load_state_dict(state.scaler.state_dict())
     return TrainState(model, optimizers[0], scaler, tuple(optimizers[1:]))
+
+
+def _accepted(cls: type, defaults: Any) -> dict[str, Any]:
+    """The defaults ``cls.__init__`` takes: an optimizer may keep one it does not accept
+    (torch's AdamW keeps ``decoupled_weight_decay``, fixed to True, among its defaults)."""
+    params = inspect.signature(cls).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return dict(defaults)
+    return {k: v for k, v in dict(defaults).items() if k in params}
 
 
 def nonfinite_state(state: TrainState) -> list[str]:
