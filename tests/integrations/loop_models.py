@@ -53,6 +53,14 @@ class Net(nn.Module):
         return out
 
 
+class EmbedNet(Net):
+    """``Net`` that also returns its logits: the embedding a loss outside the model uses."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        logits = self.body(self.norm(x))
+        return self.head(logits), logits
+
+
 class PairNet(nn.Module):
     """Two inputs through one body: the model of a batch of pairs."""
 
@@ -81,6 +89,10 @@ def make_net(features: int = 4, hidden: int = 8, classes: int = 3,
     return Net(features, hidden, classes, normalise)
 
 
+def make_embed_net(features: int = 4, hidden: int = 8, classes: int = 3) -> EmbedNet:
+    return EmbedNet(features, hidden, classes)
+
+
 def make_pair_net(features: int = 4, hidden: int = 8, classes: int = 3) -> PairNet:
     return PairNet(features, hidden, classes)
 
@@ -99,6 +111,19 @@ def dict_step() -> Callable[[nn.Module, Mapping[str, Any]], torch.Tensor]:
 
     def step(model: nn.Module, batch: Mapping[str, Any]) -> torch.Tensor:
         loss: torch.Tensor = F.nll_loss(model(batch["x"]), batch["y"]) * batch["weight"]
+        return loss
+
+    return step
+
+
+def embed_step(weight: float = 1e-3) -> Callable[[nn.Module, Mapping[str, Any]], torch.Tensor]:
+    """NLL plus a similarity term computed outside the model: ``logits @ logits.T``, a
+    matmul that autocast would run in low precision, if it covered the loss."""
+
+    def step(model: nn.Module, batch: Mapping[str, Any]) -> torch.Tensor:
+        logp, logits = model(batch["x"])
+        loss: torch.Tensor = (F.nll_loss(logp, batch["y"])
+                              + weight * (logits @ logits.T).mean())
         return loss
 
     return step
