@@ -1,0 +1,303 @@
+"""The flight recorder inside a Hugging Face ``Trainer``: a two-line change.
+
+::
+
+    from analyzer.capture.hf import FlightRecorderTrainer
+    trainer = FlightRecorderTrainer(model=model, args=args, train_dataset=train)  # was Trainer
+
+A Trainer subclass of one's own gets the same with ``with_flight_recorder(MyTrainer)`` (or
+``class MyTrainer(FlightRecorderMixin, Trainer)``). Options of :class:`FlightRecorder`
+(``check_params=True``, ``every_n=10``, ...) go in ``flight_recorder={...}``. Captures are
+written into ``args.output_dir``, next to the Trainer's own ``runs/`` and checkpoints.
+
+What each hook does, and why it is that one:
+
+- ``compute_loss`` (documented "subclass and override"): the one place where the batch is
+  the exact keyword arguments the model is called with (after ``_prepare_inputs``, with
+  ``num_items_in_batch`` added when the model takes loss keyword arguments) and where the
+  forward pass has not started yet. The first call of an optimizer step begins the
+  recorded step (state, RNG, batch), later ones are micro-batches of the same step
+  (``gradient_accumulation_steps``); the loss it returns is handed to the recorder.
+- ``training_step``: only marks that ``compute_loss`` is called for training (evaluation
+  calls it too, under ``no_grad``).
+- ``FlightRecorderCallback.on_optimizer_step`` ends the step: after clipping and
+  ``optimizer.step()`` (so parameter and gradient checks see the update and the gradients),
+  before ``model.zero_grad()``. The step is ``state.global_step`` at its start: optimizer
+  steps, across epochs and resumed runs.
+- ``train``: a step that raises (``torch.autograd.detect_anomaly``, a FloatingPointError of
+  one's own, an error in clipping) never reaches ``on_optimizer_step``; the exception ends
+  the open step with ``error=`` before it goes on, so the step is still captured.
+
+The recorder is built at the first training micro-batch, when the Trainer has prepared
+its optimizer (accelerate's ``AcceleratedOptimizer``, unwrapped by the recorder) and the
+first batch says whether the loss is scaled for accumulation. What it is told:
+
+- the model factory: the model's class with its config (``model_config``); a class of
+  transformers is recorded as ``transformers:<Class>``, a class of one's own (a module, or
+  the training script's ``__main__``) by its module and name;
+- step kind ``model_loss``: replay calls ``model(**batch)`` and takes its loss, which is
+  what ``Trainer.compute_loss`` does. A Trainer that computes the loss otherwise
+  (``compute_loss_func``, ``label_smoothing_factor``, a ``compute_loss`` of its own) needs a
+  ``step_factory`` in ``flight_recorder``; without one, training stops at step 0 with
+  :class:`HFSetupError` rather than leaving captures replay would run wrongly;
+- the accelerator's GradScaler (fp16) and autocast dtype (fp16/bf16), ``max_grad_norm`` as
+  the clip, ``gradient_accumulation_steps`` micro-batches with the loss divided as the
+  Trainer divides it (not when ``num_items_in_batch`` already normalised it), ``args.seed``.
+
+``transformers`` is imported only when a Trainer class is asked for: importing this
+module costs nothing more than :mod:`analyzer.capture`.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from analyzer.capture.recorder import CaptureSetupError, FlightRecorder
+
+if TYPE_CHECKING:
+    import torch
+
+# Besides these, ``FlightRecorderTrainer`` and ``FlightRecorderCallback`` (module
+# ``__getattr__``: they subclass transformers' classes, imported when first asked for).
+__all__ = ["FlightRecorderMixin", "HFSetupError", "TrainerRecording", "callback_class",
+           "with_flight_recorder"]
+
+_RESERVED = ("model", "optimizer", "run_dir")
+"""Recorder arguments that are the Trainer's to give, never an option."""
+
+
+class HFSetupError(CaptureSetupError):
+    """The Trainer is set up in a way the recorded step would not replay faithfully."""
+
+
+class TrainerRecording:
+    """The recorder of one Trainer and the step it has open; no transformers import.
+
+    The mixin and the callback call it; it never raises into training except
+    :class:`HFSetupError` (and the recorder's own setup check) at the first step.
+    """
+
+    def __init__(self, trainer: Any, options: Mapping[str, Any] | None = None) -> None:
+        bad = [k for k in (options or {}) if k in _RESERVED]
+        if bad:
+            raise HFSetupError(f"flight_recorder={{...}}: {', '.join(bad)} come from the "
+                               "Trainer and cannot be given")
+        self.trainer = trainer
+        self.options = dict(options or {})
+        self.recorder: FlightRecorder | None = None
+        self.training = False
+        """Inside ``training_step``: compute_loss is called for a training micro-batch."""
+        self.open = False
+        """A step is begun and not yet ended."""
+
+    # -- the hooks ----------------------------------------------------------------------
+
+    def micro_batch(self, inputs: Mapping[str, Any], num_items_in_batch: Any) -> None:
+        """``compute_loss`` is about to call the model on ``inputs``."""
+        trainer = self.trainer
+        batch = dict(inputs)
+        if trainer.model_accepts_loss_kwargs and num_items_in_batch is not None:
+            batch["num_items_in_batch"] = num_items_in_batch
+        if self.recorder is None:
+            self.recorder = self._build(num_items_in_batch)
+        recorder = self.recorder
+        if not recorder.active:
+            return
+        if self.open:
+            recorder.micro_batch(batch=batch)
+        else:
+            recorder.begin(step=int(trainer.state.global_step), batch=batch)
+            self.open = True
+
+    def loss(self, value: Any) -> None:
+        if self.open and self.recorder is not None:
+            self.recorder.loss(value)
+
+    def end(self, error: BaseException | None = None) -> None:
+        """The step is over (``on_optimizer_step``), or it raised ``error``."""
+        if self.open and self.recorder is not None:
+            self.open = False
+            self.recorder.end(error=error)
+        self.open = False
+
+    # -- building the recorder ------------------------------------------------------------
+
+    def _build(self, num_items_in_batch: Any) -> FlightRecorder:
+        trainer = self.trainer
+        args = trainer.args
+        options = dict(self.options)
+        own = _own_loss(trainer)
+        if own is not None and "step_factory" not in options:
+            raise HFSetupError(
+                f"the flight recorder replays model(**batch).loss, but this Trainer computes "
+                f"its loss with {own}: give flight_recorder={{'step_factory': "
+                "'module:function', ...}} (a function returning fn(model, batch) -> loss)")
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        if "model_factory" not in options:
+            options["model_factory"] = model_factory(model)
+            options.setdefault("model_config", model_config(model))
+        if "step_factory" not in options and "loss_factory" not in options:
+            options.setdefault("step_kind", "model_loss")
+        options.setdefault("scaler", trainer.accelerator.scaler)
+        options.setdefault("autocast_dtype", autocast_dtype(trainer.accelerator.mixed_precision))
+        clip = float(args.max_grad_norm or 0.0)
+        options.setdefault("grad_clip", clip if clip > 0 else None)
+        options.setdefault("accumulation", int(args.gradient_accumulation_steps))
+        # The Trainer divides by current_gradient_accumulation_steps, the step's own count
+        # (fewer on an epoch's last step), unless num_items_in_batch normalised the loss.
+        options.setdefault("divide_loss", False if _loss_scaled_for_accumulation(
+            trainer, num_items_in_batch) else "micro_batches")
+        options.setdefault("seed", args.seed)
+        run_dir = os.fspath(args.output_dir)
+        os.makedirs(run_dir, exist_ok=True)
+        return FlightRecorder(run_dir, model, trainer.optimizer, **options)
+
+
+def model_factory(model: Any) -> Any:
+    """``transformers:<Class>`` for a class transformers exports, else the class itself
+    (the recorder records its module and name, ``__main__`` included)."""
+    cls = type(model)
+    if cls.__module__.split(".")[0] == "transformers":
+        import transformers
+
+        if getattr(transformers, cls.__name__, None) is cls:
+            return f"transformers:{cls.__name__}"
+    return cls
+
+
+def model_config(model: Any) -> dict[str, Any]:
+    """The model's whole config as JSON (``to_json_string`` turns dtypes into names)."""
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "to_json_string"):
+        raise HFSetupError(f"{type(model).__name__} has no Hugging Face config: give "
+                           "flight_recorder={'model_factory': ..., 'model_kwargs': ...}")
+    loaded: dict[str, Any] = json.loads(config.to_json_string(use_diff=False))
+    return loaded
+
+
+def autocast_dtype(mixed_precision: Any) -> torch.dtype | None:
+    import torch
+
+    return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(str(mixed_precision))
+
+
+def _loss_scaled_for_accumulation(trainer: Any, num_items_in_batch: Any) -> bool:
+    """Whether ``Trainer.training_step`` leaves the loss undivided by the accumulation
+    steps: its own test, kept in the same order."""
+    said = getattr(trainer, "loss_is_scaled_for_ga", None)
+    if said is not None:
+        return bool(said)
+    return bool((trainer.model_accepts_loss_kwargs and num_items_in_batch is not None)
+                or getattr(trainer, "compute_loss_func", None) is not None)
+
+
+def _own_loss(trainer: Any) -> str | None:
+    """What makes this Trainer's loss something other than ``model(**batch).loss``."""
+    if getattr(trainer, "compute_loss_func", None) is not None:
+        return "compute_loss_func"
+    if getattr(trainer, "label_smoother", None) is not None:
+        return "label_smoothing_factor"
+    for klass in type(trainer).__mro__:
+        if klass.__module__ == "transformers.trainer" and klass.__name__ == "Trainer":
+            break
+        if klass is not FlightRecorderMixin and "compute_loss" in vars(klass):
+            return f"{klass.__qualname__}.compute_loss"
+    return None
+
+
+class FlightRecorderMixin:
+    """Put before ``Trainer`` in a class's bases; ``flight_recorder={...}`` holds the
+    recorder's options. See the module docstring for the hooks."""
+
+    _flight: TrainerRecording
+
+    def __init__(self, *args: Any, flight_recorder: Mapping[str, Any] | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._flight = TrainerRecording(self, flight_recorder)
+        self.add_callback(callback_class()(self._flight))  # type: ignore[attr-defined]
+
+    @property
+    def flight_recorder(self) -> FlightRecorder | None:
+        """The recorder (None until the first training step)."""
+        return self._flight.recorder
+
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().train(*args, **kwargs)  # type: ignore[misc]
+        except BaseException as exc:
+            self._flight.end(error=exc)
+            raise
+
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        self._flight.training = True
+        try:
+            return super().training_step(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            self._flight.training = False
+
+    def compute_loss(self, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        flight = self._flight
+        if not flight.training:
+            return super().compute_loss(model, inputs, *args, **kwargs)  # type: ignore[misc]
+        num_items = kwargs.get("num_items_in_batch", args[1] if len(args) > 1 else None)
+        flight.micro_batch(inputs, num_items)
+        result = super().compute_loss(model, inputs, *args, **kwargs)  # type: ignore[misc]
+        flight.loss(result[0] if isinstance(result, tuple) else result)
+        return result
+
+
+@functools.cache
+def callback_class() -> type:
+    """``FlightRecorderCallback``, a ``transformers.TrainerCallback`` (built on first use)."""
+    from transformers import TrainerCallback
+
+    class FlightRecorderCallback(TrainerCallback):
+        """Ends the recorded step after the optimizer step; the mixin adds it."""
+
+        def __init__(self, flight: TrainerRecording) -> None:
+            self.flight = flight
+
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            # A step left open by a train() that stopped (auto_find_batch_size retries)
+            # is not the next one's.
+            self.flight.end()
+
+        def on_optimizer_step(self, args: Any, state: Any, control: Any,
+                              **kwargs: Any) -> None:
+            self.flight.end()
+
+    FlightRecorderCallback.__module__ = __name__
+    return FlightRecorderCallback
+
+
+_WRAPPED: dict[type, type] = {}
+
+
+def with_flight_recorder(trainer_class: type) -> type:
+    """``trainer_class`` with the flight recorder: ``FlightRecorderMixin`` first in its
+    bases. The same class each time for the same ``trainer_class``."""
+    if issubclass(trainer_class, FlightRecorderMixin):
+        return trainer_class
+    if trainer_class not in _WRAPPED:
+        _WRAPPED[trainer_class] = type(
+            f"FlightRecorder{trainer_class.__name__}", (FlightRecorderMixin, trainer_class),
+            {"__module__": __name__,
+             "__doc__": f"{trainer_class.__name__} keeping a flight recorder "
+                        "(analyzer.capture.hf); its options go in flight_recorder={...}."})
+    return _WRAPPED[trainer_class]
+
+
+def __getattr__(name: str) -> Any:
+    # The Trainer classes need transformers: built when first asked for, not at import.
+    if name == "FlightRecorderTrainer":
+        from transformers import Trainer
+
+        return with_flight_recorder(Trainer)
+    if name == "FlightRecorderCallback":
+        return callback_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
