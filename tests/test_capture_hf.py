@@ -191,6 +191,62 @@ def test_a_trainer_with_a_loss_of_its_own_stops_at_step_zero(tmp_path: Path) -> 
     assert trainer.state.global_step == 0
 
 
+STEP_MODULE = """
+import torch
+
+
+def smoothed_step():
+    def step(model, batch):
+        batch = dict(batch)
+        labels = batch.pop("labels")
+        batch.pop("num_items_in_batch", None)
+        logits = model(**batch).logits[:, :-1]
+        return torch.nn.functional.cross_entropy(
+            logits.flatten(0, 1), labels[:, 1:].flatten(), label_smoothing=0.1)
+    return step
+"""
+
+
+def _smoothing_trainer() -> type:
+    from transformers import Trainer
+
+    class Smoothing(Trainer):
+        def compute_loss(self, model: Any, inputs: Any, return_outputs: bool = False,
+                         num_items_in_batch: Any = None) -> Any:
+            inputs = dict(inputs)
+            labels = inputs.pop("labels")
+            outputs = model(**inputs)
+            loss = torch.nn.functional.cross_entropy(
+                outputs.logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(),
+                label_smoothing=0.1)
+            return (loss, outputs) if return_outputs else loss
+
+    return Smoothing
+
+
+def test_a_compute_loss_of_its_own_needs_a_step_factory_and_replays_with_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from analyzer.capture.hf import HFSetupError, with_flight_recorder
+
+    cls = with_flight_recorder(_smoothing_trainer())
+    bare = cls(model=_llama(), args=_args(tmp_path / "bare"), train_dataset=_rows(13))
+    with pytest.raises(HFSetupError, match=r"Smoothing\.compute_loss"):
+        bare.train()
+    assert bare.state.global_step == 0
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "lm_steps.py").write_text(STEP_MODULE, encoding="utf-8")
+    monkeypatch.syspath_prepend(str(code))
+    out = tmp_path / "out"
+    trainer = cls(model=_llama(), args=_args(out), train_dataset=_rows(13),
+                  flight_recorder={"step_factory": "lm_steps:smoothed_step"})
+    trainer.train()
+    meta = _meta(out, 3)
+    assert meta["step_call"]["kind"] == "step_fn"
+    assert meta["step_call"]["factory"]["factory"] == "lm_steps:smoothed_step"
+    _assert_rmsnorm_of_the_padding(_replayed(out))
+
+
 def test_with_flight_recorder_keeps_the_trainer_subclass(tmp_path: Path) -> None:
     from transformers import Trainer
 

@@ -38,8 +38,10 @@ first batch says whether the loss is scaled for accumulation. What it is told:
 - step kind ``model_loss``: replay calls ``model(**batch)`` and takes its loss, which is
   what ``Trainer.compute_loss`` does. A Trainer that computes the loss otherwise
   (``compute_loss_func``, ``label_smoothing_factor``, a ``compute_loss`` of its own) needs a
-  ``step_factory`` in ``flight_recorder``; without one, training stops at step 0 with
-  :class:`HFSetupError` rather than leaving captures replay would run wrongly;
+  ``step_factory`` in ``flight_recorder`` (``"module:function"`` or the function: it
+  returns ``step(model, batch) -> loss``, the batch being compute_loss' ``inputs`` plus
+  ``num_items_in_batch`` when the Trainer counted it); without one, training stops at
+  step 0 with :class:`HFSetupError` rather than leave captures replay would run wrongly;
 - the accelerator's GradScaler (fp16) and autocast dtype (fp16/bf16), ``max_grad_norm`` as
   the clip, ``gradient_accumulation_steps`` micro-batches with the loss divided as the
   Trainer divides it (not when ``num_items_in_batch`` already normalised it), ``args.seed``.
@@ -100,7 +102,11 @@ class TrainerRecording:
         """``compute_loss`` is about to call the model on ``inputs``."""
         trainer = self.trainer
         batch = dict(inputs)
-        if trainer.model_accepts_loss_kwargs and num_items_in_batch is not None:
+        # As compute_loss calls the model: with num_items_in_batch when the model takes loss
+        # keyword arguments. A step function of one's own gets it whenever the Trainer
+        # counted it, as a compute_loss of one's own does.
+        own_step = "step_factory" in self.options
+        if num_items_in_batch is not None and (own_step or trainer.model_accepts_loss_kwargs):
             batch["num_items_in_batch"] = num_items_in_batch
         if self.recorder is None:
             self.recorder = self._build(num_items_in_batch)
