@@ -161,6 +161,39 @@ def test_a_step_that_raised_is_captured(tmp_path: Path) -> None:
     _assert_rmsnorm_of_the_padding(_replayed(out))
 
 
+def test_a_resumed_run_is_captured_at_the_trainers_global_step(tmp_path: Path) -> None:
+    from analyzer.capture.hf import FlightRecorderTrainer
+
+    out = tmp_path / "out"
+    # 4 steps a epoch; the first training saves checkpoint-4 and stops, healthy.
+    FlightRecorderTrainer(model=_llama(), args=_args(out, max_steps=4, save_strategy="steps",
+                                                     save_steps=4),
+                          train_dataset=_rows(None)).train()
+    assert not (out / "capture").exists()
+    # Resumed at step 4 (epoch 1) on rows of which row 5 is padded: step 5 fails.
+    resumed = FlightRecorderTrainer(model=_llama(), args=_args(out, max_steps=7),
+                                    train_dataset=_rows(5))
+    resumed.train(resume_from_checkpoint=str(out / "checkpoint-4"))
+    meta = _meta(out, 5)
+    assert meta["step"] == 5 and meta["state_step"] == 5
+    _assert_rmsnorm_of_the_padding(_replayed(out))
+
+
+def test_every_n_keeps_the_steps_since_the_last_copy(tmp_path: Path) -> None:
+    from analyzer.capture.hf import FlightRecorderTrainer
+
+    out = tmp_path / "out"
+    trainer = FlightRecorderTrainer(model=_llama(), args=_args(out), train_dataset=_rows(13),
+                                    flight_recorder={"every_n": 2})
+    trainer.train()
+    meta = _meta(out, 3)
+    assert meta["mode"] == "every_n" and meta["state_step"] == 2
+    assert meta["history_steps"] == [2]
+    replay = _replayed(out)
+    assert any("replayed steps 2..2 first" in n for n in replay.notes)
+    _assert_rmsnorm_of_the_padding(replay)
+
+
 def test_a_model_defined_in_the_training_script_replays(tmp_path: Path) -> None:
     out = tmp_path / "out"
     script = os.path.join(ROOT, "tests", "integrations", "hf_train.py")
