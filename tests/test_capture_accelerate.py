@@ -257,3 +257,26 @@ def test_regression_autocast_covers_only_the_models_forward(tmp_path: Path, lm: 
     meta = meta_of(rec.capture_path)
     assert meta["trigger"]["what"] == "param" and isinstance(meta["loss_value"], float)
     assert replay(str(tmp_path)).passes[0].loss == pytest.approx(meta["loss_value"], rel=1e-6)
+
+
+@pytest.mark.parametrize(("mixed_precision", "enabled", "expected"),
+                         [("no", True, None), ("bf16", True, torch.bfloat16),
+                          ("bf16", False, None)])
+def test_the_autocast_dtype_is_what_accelerate_autocasts_to(
+        mixed_precision: str, enabled: bool, expected: torch.dtype | None,
+        lm: ModuleType) -> None:
+    """An AutocastKwargs(enabled=False) handler turns Accelerate's autocast off: checked by
+    the dtype the prepared model's forward really computes in."""
+    from accelerate import Accelerator
+    from accelerate.utils import AutocastKwargs
+
+    from analyzer.capture.accelerate import autocast_dtype
+
+    accelerator = Accelerator(cpu=True, mixed_precision=mixed_precision,
+                              kwargs_handlers=[AutocastKwargs(enabled=enabled)])
+    model = accelerator.prepare(lm.make_embed_net())
+    seen: list[torch.dtype] = []
+    model.body[0].register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    model(torch.ones(2, 4))
+    assert seen == [expected or torch.float32]
+    assert autocast_dtype(accelerator) == expected
