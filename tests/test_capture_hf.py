@@ -219,8 +219,9 @@ def test_a_trainer_with_a_loss_of_its_own_stops_at_step_zero(tmp_path: Path) -> 
 
     trainer = FlightRecorderTrainer(model=_llama(), args=_args(tmp_path / "out"),
                                     train_dataset=_rows(13), compute_loss_func=smoothed)
-    with pytest.raises(HFSetupError, match="compute_loss_func"):
-        trainer.train()
+    for _ in range(2):  # and again when train() is called again
+        with pytest.raises(HFSetupError, match="compute_loss_func"):
+            trainer.train()
     assert trainer.state.global_step == 0
 
 
@@ -278,6 +279,28 @@ def test_a_compute_loss_of_its_own_needs_a_step_factory_and_replays_with_it(
     assert meta["step_call"]["kind"] == "step_fn"
     assert meta["step_call"]["factory"]["factory"] == "lm_steps:smoothed_step"
     _assert_rmsnorm_of_the_padding(_replayed(out))
+
+
+def test_only_the_main_process_records(tmp_path: Path) -> None:
+    from analyzer.capture.hf import FlightRecorderTrainer
+
+    out = tmp_path / "out"
+    trainer = FlightRecorderTrainer(model=_llama(), args=_args(out), train_dataset=_rows(13))
+    # What TrainingArguments.process_index says on a second process of a distributed run.
+    trainer.is_world_process_zero = lambda: False
+    trainer.train()
+    assert trainer.flight_recorder is None
+    assert not (out / "capture").exists() and not (out / "env.json").exists()
+
+
+def test_options_that_are_not_the_recorders_are_refused_with_the_trainer(
+        tmp_path: Path) -> None:
+    from analyzer.capture.hf import FlightRecorderTrainer, HFSetupError
+
+    for options, word in (({"nonsense": 1}, "nonsense"), ({"run_dir": "x"}, "run_dir")):
+        with pytest.raises(HFSetupError, match=word):
+            FlightRecorderTrainer(model=_llama(), args=_args(tmp_path / "out"),
+                                  flight_recorder=options)
 
 
 def test_with_flight_recorder_keeps_the_trainer_subclass(tmp_path: Path) -> None:

@@ -28,6 +28,12 @@ What each hook does, and why it is that one:
   one's own, an error in clipping) never reaches ``on_optimizer_step``; the exception ends
   the open step with ``error=`` before it goes on, so the step is still captured.
 
+Only the main process (``is_world_process_zero``) records, since every process would
+write the same ``output_dir/capture/step_<N>/``: under DDP a fault born on another process
+reaches the main one through the gradients' all-reduce, and the step captured is the one
+where it shows there (with ``check_grads=True`` the step whose gradients it reaches,
+otherwise the first step whose loss on the main process is non-finite).
+
 The recorder is built at the first training micro-batch, when the Trainer has prepared
 its optimizer (accelerate's ``AcceleratedOptimizer``, unwrapped by the recorder) and the
 first batch says whether the loss is scaled for accumulation. What it is told:
@@ -53,6 +59,7 @@ module costs nothing more than :mod:`analyzer.capture`.
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import os
 from collections.abc import Mapping
@@ -88,6 +95,11 @@ class TrainerRecording:
         if bad:
             raise HFSetupError(f"flight_recorder={{...}}: {', '.join(bad)} come from the "
                                "Trainer and cannot be given")
+        known = inspect.signature(FlightRecorder).parameters
+        unknown = [k for k in (options or {}) if k not in known]
+        if unknown:
+            raise HFSetupError(f"flight_recorder={{...}}: {', '.join(unknown)} is not an "
+                               "option of FlightRecorder")
         self.trainer = trainer
         self.options = dict(options or {})
         self.recorder: FlightRecorder | None = None
@@ -95,12 +107,18 @@ class TrainerRecording:
         """Inside ``training_step``: compute_loss is called for a training micro-batch."""
         self.open = False
         """A step is begun and not yet ended."""
+        self.checked = False
+        """The setup was checked (at the first micro-batch, on every process)."""
 
     # -- the hooks ----------------------------------------------------------------------
 
     def micro_batch(self, inputs: Mapping[str, Any], num_items_in_batch: Any) -> None:
         """``compute_loss`` is about to call the model on ``inputs``."""
         trainer = self.trainer
+        if self.recorder is None and not self.checked:
+            self.recorder = self._build(num_items_in_batch)
+        if self.recorder is None or not self.recorder.active:
+            return
         batch = dict(inputs)
         # As compute_loss calls the model: with num_items_in_batch when the model takes loss
         # keyword arguments. A step function of one's own gets it whenever the Trainer
@@ -108,11 +126,7 @@ class TrainerRecording:
         own_step = "step_factory" in self.options
         if num_items_in_batch is not None and (own_step or trainer.model_accepts_loss_kwargs):
             batch["num_items_in_batch"] = num_items_in_batch
-        if self.recorder is None:
-            self.recorder = self._build(num_items_in_batch)
         recorder = self.recorder
-        if not recorder.active:
-            return
         if self.open:
             recorder.micro_batch(batch=batch)
         else:
@@ -132,16 +146,22 @@ class TrainerRecording:
 
     # -- building the recorder ------------------------------------------------------------
 
-    def _build(self, num_items_in_batch: Any) -> FlightRecorder:
+    def _build(self, num_items_in_batch: Any) -> FlightRecorder | None:
+        """The recorder, on the main process only; None on the others."""
         trainer = self.trainer
         args = trainer.args
         options = dict(self.options)
         own = _own_loss(trainer)
         if own is not None and "step_factory" not in options:
+            # Raised on every process, so that all of them stop alike.
             raise HFSetupError(
                 f"the flight recorder replays model(**batch).loss, but this Trainer computes "
                 f"its loss with {own}: give flight_recorder={{'step_factory': "
                 "'module:function', ...}} (a function returning fn(model, batch) -> loss)")
+        if not trainer.is_world_process_zero():
+            # Every process would write the same output_dir/capture/step_<N>/.
+            self.checked = True
+            return None
         model = trainer.accelerator.unwrap_model(trainer.model)
         if "model_factory" not in options:
             options["model_factory"] = model_factory(model)
@@ -160,7 +180,9 @@ class TrainerRecording:
         options.setdefault("seed", args.seed)
         run_dir = os.fspath(args.output_dir)
         os.makedirs(run_dir, exist_ok=True)
-        return FlightRecorder(run_dir, model, trainer.optimizer, **options)
+        recorder = FlightRecorder(run_dir, model, trainer.optimizer, **options)
+        self.checked = True
+        return recorder
 
 
 def model_factory(model: Any) -> Any:
