@@ -109,13 +109,17 @@ def _assert_rmsnorm_of_the_padding(replay: Any) -> None:
 def test_a_library_model_is_captured_by_its_class_and_config_and_replays(
         tmp_path: Path) -> None:
     out = tmp_path / "out"
-    # Rows 12..15 are optimizer step 3. Evaluating after every step calls compute_loss
-    # too: those batches are not the training step's.
+    # Rows 12..15 are the Trainer's optimizer step 4 (it counts from 1). Evaluating after
+    # every step calls compute_loss too: those batches are not the training step's.
     trainer = _train_llama(out, padded=13, eval_dataset=_rows(None)[:4],
                            eval_strategy="steps", eval_steps=1)
-    assert trainer.flight_recorder.capture_path == str(out / "capture" / "step_3")
-    meta = _meta(out, 3)
-    assert meta["step"] == 3 and meta["trigger"]["what"] == "loss"
+    assert trainer.flight_recorder.capture_path == str(out / "capture" / "step_4")
+    meta = _meta(out, 4)
+    assert meta["step"] == 4 and meta["trigger"]["what"] == "loss"
+    # The step the Trainer logs the failure at (its log_history, its tensorboard events).
+    logged = [h["step"] for h in trainer.state.log_history if "grad_norm" in h
+              and h["grad_norm"] != h["grad_norm"]]
+    assert logged[0] == 4
     assert meta["accumulation"]["micro_batches"] == 1
     assert meta["model"]["factory"] == "transformers:LlamaForCausalLM"
     assert meta["step_call"]["kind"] == "model_loss"
@@ -128,8 +132,8 @@ def test_a_library_model_is_captured_by_its_class_and_config_and_replays(
 
 def test_bf16_autocast_is_recorded_and_replayed(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    _train_llama(out, padded=9, bf16=True)  # rows 8..11: step 2
-    meta = _meta(out, 2)
+    _train_llama(out, padded=9, bf16=True)  # rows 8..11: step 3
+    meta = _meta(out, 3)
     assert meta["amp"]["autocast_dtype"] == "bfloat16"
     assert meta["amp"]["grad_scaler"] is False
     replay = _replayed(out)
@@ -139,10 +143,10 @@ def test_bf16_autocast_is_recorded_and_replayed(tmp_path: Path) -> None:
 
 def test_gradient_accumulation_records_the_micro_batches_of_the_step(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    # 2 rows a micro-batch, 2 micro-batches a step: row 14 is step 3's second micro-batch.
+    # 2 rows a micro-batch, 2 micro-batches a step: row 14 is step 4's second micro-batch.
     _train_llama(out, padded=14, per_device_train_batch_size=2,
                  gradient_accumulation_steps=2)
-    meta = _meta(out, 3)
+    meta = _meta(out, 4)
     accumulation = meta["accumulation"]
     assert accumulation["micro_batches"] == 2 and accumulation["failing"] == 1
     # Llama takes num_items_in_batch: the Trainer does not divide its loss again.
@@ -152,12 +156,12 @@ def test_gradient_accumulation_records_the_micro_batches_of_the_step(tmp_path: P
 
 def test_a_step_that_raised_is_captured(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    # Anomaly mode raises in the backward pass of step 1, which never reaches the
+    # Anomaly mode raises in the backward pass of step 2, which never reaches the
     # optimizer step (nor on_optimizer_step): the exception ends the recorded step.
     with torch.autograd.detect_anomaly(), pytest.raises(RuntimeError, match="nan"):
         _train_llama(out, padded=5)
-    meta = _meta(out, 1)
-    assert meta["step"] == 1
+    meta = _meta(out, 2)
+    assert meta["step"] == 2
     _assert_rmsnorm_of_the_padding(_replayed(out))
 
 
@@ -165,17 +169,17 @@ def test_a_resumed_run_is_captured_at_the_trainers_global_step(tmp_path: Path) -
     from analyzer.capture.hf import FlightRecorderTrainer
 
     out = tmp_path / "out"
-    # 4 steps a epoch; the first training saves checkpoint-4 and stops, healthy.
+    # 4 steps an epoch; the first training saves checkpoint-4 and stops, healthy.
     FlightRecorderTrainer(model=_llama(), args=_args(out, max_steps=4, save_strategy="steps",
                                                      save_steps=4),
                           train_dataset=_rows(None)).train()
     assert not (out / "capture").exists()
-    # Resumed at step 4 (epoch 1) on rows of which row 5 is padded: step 5 fails.
+    # Resumed after step 4 (epoch 1) on rows of which row 5 is padded: step 6 fails.
     resumed = FlightRecorderTrainer(model=_llama(), args=_args(out, max_steps=7),
                                     train_dataset=_rows(5))
     resumed.train(resume_from_checkpoint=str(out / "checkpoint-4"))
-    meta = _meta(out, 5)
-    assert meta["step"] == 5 and meta["state_step"] == 5
+    meta = _meta(out, 6)
+    assert meta["step"] == 6 and meta["state_step"] == 6
     _assert_rmsnorm_of_the_padding(_replayed(out))
 
 
@@ -186,11 +190,11 @@ def test_every_n_keeps_the_steps_since_the_last_copy(tmp_path: Path) -> None:
     trainer = FlightRecorderTrainer(model=_llama(), args=_args(out), train_dataset=_rows(13),
                                     flight_recorder={"every_n": 2})
     trainer.train()
-    meta = _meta(out, 3)
-    assert meta["mode"] == "every_n" and meta["state_step"] == 2
-    assert meta["history_steps"] == [2]
+    meta = _meta(out, 4)  # copies at steps 1 and 3
+    assert meta["mode"] == "every_n" and meta["state_step"] == 3
+    assert meta["history_steps"] == [3]
     replay = _replayed(out)
-    assert any("replayed steps 2..2 first" in n for n in replay.notes)
+    assert any("replayed steps 3..3 first" in n for n in replay.notes)
     _assert_rmsnorm_of_the_padding(replay)
 
 
@@ -201,7 +205,7 @@ def test_a_model_defined_in_the_training_script_replays(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, script, str(out)], env=env, cwd=str(tmp_path),
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    meta = _meta(out, 3)
+    meta = _meta(out, 4)
     assert meta["model"]["factory"] == "__main__:TinyLM"
     assert meta["step_call"]["kind"] == "model_loss"
     replay = _replayed(out)
@@ -275,7 +279,7 @@ def test_a_compute_loss_of_its_own_needs_a_step_factory_and_replays_with_it(
     trainer = cls(model=_llama(), args=_args(out), train_dataset=_rows(13),
                   flight_recorder={"step_factory": "lm_steps:smoothed_step"})
     trainer.train()
-    meta = _meta(out, 3)
+    meta = _meta(out, 4)
     assert meta["step_call"]["kind"] == "step_fn"
     assert meta["step_call"]["factory"]["factory"] == "lm_steps:smoothed_step"
     _assert_rmsnorm_of_the_padding(_replayed(out))
@@ -322,7 +326,7 @@ def test_fp16_with_the_trainers_grad_scaler(tmp_path: Path) -> None:
     out = tmp_path / "out"
     trainer = _train_llama(out, padded=9, fp16=True, use_cpu=False)
     assert trainer.accelerator.scaler is not None
-    meta = _meta(out, 2)
+    meta = _meta(out, 3)
     assert meta["amp"]["autocast_dtype"] == "float16" and meta["amp"]["grad_scaler"] is True
     _assert_rmsnorm_of_the_padding(_replayed(out))
 

@@ -22,8 +22,10 @@ What each hook does, and why it is that one:
   calls it too, under ``no_grad``).
 - ``FlightRecorderCallback.on_optimizer_step`` ends the step: after clipping and
   ``optimizer.step()`` (so parameter and gradient checks see the update and the gradients),
-  before ``model.zero_grad()``. The step is ``state.global_step`` at its start: optimizer
-  steps, across epochs and resumed runs.
+  before ``model.zero_grad()``. The step is numbered as the Trainer numbers it: optimizer
+  steps counted from 1, across epochs and resumed runs (``state.global_step`` once the
+  step is done), the step its logs, ``trainer_state.json`` and console give the step's loss
+  and grad_norm; ``checkpoint-N/`` holds the state at the start of step N + 1.
 - ``train``: a step that raises (``torch.autograd.detect_anomaly``, a FloatingPointError of
   one's own, an error in clipping) never reaches ``on_optimizer_step``; the exception ends
   the open step with ``error=`` before it goes on, so the step is still captured.
@@ -130,7 +132,8 @@ class TrainerRecording:
         if self.open:
             recorder.micro_batch(batch=batch)
         else:
-            recorder.begin(step=int(trainer.state.global_step), batch=batch)
+            # global_step counts the steps done; the Trainer logs this one as the next.
+            recorder.begin(step=int(trainer.state.global_step) + 1, batch=batch)
             self.open = True
 
     def loss(self, value: Any) -> None:

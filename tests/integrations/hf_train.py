@@ -3,9 +3,9 @@
 ``python hf_train.py OUT`` trains a one-block language model of its own (a
 ``PreTrainedModel`` with its own config class) with ``FlightRecorderTrainer``: 16 rows of
 synthetic tokens in order, 4 a batch. Row 13 is an empty sequence (its attention mask is
-all zeros), so the step holding it (optimizer step 3) masks every key of that row and the
-attention's softmax returns NaN: the loss is NaN and the recorder writes
-``OUT/capture/step_3/``. The Trainer itself goes on to the end, as it does.
+all zeros), so the step holding it (the Trainer's optimizer step 4, counted from 1) masks
+every key of that row and the attention's softmax returns NaN: the loss is NaN and the
+recorder writes ``OUT/capture/step_4/``. The Trainer itself goes on to the end, as it does.
 """
 
 from __future__ import annotations
