@@ -213,7 +213,7 @@ def test_a_model_defined_in_the_training_script_replays(tmp_path: Path) -> None:
     assert replay.forward_op.module == "attn"
 
 
-def test_a_trainer_with_a_loss_of_its_own_stops_at_step_zero(tmp_path: Path) -> None:
+def test_a_trainer_with_a_loss_of_its_own_stops_in_its_first_step(tmp_path: Path) -> None:
     from analyzer.capture.hf import HFSetupError
 
     def smoothed(outputs: Any, labels: Any, num_items_in_batch: Any = None) -> Any:

@@ -48,8 +48,9 @@ first batch says whether the loss is scaled for accumulation. What it is told:
   (``compute_loss_func``, ``label_smoothing_factor``, a ``compute_loss`` of its own) needs a
   ``step_factory`` in ``flight_recorder`` (``"module:function"`` or the function: it
   returns ``step(model, batch) -> loss``, the batch being compute_loss' ``inputs`` plus
-  ``num_items_in_batch`` when the Trainer counted it); without one, training stops at
-  step 0 with :class:`HFSetupError` rather than leave captures replay would run wrongly;
+  ``num_items_in_batch`` when the Trainer counted it); without one, training stops in
+  its first step with :class:`HFSetupError` rather than leave captures replay would run
+  wrongly;
 - the accelerator's GradScaler (fp16) and autocast dtype (fp16/bf16), ``max_grad_norm`` as
   the clip, ``gradient_accumulation_steps`` micro-batches with the loss divided as the
   Trainer divides it (not when ``num_items_in_batch`` already normalised it), ``args.seed``.
