@@ -195,3 +195,52 @@ def test_a_run_whose_only_evidence_is_its_capture_is_a_failed_run(tmp_path: Path
     assert (result.incident.step, result.incident.tag, result.incident.origin) == \
         (2, "train/loss", "capture")
     assert result.incident.location.file.endswith("step_2/meta.json")
+
+
+COUNTED_LOSS = """
+import torch
+from torch import nn
+
+
+class CountedLoss(nn.Module):
+    # A model that returns its own loss, summed and divided by a token count it is given,
+    # as Hugging Face models that take loss kwargs are (num_items_in_batch).
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 3, bias=False)
+
+    def forward(self, x, labels, num_items_in_batch):
+        h = self.fc(x)
+        h = h / h.norm(dim=-1, keepdim=True)  # 0/0 on a zero row
+        return {"loss": ((h - labels) ** 2).sum() / num_items_in_batch}
+"""
+
+
+def test_regression_a_token_count_in_the_batch_is_not_an_input_scale(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The batch of an HF model that takes loss kwargs holds num_items_in_batch, a 0-dim
+    float tensor (25.0): a count, not a sample, so no unnormalized-inputs finding."""
+    from analyzer.pipeline import analyze
+
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "countednets.py").write_text(COUNTED_LOSS, encoding="utf-8")
+    monkeypatch.syspath_prepend(str(project))
+    import countednets  # type: ignore[import-not-found]
+
+    torch.manual_seed(0)
+    model = countednets.CountedLoss()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    run = tmp_path / "run"
+    rec = FlightRecorder(run, model, opt, step_kind="model_loss")
+    x = torch.randn(4, 3)
+    x[2] = 0.0
+    batch = {"x": x, "labels": torch.zeros(4, 3), "num_items_in_batch": torch.tensor(25.0)}
+    with rec.step(batch=batch) as r:
+        r.loss(model(**batch)["loss"])
+    monkeypatch.delitem(sys.modules, "countednets")
+    (result,) = analyze(str(run)).results
+    assert result.replay is not None and result.replay.verdict.kind == "math-fault"
+    codes = [f.code for f in result.findings]
+    assert "NF402" not in codes, codes
+    assert result.findings[0].name == "division-by-zero"

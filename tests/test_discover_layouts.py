@@ -467,3 +467,28 @@ def test_dashboard_groups_by_its_run_roots(tmp_path: Path, summary_run: Any,
     at = AppTest.from_file(str(entry), default_timeout=120).run()
     assert not at.exception, [e.value for e in at.exception]
     assert list(at.dataframe[0].value["run"]) == ["exp"]
+
+
+def test_regression_a_recorder_folder_and_its_runs_folder_are_one_run(
+        tmp_path: Path, summary_run: Any) -> None:
+    """A Trainer's output_dir that died before its first save holds what the flight recorder
+    wrote (env.json, capture/) beside the SummaryWriter's runs/<date>_<host>/: one training."""
+    import torch
+
+    from analyzer.capture import FlightRecorder
+    from analyzer.scenarios import models
+
+    out = tmp_path / "out"
+    summary_run({"train/loss": [1.0, float("nan")]}, name="out/runs/Dec01_12-00-00_host")
+    model = models.mlp(3, 4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    rec = FlightRecorder(out, model, opt, model_factory="analyzer.scenarios.models:mlp",
+                         model_kwargs={"in_features": 3, "hidden": 4, "out_features": 1},
+                         loss_factory="analyzer.scenarios.losses:mse")
+    with rec.step(1, torch.full((2, 3), float("nan")), torch.zeros(2, 1)) as r:
+        r.loss(torch.tensor(float("nan")))
+    assert rec.captured
+    runs = _by_name(tmp_path)
+    assert list(runs) == ["out"], sorted(runs)
+    (run,) = runs.values()
+    assert run.capture_dirs and [s.label for s in run.segments] == ["runs/Dec01_12-00-00_host"]

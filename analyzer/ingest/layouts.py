@@ -23,8 +23,9 @@ others. A folder joins the one above it when it is
                        or in a folder of it (a ``logging_dir``), and that folder
 
 and, when the folder above is a training already (it holds run files or metadata itself,
-another folder joins it by the rules above, or it is a Trainer's ``output_dir``, with
-``checkpoint-N/`` or ``training_args.bin``):
+another folder joins it by the rules above, it is a Trainer's ``output_dir``, with
+``checkpoint-N/`` or ``training_args.bin``, or the flight recorder's folder, with its
+``env.json`` or ``capture/``):
 
     a side folder      ``tb/``, ``tensorboard/``, ``tb_logs/``, ``logs/``, ``log/``,
                        ``events/``, ``summaries/``, ``summary/``
@@ -52,6 +53,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from analyzer.capture.folder import ENV_FILE, is_capture_container
 from analyzer.ingest.checkpoints import is_checkpoint_file
 from analyzer.ingest.logs import is_log_file
 from analyzer.ingest.metadata import is_metadata_file
@@ -280,6 +282,10 @@ class _Rules:
         if has_run_files(listing) or any(is_metadata_file(f) for f in listing.files):
             return True
         if self.is_trainer_output(folder):
+            return True
+        # What the flight recorder writes into the folder it was given (its env.json, its
+        # capture/): the run folder of a training, whatever logs beside it.
+        if ENV_FILE in listing.files or any(is_capture_container(d) for d in listing.dirs):
             return True
         return any(claims.get(os.path.join(folder, d)) is not None for d in listing.dirs)
 

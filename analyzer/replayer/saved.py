@@ -331,7 +331,8 @@ def _restore(model: nn.Module, state: Mapping[str, Any],
         if split is None:
             continue
         try:
-            optimizer = cls([{"params": ps} for ps in split])
+            make: Any = cls  # a torch.optim class: its own __init__ has the defaults
+            optimizer = make([{"params": ps} for ps in split])
             optimizer.load_state_dict(dict(state))
         except Exception:  # the next order, else the stand-in
             continue

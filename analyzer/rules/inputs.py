@@ -74,7 +74,10 @@ def unnormalized_inputs(r: Rule, ev: RunEvidence) -> list[Finding]:
     replay = ev.replay
     if replay is None:
         return _post_hoc(r, ev)
-    stats = [s for s in replay.forward.batch if s.absmax is not None and "float" in s.dtype]
+    # A 0-dim tensor of the batch is a count or a scale (an HF batch's num_items_in_batch),
+    # not samples whose scale the model sees.
+    stats = [s for s in replay.forward.batch
+             if s.absmax is not None and "float" in s.dtype and s.shape]
     if not stats:
         return []
     widest = max(stats, key=lambda s: s.absmax or 0.0)
