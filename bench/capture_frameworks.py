@@ -103,6 +103,50 @@ def lightning(batch: int, steps: int, recorded: bool) -> float:
     return _median_step(stamps)
 
 
+# --- the Hugging Face Trainer ------------------------------------------------------------
+
+
+class MLPWithLoss(nn.Module):
+    """The bench's MLP returning its loss, as a Trainer model does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = make_net()
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"loss": nn.functional.cross_entropy(self.net(x), labels)}
+
+
+def hf(batch: int, steps: int, recorded: bool) -> float:
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    from analyzer.capture.hf import FlightRecorderTrainer
+
+    stamps: list[float] = []
+
+    class Clock(TrainerCallback):
+        def on_step_begin(self, *args: Any, **kwargs: Any) -> None:
+            stamps.append(time.process_time())
+
+    rows = [{"x": x[i], "labels": y[i]} for x, y in _data(batch, steps) for i in range(batch)]
+    args = TrainingArguments(output_dir=tempfile.mkdtemp(prefix="bench-hf-"), max_steps=steps,
+                             per_device_train_batch_size=batch, use_cpu=True, report_to=[],
+                             save_strategy="no", disable_tqdm=True, learning_rate=1e-4,
+                             optim="adamw_torch", max_grad_norm=0.0, logging_strategy="no",
+                             train_sampling_strategy="sequential")
+    torch.manual_seed(0)
+    if recorded:
+        trainer: Any = FlightRecorderTrainer(
+            model=MLPWithLoss(), args=args, train_dataset=rows, callbacks=[Clock()],
+            flight_recorder={"model_factory": MLPWithLoss, "trust_code_root": False,
+                             "write_env_file": False})
+    else:
+        trainer = Trainer(model=MLPWithLoss(), args=args, train_dataset=rows,
+                          callbacks=[Clock()])
+    trainer.train()
+    return _median_step(stamps)
+
+
 # --- Accelerate --------------------------------------------------------------------------
 
 
@@ -133,6 +177,7 @@ def accelerate(batch: int, steps: int, recorded: bool) -> float:
 
 FRAMEWORKS: dict[str, Callable[[int, int, bool], float]] = {
     "lightning": lightning,
+    "hf-trainer": hf,
     "accelerate": accelerate,
 }
 
