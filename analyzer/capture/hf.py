@@ -55,6 +55,18 @@ first batch says whether the loss is scaled for accumulation. What it is told:
   the clip, ``gradient_accumulation_steps`` micro-batches with the loss divided as the
   Trainer divides it (not when ``num_items_in_batch`` already normalised it), ``args.seed``.
 
+``guard=True`` or ``guard={...}`` (the keyword arguments of
+:class:`~analyzer.capture.guard.StepGuard`: ``every``, ``skip_nonfinite``, ...) adds the
+guarded step: per-layer gradient norms, the NaN/Inf check and, with ``skip_nonfinite``,
+the refusal in ``on_pre_optimizer_step`` (after the Trainer clipped, with the
+accelerator's GradScaler under fp16), weight norms in ``on_optimizer_step``, both at
+``state.global_step + 1``, the step the Trainer logs that update's loss and grad_norm at.
+It writes through the ``TensorBoardCallback``'s ``tb_writer`` (``report_to`` with
+"tensorboard"), else into a SummaryWriter of its own in ``output_dir``, and is closed when
+training ends or raises. A step whose update the guard refused is not captured (see
+:func:`~analyzer.capture.guarding.drop_step`). ``flight_recorder=False`` keeps the guard
+alone, without the recorder.
+
 ``transformers`` is imported only when a Trainer class is asked for: importing this
 module costs nothing more than :mod:`analyzer.capture`.
 """
@@ -68,6 +80,8 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from analyzer.capture.guard import StepGuard
+from analyzer.capture.guarding import GuardOption, build_guard, drop_step, guard_options
 from analyzer.capture.recorder import CaptureSetupError, FlightRecorder
 
 if TYPE_CHECKING:
@@ -93,7 +107,8 @@ class TrainerRecording:
     :class:`HFSetupError` (and the recorder's own setup check) at the first step.
     """
 
-    def __init__(self, trainer: Any, options: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, trainer: Any, options: Mapping[str, Any] | None = None, *,
+                 record: bool = True, guard: GuardOption = None) -> None:
         bad = [k for k in (options or {}) if k in _RESERVED]
         if bad:
             raise HFSetupError(f"flight_recorder={{...}}: {', '.join(bad)} come from the "
@@ -105,7 +120,11 @@ class TrainerRecording:
                                "option of FlightRecorder")
         self.trainer = trainer
         self.options = dict(options or {})
+        self.record = record
+        self.guard_options = guard_options(guard, "FlightRecorderTrainer")
         self.recorder: FlightRecorder | None = None
+        self.guard: StepGuard | None = None
+        """The guarded step's StepGuard (from the first optimizer step, with ``guard``)."""
         self.training = False
         """Inside ``training_step``: compute_loss is called for a training micro-batch."""
         self.open = False
@@ -118,6 +137,8 @@ class TrainerRecording:
     def micro_batch(self, inputs: Mapping[str, Any], num_items_in_batch: Any) -> None:
         """``compute_loss`` is about to call the model on ``inputs``."""
         trainer = self.trainer
+        if not self.record:
+            return
         if self.recorder is None and not self.checked:
             self.recorder = self._build(num_items_in_batch)
         if self.recorder is None or not self.recorder.active:
@@ -147,6 +168,39 @@ class TrainerRecording:
             self.open = False
             self.recorder.end(error=error)
         self.open = False
+
+    def before_update(self) -> None:
+        """``on_pre_optimizer_step``: the guard checks the gradients, and may refuse."""
+        if self.guard_options is None:
+            return
+        trainer = self.trainer
+        if self.guard is None:
+            # Built here, not at train begin, so that the TensorBoardCallback (whichever
+            # order the callbacks run in) has made its writer.
+            main = bool(trainer.is_world_process_zero())
+            self.guard = build_guard(
+                trainer.accelerator.unwrap_model(trainer.model), self.guard_options,
+                writer=_tensorboard_writer(trainer) if main else None,
+                log_dir=trainer.args.output_dir, main=main)
+        step = int(trainer.state.global_step) + 1
+        if not self.guard.after_backward(step, scaler=trainer.accelerator.scaler) and self.open:
+            # A refused update is the guard's: not the recorder's failure (drop_step).
+            self.open = False
+            if self.recorder is not None:
+                drop_step(self.recorder)
+
+    def after_update(self) -> None:
+        """``on_optimizer_step``: the guard checks the weights."""
+        if self.guard is not None:
+            self.guard.after_update(int(self.trainer.state.global_step) + 1)
+
+    def close_guard(self, *, renew: bool = False) -> None:
+        """Training ended or raised (the guard is kept, closed, for its counts); with
+        ``renew``, a ``train()`` begins and the guard is built again at its first step."""
+        if self.guard is not None:
+            self.guard.close()
+        if renew:
+            self.guard = None
 
     # -- building the recorder ------------------------------------------------------------
 
@@ -187,6 +241,14 @@ class TrainerRecording:
         recorder = FlightRecorder(run_dir, model, trainer.optimizer, **options)
         self.checked = True
         return recorder
+
+
+def _tensorboard_writer(trainer: Any) -> Any:
+    """The ``tb_writer`` of the Trainer's TensorBoardCallback, None without one."""
+    for callback in trainer.callback_handler.callbacks:
+        if any(k.__name__ == "TensorBoardCallback" for k in type(callback).__mro__):
+            return getattr(callback, "tb_writer", None)
+    return None
 
 
 def model_factory(model: Any) -> Any:
@@ -243,14 +305,20 @@ def _own_loss(trainer: Any) -> str | None:
 
 class FlightRecorderMixin:
     """Put before ``Trainer`` in a class's bases; ``flight_recorder={...}`` holds the
-    recorder's options. See the module docstring for the hooks."""
+    recorder's options (False: no recorder), ``guard=True`` or ``guard={...}`` adds the
+    guarded step. See the module docstring for the hooks."""
 
     _flight: TrainerRecording
 
-    def __init__(self, *args: Any, flight_recorder: Mapping[str, Any] | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(self, *args: Any, flight_recorder: Mapping[str, Any] | bool | None = None,
+                 guard: GuardOption = None, **kwargs: Any) -> None:
+        record = flight_recorder is not False
+        options = flight_recorder if isinstance(flight_recorder, Mapping) else None
+        if not record and guard_options(guard, "FlightRecorderTrainer") is None:
+            raise ValueError("FlightRecorderTrainer(flight_recorder=False) does nothing "
+                             "without guard=True or guard={...}")
         super().__init__(*args, **kwargs)
-        self._flight = TrainerRecording(self, flight_recorder)
+        self._flight = TrainerRecording(self, options, record=record, guard=guard)
         self.add_callback(callback_class()(self._flight))  # type: ignore[attr-defined]
 
     @property
@@ -258,11 +326,18 @@ class FlightRecorderMixin:
         """The recorder (None until the first training step)."""
         return self._flight.recorder
 
+    @property
+    def step_guard(self) -> StepGuard | None:
+        """The guard (None until the first optimizer step, and without ``guard``); kept
+        after training, closed, for its ``skipped`` and faults."""
+        return self._flight.guard
+
     def train(self, *args: Any, **kwargs: Any) -> Any:
         try:
             return super().train(*args, **kwargs)  # type: ignore[misc]
         except BaseException as exc:
             self._flight.end(error=exc)
+            self._flight.close_guard()
             raise
 
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
@@ -296,12 +371,21 @@ def callback_class() -> type:
 
         def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             # A step left open by a train() that stopped (auto_find_batch_size retries)
-            # is not the next one's.
+            # is not the next one's; nor is its guard.
             self.flight.end()
+            self.flight.close_guard(renew=True)
+
+        def on_pre_optimizer_step(self, args: Any, state: Any, control: Any,
+                                  **kwargs: Any) -> None:
+            self.flight.before_update()
 
         def on_optimizer_step(self, args: Any, state: Any, control: Any,
                               **kwargs: Any) -> None:
+            self.flight.after_update()
             self.flight.end()
+
+        def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self.flight.close_guard()
 
     FlightRecorderCallback.__module__ = __name__
     return FlightRecorderCallback

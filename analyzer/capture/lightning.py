@@ -38,6 +38,21 @@ Replay calls ``module.training_step(batch, batch_idx)`` (step kind "training_ste
 ``step_factory`` given) on a module rebuilt from its class, so layers keep their full paths
 (``net.2``, not ``2``).
 
+``guard=True`` or ``guard={...}`` (the keyword arguments of
+:class:`~analyzer.capture.guard.StepGuard`: ``every``, ``skip_nonfinite``, ...) adds the
+guarded step: per-layer gradient norms and the NaN/Inf check (and, with
+``skip_nonfinite``, the refusal) in ``on_before_optimizer_step``, after Lightning unscaled
+the gradients and before it clips and steps, with the precision plugin's GradScaler;
+weight norms in ``on_train_batch_end`` once the optimizer stepped; both at the step
+Lightning logs that batch's values at (``trainer.global_step`` before the update). It
+writes into the trainer's TensorBoard logger's ``experiment`` when it has one, else into
+a SummaryWriter of its own in the run folder, and is closed when the fit ends or raises.
+A step whose update the guard refused is not captured: it changed no weight and the run
+goes on from it (see :func:`~analyzer.capture.guarding.drop_step`); the recorder stays
+ready for a failure the guard lets through (a backward that raised, a non-finite weight
+with ``check_params``). ``record=False`` keeps the guard alone, without the recorder
+(nothing is rebuilt or checked for a replay then).
+
 Only global rank zero records (every rank would write the same folder): under DDP a fault
 born on another rank shows on rank zero after the gradients' all-reduce, a step later or
 more, and that is the step captured. Lightning is imported when the callback class is
@@ -55,6 +70,8 @@ import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from analyzer.capture.guard import StepGuard
+from analyzer.capture.guarding import GuardOption, build_guard, drop_step, guard_options
 from analyzer.capture.recorder import CaptureSetupError, Factoryish, FlightRecorder
 
 if TYPE_CHECKING:
@@ -124,12 +141,14 @@ class RecorderHooks:
     optimizers itself) or one that needs ``self.trainer``. The other options are the
     recorder's (``mode``, ``every_n``, ``check_grads``, ``check_params``, ``loss_tag``,
     ``seed``, ``trust_code_root``, ``write_env_file``); ``seed`` defaults to the one
-    ``seed_everything`` set.
+    ``seed_everything`` set. ``guard`` adds the guarded step (True, or StepGuard's keyword
+    arguments); ``record=False`` leaves the recorder out, for the guard alone.
     """
 
     def __init__(self, run_dir: str | os.PathLike[str] | None = None, *,
                  model_factory: Factoryish = None,
                  model_kwargs: Mapping[str, Any] | None = None,
+                 record: bool = True, guard: GuardOption = None,
                  **recorder_options: Any) -> None:
         self.run_dir = os.fspath(run_dir) if run_dir is not None else None
         self.model_factory = model_factory
@@ -140,7 +159,15 @@ class RecorderHooks:
                 raise TypeError(f"FlightRecorderCallback reads {fixed} from the trainer; "
                                 "it is not an option")
         self.recorder_options = recorder_options
+        self.record = record
+        self.guard_options = guard_options(guard, "FlightRecorderCallback")
+        if not record and self.guard_options is None:
+            raise ValueError("FlightRecorderCallback(record=False) does nothing without "
+                             "guard=True or guard={...}")
         self.recorder: FlightRecorder | None = None
+        self.guard: StepGuard | None = None
+        """The guarded step's StepGuard (from fit start, with ``guard``)."""
+        self._guard_step: int | None = None
         self._factory: tuple[Factoryish, dict[str, Any]] | None = None
         self._open = False
         self._step_at_begin = -1
@@ -154,7 +181,7 @@ class RecorderHooks:
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         # Checked on every rank, so that all of them stop alike.
-        if stage != "fit":
+        if stage != "fit" or not self.record:
             return
         if self.model_factory is not None:
             self._factory = (self.model_factory, dict(self.model_kwargs or {}))
@@ -167,7 +194,8 @@ class RecorderHooks:
         self.recorder = None
         # log_dir is broadcast from rank zero: every rank has to ask for it.
         run_dir = self.run_dir or trainer.log_dir or trainer.default_root_dir
-        if not trainer.is_global_zero:
+        self._start_guard(trainer, pl_module, run_dir)
+        if not trainer.is_global_zero or not self.record:
             return
         if self._factory is None:  # setup ran for another stage, or was overridden
             self.setup(trainer, pl_module, "fit")
@@ -210,8 +238,25 @@ class RecorderHooks:
             # Manual optimization may call backward once per optimizer: keep them all.
             self._manual_losses.append(loss.detach())
 
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        if self.guard is None:
+            return
+        # Lightning logs this batch's values at global_step, counted up after the update.
+        self._guard_step = int(trainer.global_step)
+        scaler = getattr(trainer.precision_plugin, "scaler", None)
+        if not self.guard.after_backward(self._guard_step, scaler=scaler) and self._open:
+            # A refused update is the guard's: not the recorder's failure (drop_step).
+            self._open = False
+            self._manual_losses = []
+            if self.recorder is not None:
+                drop_step(self.recorder)
+
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
+        if self.guard is not None and self._guard_step is not None:
+            # Only once the optimizer stepped (not after an accumulating batch).
+            self.guard.after_update(self._guard_step)
+            self._guard_step = None
         if not self._open:
             return
         if pl_module.automatic_optimization and int(trainer.global_step) == self._step_at_begin:
@@ -222,12 +267,29 @@ class RecorderHooks:
         if self._open:
             # Ctrl-C or a SystemExit is no fault of the step: only checked, never blamed.
             self._finish(exception if isinstance(exception, Exception) else None)
+        self._close_guard()  # Lightning calls no teardown hook after an exception
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage == "fit" and self._open:
             self._finish(None)
+        if stage == "fit":
+            self._close_guard()
 
     # -- the machinery -------------------------------------------------------------------
+
+    def _start_guard(self, trainer: Any, pl_module: Any, run_dir: str) -> None:
+        self._close_guard()
+        if self.guard_options is None:
+            return
+        main = bool(trainer.is_global_zero)
+        self.guard = build_guard(pl_module, self.guard_options,
+                                 writer=_tensorboard_writer(trainer) if main else None,
+                                 log_dir=run_dir, main=main)
+
+    def _close_guard(self) -> None:
+        self._guard_step = None
+        if self.guard is not None:
+            self.guard.close()
 
     def _finish(self, error: BaseException | None) -> None:
         self._open = False
@@ -254,6 +316,15 @@ def _worst(losses: list[Any]) -> Any:
         if isinstance(loss, torch.Tensor) and not bool(loss.isfinite().all()):
             return loss
     return losses[-1]
+
+
+def _tensorboard_writer(trainer: Any) -> Any:
+    """The SummaryWriter of the trainer's first TensorBoard logger (Lightning's or the
+    standalone package's), None without one."""
+    for logger in getattr(trainer, "loggers", None) or []:
+        if any(k.__name__ == "TensorBoardLogger" for k in type(logger).__mro__):
+            return logger.experiment
+    return None
 
 
 def _lightning_seed() -> int | None:

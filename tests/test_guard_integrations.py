@@ -1,0 +1,273 @@
+"""The guarded step as an option of the Lightning and Hugging Face integrations.
+
+Real trainings on the CPU, each read back as ``forensics analyze`` reads its folder:
+
+- two bad batches (a zero sample that ``LitNet``'s normalisation turns into 0/0, a padded
+  row that the Llama's ``rms_norm_eps=0`` turns into rsqrt(0)) under ``skip_nonfinite``:
+  the guard refuses both updates, training finishes with finite weights, the recorder
+  running beside the guard leaves no capture of a refused step, and the folder is a healthy
+  run with the guard's per-layer norms and its two refusals;
+- a training that really diverges under the same option: a failed run whose first layer
+  is named from the guard's norms.
+"""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+import sys
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+
+from analyzer.capture.guard import StepGuard
+from analyzer.model import RunResult
+from analyzer.tags import TagRole, layer_from_tag, role
+from tests.readonly import analyse_read_only
+
+ROOT = Path(__file__).resolve().parent.parent
+OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_DISABLED": "true"}
+
+
+@pytest.fixture(autouse=True)
+def _quiet(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for key, value in OFFLINE.items():
+        monkeypatch.setenv(key, value)
+    with warnings.catch_warnings():
+        # The frameworks' advice and the guard's own warning are no part of what is tested.
+        warnings.simplefilter("ignore")
+        yield
+
+
+def _finite(model: torch.nn.Module) -> bool:
+    return all(bool(p.isfinite().all()) for p in model.parameters())
+
+
+def _layers(result: RunResult) -> dict[str, set[str]]:
+    """The layers the analyzer reads from the guard's tags, by role."""
+    out: dict[str, set[str]] = {}
+    for s in result.run.series:
+        if s.tag.startswith(("grad_norm/", "weight_norm/")) and s.tag != "grad_norm/total":
+            layer = layer_from_tag(s.tag)
+            assert layer is not None, s.tag
+            out.setdefault(role(s.tag).name, set()).add(layer)
+    return out
+
+
+# -- Lightning -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def lit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModuleType]:
+    """The Lightning training script of tests/integrations as a project module of the
+    user's (a replay never imports factories from this tool's own tree)."""
+    pytest.importorskip("lightning")
+    folder = tmp_path_factory.mktemp("guardlit")
+    shutil.copy(ROOT / "tests" / "integrations" / "lightning_train.py",
+                folder / "guard_lit_project.py")
+    sys.path.insert(0, str(folder))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield importlib.import_module("guard_lit_project")
+    finally:
+        sys.path.remove(str(folder))
+        sys.modules.pop("guard_lit_project", None)
+
+
+def _fit(lit: ModuleType, out: Path, callback: Any, *, zeros: tuple[int, ...] = (),
+         lr: float = 0.05, layer: str = "normalize", steps: int = 12,
+         logger: bool = True) -> Any:
+    import lightning.pytorch as pl
+    from torch.utils.data import DataLoader
+
+    pl.seed_everything(0, verbose=False)
+    data = lit.data(samples=4 * steps, zero=None)
+    for i in zeros:
+        data.tensors[0][i] = 0.0  # sample i is in batch i // 4
+    module = lit.LitNet(lr=lr, layer=layer)
+    trainer = pl.Trainer(default_root_dir=str(out), max_steps=steps, accelerator="cpu",
+                         devices=1, callbacks=[callback], log_every_n_steps=1,
+                         logger=logger, enable_progress_bar=False, enable_model_summary=False,
+                         enable_checkpointing=False)
+    trainer.fit(module, DataLoader(data, batch_size=4, shuffle=False))
+    return module
+
+
+def test_lightning_guard_option_refuses_two_nan_batches_and_the_run_reads_healthy(
+        tmp_path: Path, lit: ModuleType) -> None:
+    from analyzer.capture.lightning import FlightRecorderCallback
+
+    callback = FlightRecorderCallback(guard={"every": 4, "skip_nonfinite": True})
+    module = _fit(lit, tmp_path, callback, zeros=(13, 29))  # batches 3 and 7
+    guard = callback.guard
+    assert isinstance(guard, StepGuard) and guard.skipped == 2 and _finite(module)
+    assert guard.first_fault is not None and guard.first_fault.step == 3
+    assert callback.recorder is not None and callback.capture_path is None
+    version = tmp_path / "lightning_logs" / "version_0"
+    # The logger's own writer: one event file, the norms beside the module's train_loss.
+    assert len(list(version.glob("events.out.tfevents.*"))) == 1
+    result = analyse_read_only(tmp_path)
+    assert result.status == "finite" and not result.run.captures
+    assert result.scale is not None and result.scale.guarded == frozenset({3, 7})
+    layers = _layers(result)
+    assert layers[TagRole.LAYER_GRAD.name] == {"net.0", "net.3"}  # full module paths
+    assert layers[TagRole.LAYER_WEIGHT.name] == {"net.0", "net.3"}
+
+
+def test_lightning_guard_alone_without_a_logger_writes_into_the_run_folder(
+        tmp_path: Path, lit: ModuleType) -> None:
+    from analyzer.capture.lightning import FlightRecorderCallback
+
+    callback = FlightRecorderCallback(record=False, guard={"every": 4, "skip_nonfinite": True})
+    module = _fit(lit, tmp_path, callback, zeros=(13, 29), logger=False)
+    assert callback.recorder is None and callback.guard is not None
+    assert callback.guard.skipped == 2 and _finite(module)
+    assert list(tmp_path.glob("events.out.tfevents.*"))  # its own SummaryWriter, closed
+    result = analyse_read_only(tmp_path)
+    assert result.status == "finite"
+    assert result.scale is not None and result.scale.guarded == frozenset({3, 7})
+    assert "net.2" not in _layers(result)[TagRole.LAYER_GRAD.name]  # no parameters there
+
+
+def test_lightning_run_that_diverges_under_the_guard_is_failed_at_a_layer(
+        tmp_path: Path, lit: ModuleType) -> None:
+    # SGD at lr 5 on the unnormalised feature: the first layer's weights run away (their
+    # norm overflows), the loss follows, and from the first NaN gradient on every update
+    # is refused to the end of training.
+    from analyzer.capture.lightning import FlightRecorderCallback
+
+    callback = FlightRecorderCallback(guard={"every": 4, "skip_nonfinite": True})
+    _fit(lit, tmp_path, callback, lr=5.0, layer="norm_feature", steps=24)
+    assert callback.guard is not None and callback.guard.skipped > 5
+    result = analyse_read_only(tmp_path)
+    assert result.status != "finite"
+    lay = result.layer_incident
+    assert lay is not None and lay.layer == "net.0"
+    assert lay.tag.startswith(("grad_norm/net.", "weight_norm/net."))  # the guard's
+
+
+def test_lightning_guard_options_are_checked_when_the_callback_is_built() -> None:
+    pytest.importorskip("lightning")
+    from analyzer.capture.lightning import FlightRecorderCallback
+
+    with pytest.raises(TypeError, match="evry is not an option of StepGuard"):
+        FlightRecorderCallback(guard={"evry": 4})
+    with pytest.raises(TypeError, match="guard= takes True"):
+        FlightRecorderCallback(guard="yes")
+    with pytest.raises(ValueError, match="record=False"):
+        FlightRecorderCallback(record=False)
+    assert FlightRecorderCallback(guard=True).guard_options == {}
+    assert FlightRecorderCallback().guard_options is None
+
+
+# -- Hugging Face Trainer ---------------------------------------------------------------
+
+ROWS, LENGTH, VOCAB = 32, 8, 32
+
+
+def _llama() -> Any:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(
+        vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32,
+        rms_norm_eps=0.0, pad_token_id=0, bos_token_id=1, eos_token_id=2))
+
+
+def _rows(padded: tuple[int, ...]) -> list[dict[str, torch.Tensor]]:
+    """Token rows, the last three tokens of each row in ``padded`` being padding: the
+    RMSNorm of a padded position (its embedding row is zero) is rsqrt(0)."""
+    ids = torch.randint(3, VOCAB, (ROWS, LENGTH), generator=torch.Generator().manual_seed(0))
+    for row in padded:
+        ids[row, LENGTH - 3:] = 0
+    return [{"input_ids": r, "attention_mask": (r != 0).long(),
+             "labels": torch.where(r == 0, -100, r)} for r in ids]
+
+
+def _hf_train(out: Path, *, padded: tuple[int, ...] = (), flight_recorder: Any = None,
+              guard: Any = None, **overrides: Any) -> Any:
+    pytest.importorskip("transformers")
+    from transformers import TrainingArguments
+
+    from analyzer.capture.hf import FlightRecorderTrainer
+
+    options: dict[str, Any] = {
+        "output_dir": str(out), "max_steps": 8, "per_device_train_batch_size": 4,
+        "use_cpu": True, "seed": 0, "report_to": ["tensorboard"], "logging_steps": 1,
+        "save_strategy": "no", "train_sampling_strategy": "sequential",
+        "disable_tqdm": True, "dataloader_num_workers": 0}
+    trainer = FlightRecorderTrainer(model=_llama(), args=TrainingArguments(**(options | overrides)),
+                                    train_dataset=_rows(padded),
+                                    flight_recorder=flight_recorder, guard=guard)
+    trainer.train()
+    return trainer
+
+
+def test_hf_guard_option_refuses_two_padded_batches_and_the_run_reads_healthy(
+        tmp_path: Path) -> None:
+    # Rows 13 and 29: the Trainer's steps 4 and 8 (it counts from 1); steps 9 and 10 (the
+    # next epoch's first rows) show that training went on after the second refusal.
+    trainer = _hf_train(tmp_path, padded=(13, 29), guard={"every": 2, "skip_nonfinite": True},
+                        max_steps=10)
+    guard = trainer.step_guard
+    assert isinstance(guard, StepGuard) and guard.skipped == 2 and _finite(trainer.model)
+    assert guard.first_fault is not None and guard.first_fault.step == 4
+    assert trainer.flight_recorder is not None and trainer.flight_recorder.capture_path is None
+    assert not (tmp_path / "capture").exists()
+    # The TensorBoardCallback's writer: the norms are in the Trainer's runs/<date>/ events,
+    # the only event file.
+    assert len(list(tmp_path.rglob("events.out.tfevents.*"))) == 1
+    assert len(list(tmp_path.glob("runs/*/events.out.tfevents.*"))) == 1
+    nan_norms = [h["step"] for h in trainer.state.log_history
+                 if "grad_norm" in h and h["grad_norm"] != h["grad_norm"]]
+    assert nan_norms == [4, 8]  # the Trainer's own NaN grad_norm, at the guard's steps
+    result = analyse_read_only(tmp_path)
+    assert result.status == "finite" and not result.run.captures
+    assert result.scale is not None and result.scale.guarded == frozenset({4, 8})
+    layers = _layers(result)
+    assert "model.layers.0.input_layernorm" in layers[TagRole.LAYER_GRAD.name]
+    assert "model.layers.0.self_attn.q_proj" in layers[TagRole.LAYER_WEIGHT.name]
+
+
+def test_hf_run_that_diverges_under_the_guard_is_failed_at_a_layer(tmp_path: Path) -> None:
+    # Plain SGD at lr 30 with no clipping: the loss runs away (1e8 by step 5), and from
+    # the step whose gradients are NaN every update is refused to the end.
+    trainer = _hf_train(tmp_path, guard={"every": 2, "skip_nonfinite": True}, optim="sgd",
+                        learning_rate=30.0, max_grad_norm=0.0, max_steps=16,
+                        lr_scheduler_type="constant")
+    guard = trainer.step_guard
+    assert guard is not None and guard.skipped > 0
+    result = analyse_read_only(tmp_path)
+    assert result.status != "finite"
+    lay = result.layer_incident
+    assert lay is not None and lay.tag.startswith(("grad_norm/", "weight_norm/"))  # the guard's
+    assert lay.layer in dict(trainer.model.named_modules())  # a layer of the model, by path
+
+
+def test_hf_guard_alone_and_its_options(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    from transformers import TrainingArguments
+
+    from analyzer.capture.hf import FlightRecorderTrainer
+
+    args = TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True)
+    with pytest.raises(TypeError, match="evry is not an option of StepGuard"):
+        FlightRecorderTrainer(model=_llama(), args=args, guard={"evry": 2})
+    with pytest.raises(ValueError, match="flight_recorder=False"):
+        FlightRecorderTrainer(model=_llama(), args=args, flight_recorder=False)
+    # No TensorBoardCallback: the guard's own SummaryWriter in output_dir, its norms the
+    # run's only events (every=2: the steps after the refusal say training went on).
+    trainer = _hf_train(tmp_path / "alone", padded=(13,), flight_recorder=False,
+                        guard={"every": 2, "skip_nonfinite": True}, report_to=[])
+    assert trainer.flight_recorder is None and trainer.step_guard.skipped == 1
+    assert list((tmp_path / "alone").glob("events.out.tfevents.*"))
+    result = analyse_read_only(tmp_path / "alone")
+    assert result.status == "finite"
+    assert result.scale is not None and result.scale.guarded == frozenset({4})
