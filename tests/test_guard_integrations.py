@@ -82,19 +82,20 @@ def lit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModuleType]:
 
 def _fit(lit: ModuleType, out: Path, callback: Any, *, zeros: tuple[int, ...] = (),
          lr: float = 0.05, layer: str = "normalize", steps: int = 12,
-         logger: bool = True) -> Any:
+         logger: bool = True, accumulate: int = 1, **trainer_options: Any) -> Any:
     import lightning.pytorch as pl
     from torch.utils.data import DataLoader
 
     pl.seed_everything(0, verbose=False)
-    data = lit.data(samples=4 * steps, zero=None)
+    data = lit.data(samples=4 * steps * accumulate, zero=None)
     for i in zeros:
         data.tensors[0][i] = 0.0  # sample i is in batch i // 4
     module = lit.LitNet(lr=lr, layer=layer)
     trainer = pl.Trainer(default_root_dir=str(out), max_steps=steps, accelerator="cpu",
                          devices=1, callbacks=[callback], log_every_n_steps=1,
                          logger=logger, enable_progress_bar=False, enable_model_summary=False,
-                         enable_checkpointing=False)
+                         enable_checkpointing=False, accumulate_grad_batches=accumulate,
+                         **trainer_options)
     trainer.fit(module, DataLoader(data, batch_size=4, shuffle=False))
     return module
 
@@ -118,6 +119,51 @@ def test_lightning_guard_option_refuses_two_nan_batches_and_the_run_reads_health
     layers = _layers(result)
     assert layers[TagRole.LAYER_GRAD.name] == {"net.0", "net.3"}  # full module paths
     assert layers[TagRole.LAYER_WEIGHT.name] == {"net.0", "net.3"}
+
+
+def test_lightning_guard_option_with_accumulated_batches_guards_each_optimizer_step(
+        tmp_path: Path, lit: ModuleType) -> None:
+    # Two batches an optimizer step: the zero sample in batch 7 is optimizer step 3's.
+    from analyzer.capture.lightning import FlightRecorderCallback
+
+    callback = FlightRecorderCallback(guard={"every": 2, "skip_nonfinite": True})
+    module = _fit(lit, tmp_path, callback, zeros=(29,), steps=6, accumulate=2)
+    assert callback.guard is not None and callback.guard.skipped == 1 and _finite(module)
+    assert callback.capture_path is None
+    result = analyse_read_only(tmp_path)
+    assert result.status == "finite"
+    assert result.scale is not None and result.scale.guarded == frozenset({3})
+    steps = {int(v) for s in result.run.series if s.tag.startswith("weight_norm/")
+             for v in s.steps.tolist()}
+    assert steps == {0, 2, 4}  # once an optimizer step, at its own number
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
+def test_lightning_guard_option_under_mixed_precision(tmp_path: Path, lit: ModuleType,
+                                                      precision: str) -> None:
+    # bf16-mixed has no scaler: the guard refuses. Under 16-mixed the plugin's GradScaler
+    # skips the non-finite steps itself; the guard logs its scale and refuses nothing.
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    from analyzer.capture.guard import SCALE_TAG
+    from analyzer.capture.lightning import FlightRecorderCallback
+
+    options: dict[str, Any] = {"plugins": [MixedPrecision(
+        "16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu"))]} \
+        if precision == "16-mixed" else {"precision": precision}
+    callback = FlightRecorderCallback(record=False, guard={"every": 4, "skip_nonfinite": True})
+    module = _fit(lit, tmp_path, callback, zeros=(13, 29), **options)
+    guard = callback.guard
+    assert guard is not None and _finite(module)
+    result = analyse_read_only(tmp_path)
+    assert TagRole.LAYER_GRAD.name in _layers(result)
+    if precision == "bf16-mixed":
+        assert guard.skipped == 2 and result.status == "finite"
+        assert result.scale is not None and result.scale.guarded == frozenset({3, 7})
+    else:
+        assert guard.skipped == 0 and guard.last_fault is None
+        assert any(s.tag == SCALE_TAG for s in result.run.series)
+        assert result.scale is not None and {3, 7} <= set(result.overflow_skips)
 
 
 def test_lightning_guard_alone_without_a_logger_writes_into_the_run_folder(
