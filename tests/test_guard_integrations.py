@@ -166,6 +166,22 @@ def test_lightning_guard_option_under_mixed_precision(tmp_path: Path, lit: Modul
         assert result.scale is not None and {3, 7} <= set(result.overflow_skips)
 
 
+def test_lightning_a_backward_that_raised_is_still_captured_beside_the_guard(
+        tmp_path: Path, lit: ModuleType) -> None:
+    # detect_anomaly raises in step 3's backward: the guard never sees that step, the
+    # recorder captures it, as without the guard.
+    from analyzer.capture.lightning import FlightRecorderCallback
+
+    callback = FlightRecorderCallback(guard={"every": 1, "skip_nonfinite": True})
+    with pytest.raises(RuntimeError, match="nan"):
+        lit.train(str(tmp_path), anomaly=True, layer="norm_feature", recorder=callback)
+    assert callback.guard is not None and callback.guard.skipped == 0
+    assert callback.capture_path is not None and callback.capture_path.endswith("step_3")
+    result = analyse_read_only(tmp_path)
+    assert result.status != "finite" and result.run.captures
+    assert TagRole.LAYER_GRAD.name in _layers(result)  # steps 0..2, written before it raised
+
+
 def test_lightning_guard_alone_without_a_logger_writes_into_the_run_folder(
         tmp_path: Path, lit: ModuleType) -> None:
     from analyzer.capture.lightning import FlightRecorderCallback
@@ -256,12 +272,13 @@ def _hf_train(out: Path, *, padded: tuple[int, ...] = (), flight_recorder: Any =
     return trainer
 
 
+@pytest.mark.parametrize("bf16", [False, True])
 def test_hf_guard_option_refuses_two_padded_batches_and_the_run_reads_healthy(
-        tmp_path: Path) -> None:
+        tmp_path: Path, bf16: bool) -> None:
     # Rows 13 and 29: the Trainer's steps 4 and 8 (it counts from 1); steps 9 and 10 (the
     # next epoch's first rows) show that training went on after the second refusal.
     trainer = _hf_train(tmp_path, padded=(13, 29), guard={"every": 2, "skip_nonfinite": True},
-                        max_steps=10)
+                        max_steps=10, bf16=bf16)
     guard = trainer.step_guard
     assert isinstance(guard, StepGuard) and guard.skipped == 2 and _finite(trainer.model)
     assert guard.first_fault is not None and guard.first_fault.step == 4
