@@ -120,7 +120,9 @@ def test_the_recorder_reads_the_accelerator_and_puts_its_methods_back(
         recorder_for(accelerator, tmp_path, model, [opt1, opt2],
                      model_factory=f"{MODELS}:make_net", loss_factory=f"{MODELS}:nll",
                      scaler=None)
-    rec = recorder_for(accelerator, tmp_path, model, [opt1, opt2],
+    with pytest.raises(ValueError, match="records nothing"):
+        recorder_for(accelerator, tmp_path, model, opt1, record=False)
+    rec = recorder_for(accelerator, tmp_path, model, [opt1, opt2], guard=True,
                        model_factory=f"{MODELS}:make_net", loss_factory=f"{MODELS}:nll")
     inner = rec.recorder
     assert inner is not None
@@ -128,9 +130,10 @@ def test_the_recorder_reads_the_accelerator_and_puts_its_methods_back(
     assert inner.optimizers == [first, second]  # the user's own, unwrapped
     assert inner.autocast_dtype == torch.bfloat16 and inner.scaler is None
     assert inner.accumulation == 3 and inner.divide_loss is True
-    assert "backward" in vars(accelerator)
+    assert "backward" in vars(accelerator) and "step" in vars(opt1) and "step" in vars(opt2)
     rec.close()
     assert "backward" not in vars(accelerator) and "clip_grad_norm_" not in vars(accelerator)
+    assert "step" not in vars(opt1) and "step" not in vars(opt2)
 
 
 def test_a_wrong_factory_fails_when_the_recorder_is_made(tmp_path: Path, lm: ModuleType) -> None:
@@ -280,3 +283,28 @@ def test_the_autocast_dtype_is_what_accelerate_autocasts_to(
     model(torch.ones(2, 4))
     assert seen == [expected or torch.float32]
     assert autocast_dtype(accelerator) == expected
+
+
+def test_the_guard_refuses_the_updates_of_nan_gradients_and_the_run_reads_healthy(
+        tmp_path: Path, lm: ModuleType) -> None:
+    """guard={"skip_nonfinite": True}: batch 3 (step 1, micro-batch 1, in each of the two
+    epochs) makes NaN gradients; the guard refuses both updates, the recorder captures
+    neither, and the analyzer reads a healthy run with the two guarded steps."""
+    from analyzer.capture.guard import StepGuard
+    from analyzer.tags import TagRole, layer_from_tag, role
+    from tests.readonly import analyse_read_only
+
+    with pytest.warns(UserWarning, match="gradient of body.0.weight is nan at step 1"):
+        rec = accelerate_train.train(str(tmp_path), accumulation=2, clip=1.0,
+                                     guard={"every": 1, "skip_nonfinite": True}, models=lm)
+    guard = rec.guard
+    assert isinstance(guard, StepGuard) and guard.skipped == 2
+    assert guard.first_fault is not None and guard.first_fault.step == 1
+    assert not rec.captured and rec.recorder is not None
+    assert all(bool(p.isfinite().all()) for p in rec.recorder.model.parameters())
+    result = analyse_read_only(tmp_path)
+    assert result.status == "finite" and not result.run.captures
+    assert result.scale is not None and result.scale.guarded == frozenset({1, 4})
+    layers = {layer_from_tag(s.tag) for s in result.run.series
+              if role(s.tag) is TagRole.LAYER_GRAD}
+    assert layers == {"body.0", "body.2"}  # full module paths

@@ -28,6 +28,12 @@ Accelerate 1.x ran it (``Accelerator.backward``, ``accumulate``, ``clip_grad_nor
   of ``accelerator.clip_grad_norm_``, seen by wrapping those two methods on this one
   accelerator object: the loop needs no ``rec.loss`` and no ``grad_clip=``.
 
+``guard=True`` (or StepGuard's options) adds the guarded step (:mod:`analyzer.capture.guard`):
+the gradients are checked where the update is about to happen (the first
+``accelerator.clip_grad_norm_`` or optimizer ``step`` of a synchronising micro-batch, the
+optimizers' ``step`` wrapped like the two methods above), the weights when that micro-batch
+leaves ``recorder.step``.
+
 A loop that zeroes the gradients inside the step (``optimizer.zero_grad()`` after
 ``optimizer.step()``, as Accelerate's examples do) leaves ``check_grads`` nothing to see when
 the step ends: ``check_params=True`` catches the NaN the update wrote instead.
@@ -48,9 +54,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from analyzer.capture.guard import StepGuard
+from analyzer.capture.guarding import GuardOption, build_guard, drop_step, guard_options
 from analyzer.capture.recorder import CaptureSetupError, FlightRecorder
 
 if TYPE_CHECKING:
@@ -67,17 +75,26 @@ class AcceleratorRecorder:
     ``step`` is entered once per loop iteration, i.e. per micro-batch; the recorder's
     optimizer step begins with the first micro-batch after a synchronised one and ends with
     the next that synchronises (or raises). ``recorder`` is the FlightRecorder underneath
-    (None on the processes other than the main one, which record nothing).
+    (None on the processes other than the main one, which record nothing, and with
+    ``record=False``); ``guard`` the guarded step's StepGuard, or None.
     """
 
-    def __init__(self, accelerator: Any, recorder: FlightRecorder | None) -> None:
+    def __init__(self, accelerator: Any, recorder: FlightRecorder | None,
+                 guard: StepGuard | None = None, optimizers: Sequence[Any] = ()) -> None:
         self.accelerator = accelerator
         self.recorder = recorder
+        self.guard = guard
         self._open = False
-        self._originals: dict[str, Any] = {}
+        self._steps = -1  # optimizer steps begun, when no recorder counts them
+        self._guarded = False  # the guard has checked this optimizer step's gradients
+        self._wrapped: list[tuple[Any, str]] = []
         if recorder is not None:
-            self._wrap("backward", self._on_backward)
-            self._wrap("clip_grad_norm_", self._on_clip)
+            self._wrap(accelerator, "backward", self._on_backward)
+        if recorder is not None or guard is not None:
+            self._wrap(accelerator, "clip_grad_norm_", self._on_clip)
+        if guard is not None:
+            for optimizer in optimizers:
+                self._wrap(optimizer, "step", self._before_update)
 
     @contextlib.contextmanager
     def step(self, batch: Any = None, *, inputs: Any = None, targets: Any = None,
@@ -85,24 +102,29 @@ class AcceleratorRecorder:
         """Record one micro-batch: ``batch=`` for the step_fn and model_loss kinds,
         ``inputs``/``targets`` for the loss_fn kind; ``step`` is the global step (default:
         the recorder's own count of optimizer steps)."""
-        rec = self.recorder
-        if rec is None or not rec.active:
-            yield self
-            return
+        rec = self.recorder if self.recorder is not None and self.recorder.active else None
         if self._open:
-            rec.micro_batch(batch, inputs=inputs, targets=targets)
+            if rec is not None:
+                rec.micro_batch(batch, inputs=inputs, targets=targets)
         else:
-            rec.begin(step, inputs, targets, batch=batch)
+            self._steps = self._steps + 1 if step is None else int(step)
+            if rec is not None:
+                rec.begin(step, inputs, targets, batch=batch)
             self._open = True
+            self._guarded = False
         try:
             yield self
         except BaseException as exc:
             self._open = False
-            rec.end(exc)
+            if rec is not None:
+                rec.end(exc)
             raise
         if self.accelerator.sync_gradients:
             self._open = False
-            rec.end()
+            if self.guard is not None and self._guarded:
+                self.guard.after_update(self._step_number())
+            if rec is not None:
+                rec.end()
 
     def loss(self, value: Any) -> None:
         """Hand the loss over by hand (``accelerator.backward`` already does)."""
@@ -110,10 +132,13 @@ class AcceleratorRecorder:
             self.recorder.loss(value)
 
     def close(self) -> None:
-        """Put the accelerator's own ``backward`` and ``clip_grad_norm_`` back."""
-        for name in self._originals:
-            vars(self.accelerator).pop(name, None)
-        self._originals.clear()
+        """Put back the methods wrapped (the accelerator's ``backward`` and
+        ``clip_grad_norm_``, the optimizers' ``step``) and close the guard's writer."""
+        for owner, name in self._wrapped:
+            vars(owner).pop(name, None)
+        self._wrapped.clear()
+        if self.guard is not None:
+            self.guard.close()
 
     @property
     def captured(self) -> bool:
@@ -139,23 +164,29 @@ class AcceleratorRecorder:
     def global_step(self) -> int | None:
         return None if self.recorder is None else self.recorder.global_step
 
-    def _wrap(self, name: str, hook: Any) -> None:
-        original = getattr(self.accelerator, name)
-        self._originals[name] = original
+    def _step_number(self) -> int:
+        rec = self.recorder
+        return rec.global_step if rec is not None and rec.global_step >= 0 else self._steps
+
+    def _wrap(self, owner: Any, name: str, hook: Any) -> None:
+        original = getattr(owner, name)
+        self._wrapped.append((owner, name))
 
         @functools.wraps(original)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             hook(*args, **kwargs)
             return original(*args, **kwargs)
 
-        # An attribute of this one object, not of the class: other accelerators are untouched.
-        setattr(self.accelerator, name, wrapper)
+        # An attribute of this one object, not of its class: other objects are untouched.
+        setattr(owner, name, wrapper)
 
     def _on_backward(self, loss: Any, **_: Any) -> None:
         if self._open and self.recorder is not None:
             self.recorder.loss(loss)
 
     def _on_clip(self, parameters: Any, max_norm: float, norm_type: float = 2) -> None:
+        # The guard reads the gradients as backward left them, before the clip scales them.
+        self._before_update()
         rec = self.recorder
         if rec is None or not rec.active:
             return
@@ -164,9 +195,23 @@ class AcceleratorRecorder:
                        "by the L2 norm")
         rec.grad_clip = float(max_norm)
 
+    def _before_update(self, *_: Any, **__: Any) -> None:
+        """The guard's check of the gradients, once an optimizer step, where the update is
+        about to happen (the first clip or optimizer step of a synchronising micro-batch)."""
+        if self.guard is None or not self._open or self._guarded:
+            return
+        if not self.accelerator.sync_gradients:
+            return  # an accumulating micro-batch: AcceleratedOptimizer.step does nothing
+        self._guarded = True
+        refused = not self.guard.after_backward(self._step_number(),
+                                                scaler=self.accelerator.scaler)
+        if refused and self.recorder is not None and self.recorder.active:
+            drop_step(self.recorder)  # the guard's refusal, not a failure to capture
+
 
 def recorder_for(accelerator: Any, run_dir: str | os.PathLike[str], model: torch.nn.Module,
-                 optimizer: Any, **options: Any) -> AcceleratorRecorder:
+                 optimizer: Any, *, guard: GuardOption = None, record: bool = True,
+                 **options: Any) -> AcceleratorRecorder:
     """A recorder for a loop that ``accelerator`` prepared ``model`` and ``optimizer`` for.
 
     ``options`` are :class:`FlightRecorder`'s keyword arguments (the factories, ``seed``,
@@ -175,7 +220,20 @@ def recorder_for(accelerator: Any, run_dir: str | os.PathLike[str], model: torch
     ``scaler``, ``autocast_dtype``, ``accumulation`` and ``divide_loss``. ``optimizer`` may
     be a list (several optimizers). Raises :class:`CaptureSetupError` for a setup whose
     step the replay cannot run, and whatever FlightRecorder raises for wrong factories.
+
+    ``guard=True`` or ``guard={...}`` (:class:`~analyzer.capture.guard.StepGuard`'s keyword
+    arguments) adds the guarded step: it checks (and logs the norms of) the gradients when
+    the update is about to happen, at the first ``accelerator.clip_grad_norm_`` or
+    optimizer ``step`` of a synchronising micro-batch (wrapped on those optimizer objects),
+    and the weights when that micro-batch leaves ``recorder.step``; it writes through the
+    accelerator's TensorBoard tracker when ``init_trackers`` made one, else into
+    ``run_dir``. A step whose update it refused is not captured. ``record=False`` keeps the
+    guard alone.
     """
+    guard_kwargs = guard_options(guard, "recorder_for")
+    if not record and guard_kwargs is None:
+        raise ValueError("recorder_for(record=False) records nothing: add guard=True or "
+                         "guard={...}")
     given = sorted(set(_OWN) & set(options))
     if given:
         raise TypeError(f"recorder_for reads {', '.join(given)} from the accelerator; "
@@ -186,16 +244,24 @@ def recorder_for(accelerator: Any, run_dir: str | os.PathLike[str], model: torch
                                 "(the engine runs backward and the update itself)")
     if str(accelerator.mixed_precision) == "fp8":
         raise CaptureSetupError("the flight recorder cannot replay fp8 mixed precision")
-    if not accelerator.is_main_process:
-        return AcceleratorRecorder(accelerator, None)
+    main = bool(accelerator.is_main_process)
     optimizers = list(optimizer) if isinstance(optimizer, list | tuple) else [optimizer]
-    recorder = FlightRecorder(
-        # The recorder takes the user's optimizers from under their AcceleratedOptimizer.
-        run_dir, accelerator.unwrap_model(model), optimizers,
-        scaler=accelerator.scaler, autocast_dtype=autocast_dtype(accelerator),
-        accumulation=int(accelerator.gradient_accumulation_steps), divide_loss=True,
-        **options)
-    return AcceleratorRecorder(accelerator, recorder)
+    recorder = None
+    if record and main:
+        recorder = FlightRecorder(
+            # The recorder takes the user's optimizers from under their AcceleratedOptimizer.
+            run_dir, accelerator.unwrap_model(model), optimizers,
+            scaler=accelerator.scaler, autocast_dtype=autocast_dtype(accelerator),
+            accumulation=int(accelerator.gradient_accumulation_steps), divide_loss=True,
+            **options)
+    step_guard = None
+    if guard_kwargs is not None:
+        # Every process checks (and refuses alike: the gradients are all-reduced); only the
+        # main one writes.
+        step_guard = build_guard(accelerator.unwrap_model(model), guard_kwargs,
+                                 writer=_tensorboard_writer(accelerator) if main else None,
+                                 log_dir=run_dir, main=main)
+    return AcceleratorRecorder(accelerator, recorder, step_guard, optimizers)
 
 
 def autocast_dtype(accelerator: Any) -> torch.dtype | None:
@@ -207,6 +273,14 @@ def autocast_dtype(accelerator: Any) -> torch.dtype | None:
     if not getattr(accelerator, "native_amp", False) or not getattr(handler, "enabled", True):
         return None
     return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(str(accelerator.mixed_precision))
+
+
+def _tensorboard_writer(accelerator: Any) -> Any:
+    """The SummaryWriter of the accelerator's ``tensorboard`` tracker, if it has one."""
+    for tracker in getattr(accelerator, "trackers", None) or ():
+        if getattr(tracker, "name", None) == "tensorboard":
+            return getattr(tracker, "tracker", None)
+    return None
 
 
 def _note(rec: FlightRecorder, message: str) -> None:

@@ -19,14 +19,14 @@ from torch.utils.data import DataLoader, TensorDataset
 
 def train(out: str, *, mixed_precision: str = "no", accumulation: int = 1,
           clip: float | None = None, batches: int = 5, bad: int = 3, bad_epoch: int = 0,
-          epochs: int = 2, every_n: int = 1, kind: str = "loss_fn",
+          epochs: int = 2, every_n: int = 1, kind: str = "loss_fn", guard: Any = None,
           models: ModuleType) -> Any:
     """Train until the recorder captures; returns the recorder. Batch ``bad`` goes bad from
     epoch ``bad_epoch`` on. ``models`` is the module of the model and loss (the tests import
     loop_models.py as a project module of their own). ``kind``: ``loss_fn`` (NLL over the
     model's output), ``model_loss`` (the model returns its own loss from a dict batch, as a
     Hugging Face model does) or ``step_fn`` (``embed_step``: a loss term computed outside
-    the model)."""
+    the model). ``guard``: recorder_for's guarded step option."""
     from accelerate import Accelerator
 
     from analyzer.capture.accelerate import recorder_for
@@ -49,7 +49,7 @@ def train(out: str, *, mixed_precision: str = "no", accumulation: int = 1,
                            "model_loss": {"step_kind": "model_loss"},
                            "step_fn": {"step_factory": models.embed_step}}[kind]
     recorder = recorder_for(accelerator, out, model, optimizer, model_factory=make, seed=0,
-                            check_params=True, every_n=every_n, **how)
+                            check_params=True, every_n=every_n, guard=guard, **how)
     for epoch in range(epochs):
         if epoch == bad_epoch:
             inputs[4 * bad] *= 1e3  # the loader reads the tensor as it is now
@@ -69,7 +69,10 @@ def train(out: str, *, mixed_precision: str = "no", accumulation: int = 1,
                 scheduler.step()
                 optimizer.zero_grad()
             if recorder.captured:
-                return recorder
+                break
+        if recorder.captured:
+            break
+    recorder.close()
     return recorder
 
 
