@@ -84,7 +84,8 @@ def test_captures_first_nonfinite_step_only(tmp_path: Path) -> None:
     assert meta["optimizer"]["class"] == "torch.optim.Adam"
     assert meta["optimizer"]["hyperparameters"]["betas"] == [0.9, 0.999]
     assert meta["dtype"] == "float32" and meta["device"] == "cpu"
-    assert meta["amp"] == {"autocast_dtype": None, "device_type": "cpu", "grad_scaler": False}
+    assert meta["amp"] == {"autocast_dtype": None, "device_type": "cpu", "grad_scaler": False,
+                           "scope": "step"}
     assert meta["lr"] == 0.01 and meta["grad_clip"] is None and meta["seed"] == 0
     state = _load(folder / "state.pt")
     for name, tensor in starts[3].items():
@@ -234,7 +235,8 @@ def test_amp_settings_and_scaler_state(tmp_path: Path) -> None:
         r.loss(loss)
     folder = tmp_path / "capture" / "step_0"
     meta = read_meta(folder)
-    assert meta["amp"] == {"autocast_dtype": "bfloat16", "device_type": "cpu", "grad_scaler": True}
+    assert meta["amp"] == {"autocast_dtype": "bfloat16", "device_type": "cpu", "grad_scaler": True,
+                           "scope": "step"}
     assert meta["grad_clip"] == 1.0
     assert _load(folder / "state.pt")["scaler"]["scale"] == 1024.0
     assert isinstance(_load(folder / "batch.pt")["inputs"], list)

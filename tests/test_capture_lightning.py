@@ -143,7 +143,7 @@ def test_bf16_mixed_with_clipping(tmp_path: Path, project: ModuleType) -> None:
     assert cb.capture_path == str(version_dir(tmp_path) / "capture" / "step_3")
     meta = meta_of(tmp_path, 3)
     assert meta["amp"] == {"autocast_dtype": "bfloat16", "device_type": "cpu",
-                           "grad_scaler": False}
+                           "grad_scaler": False, "scope": "step"}
     assert meta["grad_clip"] == 1.0
     result = analyse(tmp_path)
     assert result.replay is not None and result.replay.autocast == "bfloat16"
@@ -167,7 +167,7 @@ def test_16_mixed_with_the_plugins_grad_scaler(tmp_path: Path, project: ModuleTy
     meta = meta_of(tmp_path, 3)
     assert meta["grad_clip"] == 0.5
     assert meta["amp"] == {"autocast_dtype": "float16", "device_type": "cpu",
-                           "grad_scaler": True}
+                           "grad_scaler": True, "scope": "step"}
     layer, ops = names(analyse(tmp_path))
     assert layer == "net.2" and "div" in ops
 

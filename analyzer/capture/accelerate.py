@@ -38,10 +38,10 @@ A loop that zeroes the gradients inside the step (``optimizer.zero_grad()`` afte
 ``optimizer.step()``, as Accelerate's examples do) leaves ``check_grads`` nothing to see when
 the step ends: ``check_params=True`` catches the NaN the update wrote instead.
 
-What the replay does not reproduce: Accelerate autocasts the model's forward only and
-casts its outputs to float32, where the replay autocasts the whole step (the loss too);
-``clip_grad_norm_`` over a subset of the model's parameters (the replay clips them all) or
-with a norm other than 2 (said in ``notes``);
+Accelerate autocasts the model's forward alone and casts its floating outputs to float32:
+the capture says so (``amp.scope`` ``forward``) and the replay does the same. What the
+replay does not reproduce: ``clip_grad_norm_`` over a subset of the model's parameters
+(the replay clips them all) or with a norm other than 2 (said in ``notes``);
 the all-reduce of a multi-process run (only the main process records: the replay is its
 step on its own batch); DeepSpeed, Megatron-LM, FSDP, XLA and fp8, which own the step
 themselves and are refused with :class:`CaptureSetupError` when the recorder is made.
@@ -66,7 +66,7 @@ if TYPE_CHECKING:
 
 # Distributed types whose engine runs backward, the update or the sharding itself.
 _REFUSED = {"DEEPSPEED", "MEGATRON_LM", "FSDP", "XLA"}
-_OWN = ("scaler", "autocast_dtype", "accumulation", "divide_loss")
+_OWN = ("scaler", "autocast_dtype", "autocast_scope", "accumulation", "divide_loss")
 
 
 class AcceleratorRecorder:
@@ -251,7 +251,9 @@ def recorder_for(accelerator: Any, run_dir: str | os.PathLike[str], model: torch
         recorder = FlightRecorder(
             # The recorder takes the user's optimizers from under their AcceleratedOptimizer.
             run_dir, accelerator.unwrap_model(model), optimizers,
+            # Accelerate autocasts the model's forward alone and casts its outputs to float32.
             scaler=accelerator.scaler, autocast_dtype=autocast_dtype(accelerator),
+            autocast_scope="forward",
             accumulation=int(accelerator.gradient_accumulation_steps), divide_loss=True,
             **options)
     step_guard = None

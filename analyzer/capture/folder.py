@@ -410,7 +410,8 @@ def _record(folder: str, data: dict[str, Any]) -> CaptureMeta:
         amp=AmpSettings(
             _one_of(amp, "autocast_dtype", CAPTURE_DTYPES, where="amp."),
             _key(amp, "device_type", _STR, where="amp.") or device.split(":")[0],
-            bool(_key(amp, "grad_scaler", _BOOL, where="amp."))),
+            bool(_key(amp, "grad_scaler", _BOOL, where="amp.")),
+            _one_of(amp, "scope", ("step", "forward"), where="amp.") or "step"),
         device=device,
         mode=_one_of(data, "mode", CAPTURE_MODES, required=True),
         lr=None if lr is None else float(lr),

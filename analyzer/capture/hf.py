@@ -228,6 +228,9 @@ class TrainerRecording:
             options.setdefault("step_kind", "model_loss")
         options.setdefault("scaler", trainer.accelerator.scaler)
         options.setdefault("autocast_dtype", autocast_dtype(trainer.accelerator.mixed_precision))
+        # The Trainer's accelerator autocasts the model's forward alone (its outputs cast
+        # to float32), not the code around it.
+        options.setdefault("autocast_scope", "forward")
         clip = float(args.max_grad_norm or 0.0)
         options.setdefault("grad_clip", clip if clip > 0 else None)
         options.setdefault("accumulation", int(args.gradient_accumulation_steps))

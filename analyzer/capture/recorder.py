@@ -125,6 +125,7 @@ class FlightRecorder:
         step_kind: StepKind | None = None,
         scaler: Any = None,
         autocast_dtype: torch.dtype | None = None,
+        autocast_scope: Literal["step", "forward"] = "step",
         grad_clip: float | None = None,
         accumulation: int = 1,
         divide_loss: bool | Literal["micro_batches"] = True,
@@ -166,6 +167,10 @@ class FlightRecorder:
                              if step_factory is not None else None)
         self.scaler = scaler
         self.autocast_dtype = autocast_dtype
+        if autocast_scope not in ("step", "forward"):
+            raise CaptureSetupError(f"autocast_scope {autocast_scope!r} is not 'step' or "
+                                    "'forward'")
+        self.autocast_scope = autocast_scope
         self.grad_clip = grad_clip
         self.accumulation = accumulation
         self.divide_loss = divide_loss
@@ -508,6 +513,7 @@ class FlightRecorder:
                 "autocast_dtype": dtype_name(self.autocast_dtype) if self.autocast_dtype else None,
                 "device_type": device.split(":")[0],
                 "grad_scaler": self.scaler is not None,
+                "scope": self.autocast_scope,
             },
             "device": device,
             "seed": self.seed,

@@ -84,11 +84,14 @@ class Accumulation:
 
 @dataclass(frozen=True)
 class AmpSettings:
-    """Mixed precision as the run used it."""
+    """Mixed precision as the run used it. ``scope``: what ran under autocast, the whole
+    step (``step``: a loop's own ``with torch.autocast``) or only the model's forward, its
+    floating outputs cast back to float32 (``forward``: Accelerate, the HF Trainer)."""
 
     autocast_dtype: CaptureDtype | None = None
     device_type: str = "cpu"
     grad_scaler: bool = False
+    scope: Literal["step", "forward"] = "step"
 
 
 @dataclass(frozen=True)

@@ -10,14 +10,16 @@ the failing one plainly and instruments the failing one.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_map
 
 from analyzer.capture.recorder import numeric_error
 from analyzer.model.replays import (
@@ -61,11 +63,38 @@ def zero_grad(state: TrainState) -> None:
 def forward(state: TrainState, micro: Mapping[str, Any], call: StepCall, config: StepConfig,
             hook: LossHook | None = None) -> Any:
     """The loss of one micro-batch (gradients are not cleared: see :func:`zero_grad`)."""
+    if config.autocast_forward_only and config.autocast_dtype is not None:
+        with _forward_autocast(state.model, config):
+            return call.loss(state.model, micro) if hook is None else \
+                call.loss(state.model, micro, hook)
     with torch.autocast(config.device_type, dtype=config.autocast_dtype,
                         enabled=config.autocast_dtype is not None):
         if hook is None:
             return call.loss(state.model, micro)
         return call.loss(state.model, micro, hook)
+
+
+@contextlib.contextmanager
+def _forward_autocast(model: torch.nn.Module, config: StepConfig) -> Iterator[None]:
+    """The model's own forward under autocast, its floating outputs cast to float32: what
+    Accelerate's prepare does to a model's forward, for this pass's model only."""
+    own = vars(model).get("forward")  # an instance's own forward, if one was set on it
+    original = model.forward
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        with torch.autocast(config.device_type, dtype=config.autocast_dtype):
+            out = original(*args, **kwargs)
+        return tree_map(lambda t: t.float() if isinstance(t, torch.Tensor)
+                        and t.dtype in (torch.float16, torch.bfloat16) else t, out)
+
+    model.forward = forward
+    try:
+        yield
+    finally:
+        if own is not None:
+            model.forward = own
+        else:
+            del model.forward  # the class's forward again
 
 
 def backward(state: TrainState, loss: Any) -> None:

@@ -135,8 +135,10 @@ def replay_capture(path: str, *, device: str = "cpu", dtype: str = "as-run",
     cap = load_capture(path, policy=TrustPolicy.of(import_paths, trust_code))
     with import_path(cap.code_folders):
         autocast = cap.autocast_dtype
+        forward_only = cap.record.amp.scope == "forward"
         as_run = StepConfig(device=device, autocast_dtype=dtype_of(autocast),
-                            grad_scaler=cap.scaler is not None, grad_clip=cap.grad_clip)
+                            grad_scaler=cap.scaler is not None, grad_clip=cap.grad_clip,
+                            autocast_forward_only=forward_only)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # a LightningModule's self.log outside a Trainer
             state, history_notes = _advance(cap, as_run)
@@ -147,7 +149,8 @@ def replay_capture(path: str, *, device: str = "cpu", dtype: str = "as-run",
             dtype=None if dtype == "as-run" else dtype, grad_clip=cap.grad_clip,
             rng=CapturedRng(cap.rng) if cap.rng is not None else None,
             source=cap.path, step=cap.step,
-            notes=_notes(cap, device) + history_notes + list(cap.notes))
+            notes=_notes(cap, device) + history_notes + list(cap.notes),
+            autocast_scope=cap.record.amp.scope)
     expected = _PHASE_OF_TRIGGER.get(str((cap.meta.get("trigger") or {}).get("what")))
     if result.phase is not None and expected is not None and result.phase != expected:
         extra = (f"the run noticed the fault in {expected}; replay finds it first in "

@@ -41,6 +41,9 @@ class StepConfig:
     autocast_dtype: torch.dtype | None = None
     grad_scaler: bool = False
     grad_clip: float | None = None
+    autocast_forward_only: bool = False
+    """Autocast the model's forward alone, its outputs cast back to float32 (as Accelerate
+    and the HF Trainer run it), not the whole step."""
 
     @property
     def device_type(self) -> str:

@@ -87,7 +87,7 @@ def replay_call(model: nn.Module, batch: StepBatch, call: StepCall,
                 dtype: torch.dtype | str | None = None, grad_clip: float | None = None,
                 rng: Restorable | None = None, repeats: int = 2, expected: bool = True,
                 source: str = "<in-memory>", step: int | None = None,
-                notes: Sequence[str] = ()) -> ReplayResult:
+                notes: Sequence[str] = (), autocast_scope: str = "step") -> ReplayResult:
     """Replay one step of ``model`` on ``batch`` as ``call`` computes its loss, with
     ``optimizers`` (the loop's, in order), and say where it broke.
 
@@ -102,7 +102,8 @@ def replay_call(model: nn.Module, batch: StepBatch, call: StepCall,
     config = StepConfig(
         device=device, dtype=cast,
         autocast_dtype=None if cast is not None else _as_dtype(autocast_dtype),
-        grad_scaler=scaler is not None and cast is None, grad_clip=grad_clip)
+        grad_scaler=scaler is not None and cast is None, grad_clip=grad_clip,
+        autocast_forward_only=autocast_scope == "forward")
     first, *extra = optimizers
     pristine = TrainState(model, first, scaler, tuple(extra))
     saved = RngState.now()
