@@ -323,9 +323,11 @@ def saturated(o: Onset) -> bool:
             and float(np.max(np.abs(last))) < 100 * SATURATED_LOSS)
 
 
-RECORD_ONE = ("To record one: `recorder = FlightRecorder(run_dir, model, optimizer)` "
-              "(analyzer.capture) before the loop and `with recorder.step(step, x, y) as rec:` "
-              "around each step")
+RECORD_ONE = ("To record one: `callbacks=[FlightRecorderCallback()]` in a Lightning Trainer, "
+              "`FlightRecorderTrainer` for a Hugging Face Trainer, or, in a loop, `recorder = "
+              "FlightRecorder(run_dir, model, optimizer, loss_factory=make_loss)` "
+              "(analyzer.capture) and `with recorder.step(inputs=x, targets=y) as rec:` "
+              "around each step (docs/capture.md)")
 """The two lines that leave a capture of the failing step, for a finding's 'not seen'."""
 ANOMALY = "`torch.autograd.set_detect_anomaly(True)`"
 
