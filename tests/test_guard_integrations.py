@@ -9,6 +9,9 @@ Real trainings on the CPU, each read back as ``forensics analyze`` reads its fol
   run with the guard's per-layer norms and its two refusals;
 - a training that really diverges under the same option: a failed run whose first layer
   is named from the guard's norms.
+
+Accelerate's option (``recorder_for(..., guard=...)``, analyzer/capture/accelerate.py) is
+read back the same way, in the loop docs/capture.md shows.
 """
 
 from __future__ import annotations
@@ -334,3 +337,118 @@ def test_hf_guard_alone_and_its_options(tmp_path: Path) -> None:
     result = analyse_read_only(tmp_path / "alone")
     assert result.status == "finite"
     assert result.scale is not None and result.scale.guarded == frozenset({4})
+
+
+# -- Accelerate ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def accelerate_models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModuleType]:
+    """tests/integrations/loop_models.py as a project module of the user's, and a fresh
+    process-wide Accelerate state for the test's own Accelerator."""
+    pytest.importorskip("accelerate")
+    from accelerate.state import AcceleratorState, GradientState
+
+    from tests.integrations.loop_models import project_module
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    try:
+        with project_module(tmp_path_factory.mktemp("guardacc"), "guard_acc_project") as m:
+            yield m
+    finally:
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()
+
+
+def _accelerate_loop(out: Path, models: ModuleType, *, zero: tuple[int, ...] = (),
+                     steps: int = 10, accumulation: int = 1, lr: float = 0.1,
+                     tracker: bool = True, **options: Any) -> Any:
+    """The loop of docs/capture.md with recorder_for(..., **options); batches in ``zero``
+    hold a row of zeros, which the model's RowNorm makes 0/0."""
+    from accelerate import Accelerator
+
+    from analyzer.capture.accelerate import recorder_for
+
+    torch.manual_seed(0)
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=accumulation,
+                              log_with="tensorboard" if tracker else None,
+                              project_dir=str(out))
+    if tracker:
+        accelerator.init_trackers("tb")
+    model = models.make_net(normalise=True)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    recorder = recorder_for(accelerator, out, model, optimizer,
+                            model_factory=models.make_net, model_kwargs={"normalise": True},
+                            loss_factory=models.nll, seed=0, **options)
+    loss_fn = models.nll()
+    data = models.batches(steps * accumulation, outlier=0.0)
+    for i in zero:
+        data[i][0][0] = 0.0
+    for i, (x, y) in enumerate(data):
+        with accelerator.accumulate(model), recorder.step(inputs=x, targets=y):
+            loss = loss_fn(model(x), y)
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+        if tracker:
+            accelerator.log({"train/loss": loss.item()}, step=i // accumulation)
+    recorder.close()
+    accelerator.end_training()
+    return recorder, model
+
+
+def test_accelerate_guard_option_refuses_two_nan_batches_and_the_run_reads_healthy(
+        tmp_path: Path, accelerate_models: ModuleType) -> None:
+    recorder, model = _accelerate_loop(tmp_path, accelerate_models, zero=(3, 7),
+                                       guard={"every": 2, "skip_nonfinite": True})
+    guard = recorder.guard
+    assert isinstance(guard, StepGuard) and guard.skipped == 2 and _finite(model)
+    assert recorder.recorder is not None and recorder.capture_path is None
+    # The tracker's own writer: the norms beside the loop's train/loss.
+    assert len(list(tmp_path.rglob("events.out.tfevents.*"))) == 1
+    result = analyse_read_only(tmp_path)
+    assert result.status == "finite" and not result.run.captures
+    assert result.scale is not None and result.scale.guarded == frozenset({3, 7})
+    assert _layers(result)[TagRole.LAYER_GRAD.name] == {"body.0", "body.2"}
+
+
+def test_accelerate_guard_with_accumulation_checks_the_step_that_synchronises(
+        tmp_path: Path, accelerate_models: ModuleType) -> None:
+    # Two micro-batches a step: batch 5 is step 2's second; the guard alone, its own writer.
+    recorder, model = _accelerate_loop(tmp_path, accelerate_models, zero=(5,), steps=5,
+                                       accumulation=2, tracker=False, record=False,
+                                       guard={"every": 1, "skip_nonfinite": True})
+    assert recorder.recorder is None and recorder.guard is not None
+    assert recorder.guard.skipped == 1 and _finite(model)
+    result = analyse_read_only(tmp_path)
+    assert result.status == "finite"
+    assert result.scale is not None and result.scale.guarded == frozenset({2})
+    steps = {int(v) for s in result.run.series if s.tag.startswith("weight_norm/")
+             for v in s.steps.tolist()}
+    assert steps == {0, 1, 2, 3, 4}  # once an optimizer step
+
+
+def test_accelerate_run_that_diverges_under_the_guard_is_failed_at_a_layer(
+        tmp_path: Path, accelerate_models: ModuleType) -> None:
+    # Adam at lr 10: the first update sends the logits so far that the softmax underflows,
+    # log(0) from step 1 on, and every update from there to the end is refused.
+    recorder, _ = _accelerate_loop(tmp_path, accelerate_models, lr=10.0, steps=16,
+                                   guard={"every": 2, "skip_nonfinite": True})
+    assert recorder.guard is not None and recorder.guard.skipped == 15
+    result = analyse_read_only(tmp_path)
+    assert result.status != "finite"
+    lay = result.layer_incident
+    assert lay is not None and lay.step == 1 and lay.layer in {"body.0", "body.2"}
+    assert lay.tag.startswith("grad_norm/body.")  # the guard's
+
+
+def test_accelerate_guard_options() -> None:
+    pytest.importorskip("accelerate")
+    from analyzer.capture.accelerate import recorder_for
+
+    with pytest.raises(TypeError, match="evry is not an option of StepGuard"):
+        recorder_for(object(), "run", torch.nn.Linear(1, 1), None, guard={"evry": 2})
+    with pytest.raises(ValueError, match="record=False"):
+        recorder_for(object(), "run", torch.nn.Linear(1, 1), None, record=False)
