@@ -17,6 +17,7 @@ read back the same way, in the loop docs/capture.md shows.
 from __future__ import annotations
 
 import importlib
+import json
 import shutil
 import sys
 import warnings
@@ -452,3 +453,56 @@ def test_accelerate_guard_options() -> None:
         recorder_for(object(), "run", torch.nn.Linear(1, 1), None, guard={"evry": 2})
     with pytest.raises(ValueError, match="record=False"):
         recorder_for(object(), "run", torch.nn.Linear(1, 1), None, record=False)
+
+
+# -- the recorder beside the guard ---------------------------------------------------------
+
+
+def test_regression_a_refused_step_is_left_out_of_the_steps_a_replay_reruns(
+        tmp_path: Path) -> None:
+    # every_n mode: the recorder keeps the state of step 0 and the batches since. Step 2's
+    # update is refused (finite loss, NaN gradients: the outlier row's target is the class
+    # its softmax keeps, and log(0) elsewhere); step 5 raises and is captured. Had step 2
+    # stayed in the history, the replay would run its NaN update unguarded and stop there;
+    # dropped, the replay reaches step 5 with the run's own state and loss.
+    from analyzer.capture.guarding import drop_step
+    from analyzer.capture.recorder import FlightRecorder
+    from analyzer.replayer import replay
+    from tests.integrations.loop_models import project_module
+
+    (tmp_path / "project").mkdir()
+    with project_module(tmp_path / "project", "guard_loop_project") as models:
+        torch.manual_seed(0)
+        model = models.make_net()
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        run = tmp_path / "run"
+        rec = FlightRecorder(run, model, opt, model_factory=models.make_net,
+                             loss_factory=models.nll, every_n=10, seed=0)
+        guard = StepGuard(model, log_dir=run, every=1, skip_nonfinite=True)
+        loss_fn = models.nll()
+        data = models.batches(6, bad=2, outlier=1e3)
+        with pytest.raises(FloatingPointError):
+            for step, (x, y) in enumerate(data):
+                if step == 2:
+                    with torch.no_grad():
+                        y[0] = model(x)[0].argmax()
+                with rec.step(inputs=x, targets=y):
+                    opt.zero_grad(set_to_none=True)
+                    loss = loss_fn(model(x), y)
+                    rec.loss(loss)
+                    loss.backward()  # type: ignore[no-untyped-call]
+                    if step == 5:
+                        raise FloatingPointError("the loop's own stop at step 5")
+                    if guard.after_backward(step):
+                        opt.step()
+                    else:
+                        drop_step(rec)
+                    guard.after_update(step)
+        guard.close()
+        assert guard.skipped == 1 and guard.first_fault is not None
+        assert guard.first_fault.step == 2 and guard.first_fault.tensor == "gradient"
+        assert rec.capture_path is not None and rec.capture_path.endswith("step_5")
+        meta = json.loads((Path(rec.capture_path) / "meta.json").read_text(encoding="utf-8"))
+        assert meta["history_steps"] == [0, 1, 3, 4]
+        result = replay(rec.capture_path)
+        assert result.passes[0].loss == pytest.approx(meta["loss_value"], rel=1e-6)
