@@ -74,5 +74,4 @@ def drop_step(recorder: FlightRecorder) -> None:
     later capture has to re-run. Capturing it would leave a failed run's evidence in a run
     that recovered, and spend the recorder's one capture on it.
     """
-    # FlightRecorder has no public call for this yet: end() would check the step.
-    recorder._current = None
+    recorder.discard()

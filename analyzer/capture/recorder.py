@@ -257,6 +257,12 @@ class FlightRecorder:
             self._guard("check step", self._after, error)
         self._current = None
 
+    def discard(self) -> None:
+        """Forget the open step unchecked: a step whose update was refused (the guarded
+        step's skip) changed no weight, so it is neither a failure to capture nor a step a
+        later capture's replay re-runs."""
+        self._current = None
+
     # The calls above are the whole API a loop needs; the rest is the machinery.
 
     def _batch_of(self, inputs: Any, targets: Any, batch: Any) -> Any:
