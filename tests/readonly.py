@@ -31,3 +31,22 @@ def analyse_read_only(folder: Path, **options: Any) -> RunResult:
     result = analyzer.analyze(str(folder), **{"replay": False, **options}).results[0]
     assert snapshot(folder) == before  # nothing written into the analysed folder
     return result
+
+
+def analyse_replayed(folder: Path) -> RunResult:
+    """``forensics analyze FOLDER`` as the API runs it with no option: the one run, whose
+    capture must have been replayed; nothing is written."""
+    import analyzer
+
+    before = snapshot(folder)
+    (result,) = analyzer.analyze(str(folder)).results  # one training, one run
+    assert snapshot(folder) == before
+    assert result.replay is not None, result.replay_error or result.replay_refused
+    return result
+
+
+def layer_and_op(result: RunResult) -> tuple[str | None, tuple[str, ...]]:
+    """The layer and the op names the replay found."""
+    replay = result.replay
+    assert replay is not None and replay.op is not None, replay
+    return replay.layer, tuple(replay.op.names)

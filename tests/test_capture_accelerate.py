@@ -18,10 +18,10 @@ import pytest
 import torch
 
 from analyzer.capture.recorder import CaptureSetupError
-from analyzer.model import RunResult
 from tests.integrations import accelerate_train
 from tests.integrations.loop_models import project_module
-from tests.readonly import snapshot
+from tests.readonly import analyse_replayed as analyse
+from tests.readonly import layer_and_op
 
 pytest.importorskip("accelerate")
 MODELS = "accelerate_project"
@@ -48,14 +48,6 @@ def fresh_accelerate_state() -> Iterator[None]:
     GradientState._reset_state()
 
 
-def analyse(run: Path) -> RunResult:
-    import analyzer
-
-    before = snapshot(run)
-    (result,) = analyzer.analyze(str(run)).results
-    assert snapshot(run) == before
-    assert result.replay is not None, result.replay_error or result.replay_refused
-    return result
 
 
 def meta_of(path: str | None) -> dict[str, Any]:
@@ -64,10 +56,6 @@ def meta_of(path: str | None) -> dict[str, Any]:
     return data
 
 
-def layer_and_op(result: RunResult) -> tuple[str | None, tuple[str, ...]]:
-    replay = result.replay
-    assert replay is not None and replay.op is not None, replay
-    return replay.layer, tuple(replay.op.names)
 
 
 @pytest.mark.parametrize(("bad", "step", "micro_batches", "failing"),

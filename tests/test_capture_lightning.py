@@ -30,8 +30,8 @@ pytest.importorskip("lightning")
 
 from analyzer.capture.recorder import CaptureSetupError
 from analyzer.cli import main
-from analyzer.model import RunResult
-from tests.readonly import snapshot
+from tests.readonly import analyse_replayed as analyse
+from tests.readonly import layer_and_op as names
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "tests" / "integrations" / "lightning_train.py"
@@ -75,21 +75,8 @@ def meta_of_folder(folder: str | Path) -> dict[str, Any]:
     return data
 
 
-def analyse(out: Path) -> RunResult:
-    """``forensics analyze OUT`` as the API runs it with no option; nothing is written."""
-    import analyzer
-
-    before = snapshot(out)
-    (result,) = analyzer.analyze(str(out)).results
-    assert snapshot(out) == before
-    assert result.replay is not None, result.replay_error or result.replay_refused
-    return result
 
 
-def names(result: RunResult) -> tuple[str | None, tuple[str, ...]]:
-    replay = result.replay
-    assert replay is not None and replay.op is not None, replay
-    return replay.layer, tuple(replay.op.names)
 
 
 def test_a_module_defined_in_the_training_script_replays(tmp_path: Path,

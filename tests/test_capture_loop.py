@@ -28,8 +28,9 @@ from analyzer.capture import FlightRecorder
 from analyzer.capture.recorder import CaptureSetupError
 from analyzer.cli import main
 from analyzer.cli.exit import EXIT_FOUND
-from analyzer.model import RunResult
 from tests.integrations.loop_models import batches, project_module
+from tests.readonly import analyse_replayed as analyse
+from tests.readonly import layer_and_op as names
 from tests.readonly import snapshot
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,21 +44,8 @@ def lm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModuleType]:
         yield module
 
 
-def analyse(run: Path) -> RunResult:
-    """``forensics analyze RUN`` as the API runs it with no option; nothing is written."""
-    import analyzer
-
-    before = snapshot(run)
-    (result,) = analyzer.analyze(str(run)).results
-    assert snapshot(run) == before
-    assert result.replay is not None, result.replay_error or result.replay_refused
-    return result
 
 
-def names(result: RunResult) -> tuple[str | None, tuple[str, ...]]:
-    replay = result.replay
-    assert replay is not None and replay.op is not None, replay
-    return replay.layer, tuple(replay.op.names)
 
 
 def meta_of(run: Path, step: int) -> dict[str, Any]:
