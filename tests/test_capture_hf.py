@@ -39,7 +39,9 @@ def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv(key, value)
 
 
-def _llama() -> Any:
+def tiny_llama() -> Any:
+    """A one-layer Llama whose RMSNorm has eps 0: a zero row (the padding token's
+    embedding) gives rsqrt(0)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
@@ -72,7 +74,7 @@ def _args(out: Path, **overrides: Any) -> Any:
 def _train_llama(out: Path, padded: int, eval_dataset: Any = None, **overrides: Any) -> Any:
     from analyzer.capture.hf import FlightRecorderTrainer
 
-    trainer = FlightRecorderTrainer(model=_llama(), args=_args(out, **overrides),
+    trainer = FlightRecorderTrainer(model=tiny_llama(), args=_args(out, **overrides),
                                     train_dataset=_rows(padded), eval_dataset=eval_dataset)
     trainer.train()
     return trainer
@@ -170,12 +172,12 @@ def test_a_resumed_run_is_captured_at_the_trainers_global_step(tmp_path: Path) -
 
     out = tmp_path / "out"
     # 4 steps an epoch; the first training saves checkpoint-4 and stops, healthy.
-    FlightRecorderTrainer(model=_llama(), args=_args(out, max_steps=4, save_strategy="steps",
+    FlightRecorderTrainer(model=tiny_llama(), args=_args(out, max_steps=4, save_strategy="steps",
                                                      save_steps=4),
                           train_dataset=_rows(None)).train()
     assert not (out / "capture").exists()
     # Resumed after step 4 (epoch 1) on rows of which row 5 is padded: step 6 fails.
-    resumed = FlightRecorderTrainer(model=_llama(), args=_args(out, max_steps=7),
+    resumed = FlightRecorderTrainer(model=tiny_llama(), args=_args(out, max_steps=7),
                                     train_dataset=_rows(5))
     resumed.train(resume_from_checkpoint=str(out / "checkpoint-4"))
     meta = _meta(out, 6)
@@ -187,7 +189,7 @@ def test_every_n_keeps_the_steps_since_the_last_copy(tmp_path: Path) -> None:
     from analyzer.capture.hf import FlightRecorderTrainer
 
     out = tmp_path / "out"
-    trainer = FlightRecorderTrainer(model=_llama(), args=_args(out), train_dataset=_rows(13),
+    trainer = FlightRecorderTrainer(model=tiny_llama(), args=_args(out), train_dataset=_rows(13),
                                     flight_recorder={"every_n": 2})
     trainer.train()
     meta = _meta(out, 4)  # copies at steps 1 and 3
@@ -221,7 +223,7 @@ def test_a_trainer_with_a_loss_of_its_own_stops_in_its_first_step(tmp_path: Path
 
     from analyzer.capture.hf import FlightRecorderTrainer
 
-    trainer = FlightRecorderTrainer(model=_llama(), args=_args(tmp_path / "out"),
+    trainer = FlightRecorderTrainer(model=tiny_llama(), args=_args(tmp_path / "out"),
                                     train_dataset=_rows(13), compute_loss_func=smoothed)
     for _ in range(2):  # and again when train() is called again
         with pytest.raises(HFSetupError, match="compute_loss_func"):
@@ -267,7 +269,7 @@ def test_a_compute_loss_of_its_own_needs_a_step_factory_and_replays_with_it(
     from analyzer.capture.hf import HFSetupError, with_flight_recorder
 
     cls = with_flight_recorder(_smoothing_trainer())
-    bare = cls(model=_llama(), args=_args(tmp_path / "bare"), train_dataset=_rows(13))
+    bare = cls(model=tiny_llama(), args=_args(tmp_path / "bare"), train_dataset=_rows(13))
     with pytest.raises(HFSetupError, match=r"Smoothing\.compute_loss"):
         bare.train()
     assert bare.state.global_step == 0
@@ -276,7 +278,7 @@ def test_a_compute_loss_of_its_own_needs_a_step_factory_and_replays_with_it(
     (code / "lm_steps.py").write_text(STEP_MODULE, encoding="utf-8")
     monkeypatch.syspath_prepend(str(code))
     out = tmp_path / "out"
-    trainer = cls(model=_llama(), args=_args(out), train_dataset=_rows(13),
+    trainer = cls(model=tiny_llama(), args=_args(out), train_dataset=_rows(13),
                   flight_recorder={"step_factory": "lm_steps:smoothed_step"})
     trainer.train()
     meta = _meta(out, 4)
@@ -289,7 +291,7 @@ def test_only_the_main_process_records(tmp_path: Path) -> None:
     from analyzer.capture.hf import FlightRecorderTrainer
 
     out = tmp_path / "out"
-    trainer = FlightRecorderTrainer(model=_llama(), args=_args(out), train_dataset=_rows(13))
+    trainer = FlightRecorderTrainer(model=tiny_llama(), args=_args(out), train_dataset=_rows(13))
     # What TrainingArguments.process_index says on a second process of a distributed run.
     trainer.is_world_process_zero = lambda: False
     trainer.train()
@@ -303,7 +305,7 @@ def test_options_that_are_not_the_recorders_are_refused_with_the_trainer(
 
     for options, word in (({"nonsense": 1}, "nonsense"), ({"run_dir": "x"}, "run_dir")):
         with pytest.raises(HFSetupError, match=word):
-            FlightRecorderTrainer(model=_llama(), args=_args(tmp_path / "out"),
+            FlightRecorderTrainer(model=tiny_llama(), args=_args(tmp_path / "out"),
                                   flight_recorder=options)
 
 

@@ -33,6 +33,7 @@ from analyzer.capture.guard import StepGuard
 from analyzer.model import RunResult
 from analyzer.tags import TagRole, layer_from_tag, role
 from tests.readonly import analyse_read_only
+from tests.test_capture_hf import tiny_llama
 
 ROOT = Path(__file__).resolve().parent.parent
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_DISABLED": "true"}
@@ -237,14 +238,6 @@ def test_lightning_guard_options_are_checked_when_the_callback_is_built() -> Non
 ROWS, LENGTH, VOCAB = 32, 8, 32
 
 
-def _llama() -> Any:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    return LlamaForCausalLM(LlamaConfig(
-        vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32,
-        rms_norm_eps=0.0, pad_token_id=0, bos_token_id=1, eos_token_id=2))
 
 
 def _rows(padded: tuple[int, ...]) -> list[dict[str, torch.Tensor]]:
@@ -269,7 +262,8 @@ def _hf_train(out: Path, *, padded: tuple[int, ...] = (), flight_recorder: Any =
         "use_cpu": True, "seed": 0, "report_to": ["tensorboard"], "logging_steps": 1,
         "save_strategy": "no", "train_sampling_strategy": "sequential",
         "disable_tqdm": True, "dataloader_num_workers": 0}
-    trainer = FlightRecorderTrainer(model=_llama(), args=TrainingArguments(**(options | overrides)),
+    trainer = FlightRecorderTrainer(model=tiny_llama(),
+                                    args=TrainingArguments(**(options | overrides)),
                                     train_dataset=_rows(padded),
                                     flight_recorder=flight_recorder, guard=guard)
     trainer.train()
@@ -326,9 +320,9 @@ def test_hf_guard_alone_and_its_options(tmp_path: Path) -> None:
 
     args = TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True)
     with pytest.raises(TypeError, match="evry is not an option of StepGuard"):
-        FlightRecorderTrainer(model=_llama(), args=args, guard={"evry": 2})
+        FlightRecorderTrainer(model=tiny_llama(), args=args, guard={"evry": 2})
     with pytest.raises(ValueError, match="flight_recorder=False"):
-        FlightRecorderTrainer(model=_llama(), args=args, flight_recorder=False)
+        FlightRecorderTrainer(model=tiny_llama(), args=args, flight_recorder=False)
     # No TensorBoardCallback: the guard's own SummaryWriter in output_dir, its norms the
     # run's only events (every=2: the steps after the refusal say training went on).
     trainer = _hf_train(tmp_path / "alone", padded=(13,), flight_recorder=False,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import io
 import json
 import os
@@ -122,26 +123,35 @@ def test_capture_restores_model_optimizer_and_batch(log_run: Path) -> None:
         assert torch.equal(value, saved["model"][name])
 
 
-def test_a_factory_outside_the_path_needs_an_import_path(tmp_path: Path) -> None:
+def _train_in_project(tmp_path: Path, name: str, **extra: Any) -> tuple[Path, Path]:
+    """Train with a model factory from a project folder of the user's (``name:make``), as
+    a script run from that folder would: (the run, the project folder)."""
+    import sys
+
     pkg = tmp_path / "code"
     pkg.mkdir()
-    (pkg / "mynets.py").write_text(textwrap.dedent("""
+    (pkg / f"{name}.py").write_text(textwrap.dedent("""
         from analyzer.scenarios.models import mlp
 
         def make(**kwargs):
             return mlp(**kwargs)
     """), encoding="utf-8")
     run = tmp_path / "run"
-    import sys
     sys.path.insert(0, str(pkg))
     try:
-        import mynets  # type: ignore[import-not-found]
-
-        _train(run, fail_at=2, model_factory="mynets:make",
-               build=lambda: mynets.make(**MLP_KW), trust_code_root=False)
+        module = importlib.import_module(name)
+        _train(run, fail_at=2, model_factory=f"{name}:make",
+               build=lambda: module.make(**MLP_KW), **extra)
     finally:
         sys.path.remove(str(pkg))
-        sys.modules.pop("mynets", None)
+        sys.modules.pop(name, None)
+    return run, pkg
+
+
+def test_a_factory_outside_the_path_needs_an_import_path(tmp_path: Path) -> None:
+    import sys
+
+    run, pkg = _train_in_project(tmp_path, "mynets", trust_code_root=False)
     # The capture says where the code was: the folder is found, and named, not trusted.
     with pytest.raises(UntrustedCode) as untrusted:
         replay(str(run))
@@ -152,8 +162,7 @@ def test_a_factory_outside_the_path_needs_an_import_path(tmp_path: Path) -> None
     assert str(pkg) not in sys.path
     sys.modules.pop("mynets", None)
     # Moved away, the code cannot be found at all: the message says what to pass.
-    moved = tmp_path / "moved"
-    pkg.rename(moved)
+    pkg.rename(tmp_path / "moved")
     with pytest.raises(ModelRebuildError) as err:
         replay(str(run))
     assert err.value.module == "mynets"
@@ -162,25 +171,9 @@ def test_a_factory_outside_the_path_needs_an_import_path(tmp_path: Path) -> None
 
 
 def test_the_recorder_trusts_its_own_code_root_so_replay_needs_no_flag(tmp_path: Path) -> None:
-    pkg = tmp_path / "project"
-    pkg.mkdir()
-    (pkg / "ownnets.py").write_text(textwrap.dedent("""
-        from analyzer.scenarios.models import mlp
-
-        def make(**kwargs):
-            return mlp(**kwargs)
-    """), encoding="utf-8")
-    run = tmp_path / "run"
     import sys
-    sys.path.insert(0, str(pkg))
-    try:
-        import ownnets  # type: ignore[import-not-found]
 
-        _train(run, fail_at=2, model_factory="ownnets:make",
-               build=lambda: ownnets.make(**MLP_KW))
-    finally:
-        sys.path.remove(str(pkg))
-        sys.modules.pop("ownnets", None)
+    run, _ = _train_in_project(tmp_path, "ownnets")
     result = replay(str(run))
     assert result.phase == "forward" and result.verdict.kind == "math-fault"
     sys.modules.pop("ownnets", None)
