@@ -571,3 +571,32 @@ def test_a_trainer_callback_guards_a_real_hf_trainer(tmp_path: Path) -> None:
     assert math.isnan(_series(result, "train/grad_norm").values[5])  # the Trainer's own
     assert result.scale is not None and result.scale.guarded == frozenset({6, 12})
     assert result.status == "finite"
+
+
+class _Values:
+    """A writer that keeps what it is given (the guard takes anything with add_scalar)."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, float] = {}
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        self.values[tag] = value
+
+    def flush(self) -> None:
+        pass
+
+
+def test_regression_a_huge_but_finite_weight_has_a_finite_norm() -> None:
+    """Elements of 2.7e19 square past float32's largest: the float32 norm is inf over
+    finite values, which the analyzer would read as non-finite weights."""
+    model = torch.nn.Linear(4, 4)
+    with torch.no_grad():
+        model.weight.fill_(2.7e19)
+    writer = _Values()
+    guard = StepGuard(model, writer=writer, every=1)
+    model(torch.ones(1, 4)).sum().backward()
+    guard.after_backward(0)
+    guard.after_update(0)
+    norm = writer.values["weight_norm/weight"]
+    assert math.isfinite(norm) and norm == pytest.approx(2.7e19 * 4, rel=1e-6)
+    assert guard.first_fault is None

@@ -354,8 +354,17 @@ def _norms(tensors: Sequence[torch.Tensor], extra: Sequence[torch.Tensor]) -> li
         order = [i for idx, _ in parts for i in idx]
     out = [0.0] * len(tensors)
     for i, v in zip(order, flat, strict=False):
-        out[i] = v
+        # A float32 norm overflows over finite elements beyond about 1.8e19 (their squares
+        # pass float32's largest): such a tensor is huge, not non-finite, and its norm is
+        # read again in float64 (one more host sync, only then).
+        out[i] = v if math.isfinite(v) else _wide_norm(tensors[i])
     return out + flat[len(order):]
+
+
+def _wide_norm(t: torch.Tensor) -> float:
+    """The norm in float64 of a tensor whose float32 norm was not finite: still inf or NaN
+    when the tensor holds an Inf or a NaN."""
+    return float(t.detach().double().norm())
 
 
 def _first_fault(step: int, tensor: FaultTensor, named: Sequence[tuple[str, torch.Tensor]],
