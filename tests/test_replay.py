@@ -397,3 +397,27 @@ def test_regression_adamw_replays() -> None:
     result = replay_step(model, x, torch.randn(5, 1), nn.MSELoss(),
                          torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1))
     assert result.verdict.kind == "bad-input" and result.phase == "forward"
+
+
+class _DividesBetweenLayers(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(3, 4, bias=False)
+        self.fc2 = nn.Linear(4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc1(x)
+        return self.fc2(h / h.norm(dim=1, keepdim=True))  # type: ignore[no-any-return]
+
+
+def test_regression_backward_places_an_op_of_the_models_own_code_in_the_model() -> None:
+    """The division runs in the model's forward before fc2 is called: its backward node is
+    the model's, not fc2's (fc2's walk back from its output used to claim it)."""
+    torch.manual_seed(0)
+    model = _DividesBetweenLayers()
+    x = torch.randn(4, 3)
+    x[1] = 0.0
+    result = replay_step(model, x, torch.randn(4, 1), nn.MSELoss(),
+                         torch.optim.SGD(model.parameters(), lr=0.1))
+    assert result.forward_op is not None and result.forward_op.module == "(model)"
+    assert result.backward.origin is not None and result.backward.origin.module == "(model)"

@@ -86,6 +86,16 @@ class ForwardRecorder:
 
     def _pre(self, label: str) -> Callable[..., None]:
         def hook(module: nn.Module, args: Any) -> None:
+            parent = self.current()
+            if parent is not None:
+                # What feeds a child and is not labelled yet was made by the running
+                # module's own code (h / h.norm() before self.fc2): label it now, or the
+                # child's walk back from its output would claim it.
+                self.pause(True)
+                try:
+                    self._label_nodes(args, parent)
+                finally:
+                    self.pause(False)
             self.stack.append(label)
         return hook
 
