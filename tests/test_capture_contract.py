@@ -244,3 +244,27 @@ def test_regression_a_token_count_in_the_batch_is_not_an_input_scale(
     codes = [f.code for f in result.findings]
     assert "NF402" not in codes, codes
     assert result.findings[0].name == "division-by-zero"
+
+
+def test_regression_a_training_steps_targets_are_not_its_inputs() -> None:
+    """A whole batch (x, y) of a step function: the batch's statistics, which the inputs'
+    scale is read from, are those of x, not of the targets beside it."""
+    from analyzer.replayer.steps import StepBatch, StepCall
+    from analyzer.replayer.step import replay_call
+
+    torch.manual_seed(0)
+    model = models.mlp(**KW)
+    x, y = torch.randn(4, 3), torch.full((4, 1), 190.0)
+    x[0] = float("nan")
+
+    def step(m: torch.nn.Module, batch: Any) -> torch.Tensor:
+        inputs, targets = batch
+        return torch.nn.functional.mse_loss(m(inputs), targets)
+
+    result = replay_call(model, StepBatch(({"batch": (x, y)},)), StepCall("step_fn", step),
+                         [torch.optim.SGD(model.parameters(), lr=0.1)])
+    assert [s.shape for s in result.forward.batch] == [(4, 3)]
+    labelled = replay_call(model, StepBatch(({"batch": {"x": x, "labels": y}},)),
+                           StepCall("step_fn", lambda m, b: step(m, (b["x"], b["labels"]))),
+                           [torch.optim.SGD(model.parameters(), lr=0.1)])
+    assert [s.shape for s in labelled.forward.batch] == [(4, 3)]

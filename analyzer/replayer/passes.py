@@ -49,6 +49,7 @@ from analyzer.replayer.steps import (
     StepCall,
     bad_parts,
     batch_values,
+    model_inputs,
     scaled,
 )
 from analyzer.replayer.update import explain
@@ -236,7 +237,7 @@ def instrumented_pass(state: TrainState, batch: StepBatch, call: StepCall,
                                pause=lambda on: setattr(tracer, "paused", on),
                                masked=tracer.masked)
     bad_inputs = bad_parts(micro)
-    stats = stats_of(values)
+    stats = stats_of(model_inputs(micro))
     with warnings.catch_warnings():
         # anomaly mode warns that it is on, and again for each node it blames
         warnings.simplefilter("ignore")

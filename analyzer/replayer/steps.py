@@ -182,5 +182,23 @@ def _walk(value: Any, where: str, bad: list[str]) -> None:
 
 
 def batch_values(micro: Mapping[str, Any]) -> Any:
-    """The part of a micro-batch that is the model's input: ``inputs`` or the whole nest."""
+    """The whole of a micro-batch the step reads: ``inputs`` or the whole nest."""
     return micro.get("batch") if "batch" in micro else micro.get("inputs")
+
+
+TARGET_KEYS = frozenset({"labels", "label", "targets", "target", "y"})
+"""Keys of a dict batch that hold what the loss compares with, not what the model reads."""
+
+
+def model_inputs(micro: Mapping[str, Any]) -> Any:
+    """What of a micro-batch the model reads, for the batch's statistics (the inputs'
+    scale): ``inputs``; of a whole batch, the first of an ``(x, y, ...)`` sequence, or a
+    dict less its label keys (``labels``, ``targets``...)."""
+    if "batch" not in micro:
+        return micro.get("inputs")
+    batch = micro.get("batch")
+    if isinstance(batch, list | tuple) and len(batch) >= 2:
+        return batch[0]
+    if isinstance(batch, Mapping):
+        return {k: v for k, v in batch.items() if str(k).lower() not in TARGET_KEYS}
+    return batch
