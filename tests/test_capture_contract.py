@@ -249,8 +249,8 @@ def test_regression_a_token_count_in_the_batch_is_not_an_input_scale(
 def test_regression_a_training_steps_targets_are_not_its_inputs() -> None:
     """A whole batch (x, y) of a step function: the batch's statistics, which the inputs'
     scale is read from, are those of x, not of the targets beside it."""
-    from analyzer.replayer.steps import StepBatch, StepCall
     from analyzer.replayer.step import replay_call
+    from analyzer.replayer.steps import StepBatch, StepCall
 
     torch.manual_seed(0)
     model = models.mlp(**KW)
