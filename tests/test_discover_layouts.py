@@ -492,3 +492,17 @@ def test_regression_a_recorder_folder_and_its_runs_folder_are_one_run(
     assert list(runs) == ["out"], sorted(runs)
     (run,) = runs.values()
     assert run.capture_dirs and [s.label for s in run.segments] == ["runs/Dec01_12-00-00_host"]
+
+
+def test_regression_a_tracker_folder_in_the_recorders_folder_is_the_same_run(
+        tmp_path: Path, summary_run: Any) -> None:
+    """Accelerate(log_with="tensorboard", project_dir=run_dir) with init_trackers("run")
+    writes its events into run_dir/run/, beside the recorder's env.json: one training."""
+    from analyzer.capture import write_env
+
+    out = tmp_path / "OUT"
+    summary_run({"train/loss": [1.0, float("nan")]}, name="OUT/run")
+    write_env(out)
+    runs = _by_name(tmp_path)
+    assert list(runs) == ["OUT"], sorted(runs)
+    assert [os.path.dirname(p) for p in _rel(runs["OUT"], runs["OUT"].event_files)] == ["run"]

@@ -38,6 +38,8 @@ another folder joins it by the rules above, it is a Trainer's ``output_dir``, wi
                        (a torchrun ``--log-dir`` of ``<run_id>/`` folders, a logger's
                        ``save_dir`` holding its name folder)
     a save by content  a folder holding only checkpoints and metadata
+    a tracker's folder a folder of event files alone in the flight recorder's folder (its
+                       ``env.json``): an ``init_trackers("name")`` below ``project_dir``
 
 Any other folder that holds event files, logs or checkpoints is a training of its own.
 A ``--run-root`` folder stands for itself and takes every folder below it, whatever the
@@ -257,6 +259,12 @@ class _Rules:
         if name.lower() in SIDE_NAMES:
             return Claim(None)
         parent = os.path.dirname(folder)
+        if self._recorder_folder(parent) and not listing.dirs and listing.files and all(
+                is_event_file(f) for f in listing.files):
+            # The flight recorder's env.json is written into one training's folder: a folder
+            # of event files in it is that training's tracker (accelerate's
+            # init_trackers("name") under project_dir), not a run of its own.
+            return Claim(None)
         if self.is_name_folder(folder) and self._name_folders(parent) == 1:
             return Claim("lightning")
         made = [claims.get(os.path.join(folder, d)) for d in listing.dirs]
@@ -269,6 +277,10 @@ class _Rules:
                 is_checkpoint_file(f) for f in listing.files):
             return Claim(None, save=True)
         return None
+
+    def _recorder_folder(self, folder: str) -> bool:
+        listing = self.tree.get(folder)
+        return listing is not None and ENV_FILE in listing.files
 
     def anchored(self, folder: str, claims: Mapping[str, Claim | None]) -> bool:
         """Whether ``folder`` is a training already: it holds run files or metadata, a
