@@ -268,3 +268,40 @@ def test_regression_a_training_steps_targets_are_not_its_inputs() -> None:
                            StepCall("step_fn", lambda m, b: step(m, (b["x"], b["labels"]))),
                            [torch.optim.SGD(model.parameters(), lr=0.1)])
     assert [s.shape for s in labelled.forward.batch] == [(4, 3)]
+
+
+NORMED = """
+from torch import nn
+
+
+def normed():
+    return nn.Sequential(nn.Linear(4, 8), nn.LayerNorm(8), nn.Linear(8, 1))
+"""
+
+
+def test_regression_a_layernorm_whose_variance_overflowed_is_no_zero_variance(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inputs of 1e22 after a divergence: LayerNorm's variance overflows float32 and its
+    output is NaN, while in float64 the same op on the same inputs is finite. That is no
+    normalisation of a zero variance (NF105)."""
+    from analyzer.pipeline import analyze
+
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "normednets.py").write_text(NORMED, encoding="utf-8")
+    monkeypatch.syspath_prepend(str(project))
+    import normednets  # type: ignore[import-not-found]
+
+    torch.manual_seed(0)
+    model = normednets.normed()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    run = tmp_path / "run"
+    rec = FlightRecorder(run, model, opt, model_factory=normednets.normed, loss_factory=MSE)
+    x, y = torch.randn(4, 4) * 1e22, torch.randn(4, 1)
+    with rec.step(inputs=x, targets=y) as r:
+        r.loss(torch.nn.functional.mse_loss(model(x), y))
+    monkeypatch.delitem(sys.modules, "normednets")
+    (result,) = analyze(str(run)).results
+    assert result.replay is not None and result.replay.op is not None
+    assert result.replay.op.module == "1" and result.replay.op.float64_finite is True
+    assert "NF105" not in [f.code for f in result.findings]

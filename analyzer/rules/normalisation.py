@@ -25,6 +25,10 @@ def _replayed(ev: RunEvidence) -> list[Evidence]:
     names = {str(op.forward_op)} if op.phase == "backward" and op.forward_op else set(op.names)
     if not {n.split("::")[-1] for n in names} & _NORM_OPS:
         return []
+    if op.float64_finite:
+        # The same op on the same inputs is finite in float64: the variance overflowed the
+        # run's dtype (inputs of 1e26 after a divergence), it was not zero.
+        return []
     where = f" in {op.module}" if op.module else ""
     return [Evidence(f"replay of step {replay.step}: {op.phase} op {op.op}{where} turned finite "
                      "inputs non-finite: a normalisation divided by a zero standard deviation",
@@ -85,7 +89,10 @@ def zero_variance_normalisation(r: Rule, ev: RunEvidence) -> list[Finding]:
     ```
 
     ## Known false positives
-    A norm whose input was already NaN (a bad batch, an earlier overflow): the anomaly names
+    A norm whose variance overflowed the dtype (inputs of 1e20 and more after a divergence)
+    fails in float32 too; the replay reruns the op in float64, where it is finite, and this
+    rule then stays silent (the overflow and learning-rate rules speak). A norm whose input
+    was already NaN (a bad batch, an earlier overflow): the anomaly names
     the norm's backward though the NaN came in from upstream; the nan-in-batch and overflow
     rules look at the inputs.
     """
