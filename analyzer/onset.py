@@ -309,17 +309,24 @@ def _position(inc: Incident) -> tuple[str, int]:
 
 
 def _with_last_finite(inc: Incident, run: Run) -> Incident:
-    """A log line's incident names no value, so no last finite step of its own: take the
-    last step at which a series of the same tag was finite, up to the incident's step
-    (through it, for a line placed after that step)."""
-    if inc.origin != "log" or inc.last_finite_step is not None or inc.step is None:
+    """A log line's or a capture's incident names no series, so no last finite step of its
+    own: take the last step at which a series of the same tag was finite, up to the
+    incident's step (through it, for a line placed after that step). A capture's loss may
+    be logged under another name than the recorder's (``train_loss``): any loss series then."""
+    if inc.origin not in ("log", "capture") or inc.last_finite_step is not None \
+            or inc.step is None:
         return inc
     last: int | None = None
     # From sources on the same numbering as the incident: the global step, or its own file.
     same = run.global_series if inc.aligned else [s for s in run.series
                                                    if s.source == inc.location.file]
+    tags = {s.tag for s in same}
+    if inc.origin == "capture" and inc.tag not in tags and role(inc.tag) is TagRole.LOSS:
+        tags = {t for t in tags if role(t) is TagRole.LOSS}
+    else:
+        tags = {inc.tag}
     for s in same:
-        if s.tag != inc.tag:
+        if s.tag not in tags:
             continue
         ok = np.isfinite(s.values) & ((s.steps <= inc.step) if inc.after else (s.steps < inc.step))
         if ok.any():

@@ -305,3 +305,24 @@ def test_regression_a_layernorm_whose_variance_overflowed_is_no_zero_variance(
     assert result.replay is not None and result.replay.op is not None
     assert result.replay.op.module == "1" and result.replay.op.float64_finite is True
     assert "NF105" not in [f.code for f in result.findings]
+
+
+def test_a_capture_incident_takes_its_last_finite_step_from_the_logged_loss(
+        tmp_path: Path, summary_run: Any) -> None:
+    """The capture is the first witness of step 3; the run's own loss curve, finite through
+    step 2 under another name (train_loss), gives the last finite step."""
+    from analyzer.pipeline import analyze
+
+    summary_run({"train_loss": [1.0, 0.9, 0.8]}, name="run")
+    run = tmp_path / "run"
+    torch.manual_seed(0)
+    model = models.mlp(**KW)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    rec = FlightRecorder(run, model, opt, model_factory=MLP, model_kwargs=KW,
+                         loss_factory=MSE)
+    x, y = torch.full((2, 3), float("nan")), torch.zeros(2, 1)
+    with rec.step(3, x, y) as r:
+        r.loss(torch.nn.functional.mse_loss(model(x), y))
+    (result,) = analyze(str(run), replay=False).results
+    assert result.incident is not None and result.incident.origin == "capture"
+    assert (result.incident.step, result.incident.last_finite_step) == (3, 2)
