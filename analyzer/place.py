@@ -50,6 +50,13 @@ _INPUT = re.compile(r"(^|[/_\-. ])(input|inputs|batch|data|features)([/_\-. ]|$)
                     re.IGNORECASE)
 
 CAPTURE = "a capture of the failing step (the flight recorder), whose replay names the op"
+HELD = "the replay of the capture this run holds, which names the op"
+
+
+def _capture(run: Run) -> str:
+    """What would decide, capture-wise: one to record, or the replay of the one the run
+    holds (its code not trusted, or not found)."""
+    return HELD if run.captures else CAPTURE
 PER_LAYER = "per-layer gradient and weight norms logged at every step"
 CHECKPOINT = "a checkpoint saved nearer the failure"
 
@@ -190,7 +197,7 @@ def _logged_layers(run: Run) -> set[str]:
 
 
 def _would_decide(run: Run, step: int) -> tuple[str, ...]:
-    wanted = [CAPTURE]
+    wanted = [_capture(run)]
     if not _logged_layers(run):
         wanted.append(PER_LAYER)
     saves = run.checkpoints.saves if run.checkpoints is not None else ()
@@ -216,7 +223,7 @@ def read_place(run: Run, incidents: list[Incident],
         return PlaceReading(kind="undetermined", step=incident.step,
                             candidates=(LOSS_FUNCTION, ANY_LAYER),
                             decided_by="the first non-finite value is not placed on the "
-                                       "run's global step", would_decide=(CAPTURE,))
+                                       "run's global step", would_decide=(_capture(run),))
     step = incident.earliest_step
     assert step is not None
     sig = _Signature(run, incidents, step)
