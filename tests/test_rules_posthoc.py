@@ -226,3 +226,25 @@ def test_regression_configured_float16_and_eps_name_adam_eps() -> None:
     assert top.name == "adam-eps-too-small"
     texts = " | ".join(e.text for e in top.evidence)
     assert "precision=16-true" in texts and "eps=1e-08 rounds to 0 in float16" in texts
+
+
+def test_regression_a_loss_that_each_update_multiplies_under_a_high_rate_is_the_rate(
+        tmp_path: Path) -> None:
+    """A Lightning run at lr 3 (SGD): the loss went 6, 103, 3.6e7, 1.8e23, inf in four
+    updates, too few points for a growth fit, and no gradient norm was logged. The
+    configured rate and the loss each update multiplied say the rate (it was no cause)."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    run = tmp_path / "run"
+    writer = SummaryWriter(str(run))
+    for step, value in enumerate([5.98, 103.1, 3.58e7, 1.77e23, float("inf"), float("nan")]):
+        writer.add_scalar("train/loss", value, step)
+    writer.close()
+    (run / "hparams.yaml").write_text("lr: 3.0\nhidden: 16\n", encoding="utf-8")
+    result = analyzer.analyze(str(run), replay=False).results[0]
+    assert result.findings and result.findings[0].code == "NF202"
+    assert result.findings[0].confidence == "medium"
+    # The same curve with a sane rate is no rate's doing.
+    (run / "hparams.yaml").write_text("lr: 0.01\nhidden: 16\n", encoding="utf-8")
+    again = analyzer.analyze(str(run), replay=False).results[0]
+    assert "NF202" not in [f.code for f in again.findings]

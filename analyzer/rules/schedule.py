@@ -77,7 +77,10 @@ def learning_rate_too_high(r: Rule, ev: RunEvidence) -> list[Finding]:
     rate makes (medium confidence then). A configuration whose warm-up settings are all
     zero is quoted. With too few points for a growth fit: a logged rate above 1.0 (every
     optimizer family's ceiling) and a gradient norm sane at the first logged step that is
-    above 1e5 or non-finite within the next two (medium). Where the first layer's
+    above 1e5 or non-finite within the next two (medium); or, with no gradient norm, a
+    configured rate above its ceiling and a loss that each of its last updates multiplied
+    by 10 or more, a million-fold from a sane first value, before it went non-finite
+    (medium). Where the first layer's
     gradients read inputs far from unit scale (see unnormalized-inputs) and no configured
     rate is above its ceiling, the growth is the inputs' and this rule stays low.
 
@@ -100,7 +103,7 @@ def learning_rate_too_high(r: Rule, ev: RunEvidence) -> list[Finding]:
     if configured is not None and configured.absurd:
         return [_absurd(r, ev, configured, found)]
     if found is None:
-        return _early_overshoot(r, ev)
+        return _early_overshoot(r, ev) or _loss_overshoot(r, ev, configured)
     curve, g = found
     evidence = growth_evidence(curve, g)
     fast = g.doubling_steps <= FAST_DOUBLING
@@ -162,6 +165,46 @@ def _early_overshoot(r: Rule, ev: RunEvidence) -> list[Finding]:
                           "updates overshot (a sane first norm: not the initialisation)",
                           location=grad.location_at(step), step=step, subject=grad.tag)]
     return [r.finding("medium", evidence, 0.6)]
+
+
+LOSS_BLOWUP = 1e6
+"""How much the loss grows, from a sane first value, within its last few finite points for
+the growth alone to say the updates overshot."""
+LOSS_STEP_GROWTH = 10.0
+"""The least growth of each of those steps: every update multiplied the loss."""
+
+
+def _loss_overshoot(r: Rule, ev: RunEvidence, configured: _Configured | None
+                    ) -> list[Finding]:
+    """Too few points for a growth fit and no gradient norm logged: a configured rate above
+    its optimizer's ceiling, and a loss that every update multiplied (by 10 or more) from a
+    sane first value to a million times it, then non-finite. Each update overshooting by
+    more than the last is what a step size past the curvature does; a bad initialisation
+    starts huge, a bad batch does not grow over steps."""
+    if configured is None or not configured.high:
+        return []
+    loss = ev.loss
+    if loss is None or len(loss) < 3:
+        return []
+    values = np.asarray(loss.values, dtype=float)
+    bad = np.flatnonzero(~np.isfinite(values))
+    end = int(bad[0]) if bad.size else len(values)
+    head = values[:end]
+    if end < 3 or bad.size == 0 or not 0 < head[0] < 1e4:
+        return []
+    last = head[-EARLY_STEPS:] if len(head) > EARLY_STEPS else head
+    growth = last[1:] / np.maximum(last[:-1], np.finfo(float).tiny)
+    if not (np.all(growth >= LOSS_STEP_GROWTH) and head[-1] >= LOSS_BLOWUP * head[0]):
+        return []
+    first, top = int(loss.steps[0]), int(loss.steps[end - 1])
+    evidence = [
+        *configured.evidence(),
+        Evidence(f"{loss.tag} went from {head[0]:.3g} at step {first} to {head[-1]:.3g} at "
+                 f"step {top}, every update multiplying it by {float(growth.min()):.3g} or "
+                 "more, then non-finite: the updates overshot",
+                 location=loss.location_at(top), step=top, subject=loss.tag,
+                 value=float(head[-1]))]
+    return [r.finding("medium", evidence, 0.55)]
 
 
 class _Configured:
