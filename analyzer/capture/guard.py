@@ -53,6 +53,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from analyzer.capture.recorder import tensor_kind, unwrap_model
 from analyzer.tags import GUARD_SKIPS_TAG
 
 if TYPE_CHECKING:
@@ -120,7 +121,7 @@ class StepGuard:
         """The latest fault: the first offending parameter of the latest step with one."""
         self.errors: list[str] = []
         """Why writing stopped, when it did."""
-        self._params = [(n, p) for n, p in _unwrapped(model).named_parameters()
+        self._params = [(n, p) for n, p in unwrap_model(model).named_parameters()
                         if p.requires_grad]
         self._log_dir = None if log_dir is None else os.fspath(log_dir)
         self._writer = writer
@@ -283,19 +284,6 @@ _PROTOS = {"torch": "tensorboard.compat.proto.summary_pb2",
            "tensorboardX": "tensorboardX.proto.summary_pb2"}
 
 
-def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
-    """The model inside DataParallel, DistributedDataParallel and ``torch.compile``, whose
-    parameter names are the model's own (``net.0.weight``, not ``module.net.0.weight``)."""
-    import torch
-
-    wrappers = (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)
-    while True:
-        inner = model.module if isinstance(model, wrappers) else getattr(model, "_orig_mod", None)
-        if not isinstance(inner, torch.nn.Module):
-            return model
-        model = inner
-
-
 def _dense(grad: torch.Tensor) -> torch.Tensor:
     """A sparse gradient's values (coalesced, as its norm needs); a dense one as it is."""
     return grad.coalesce().values() if grad.is_sparse else grad
@@ -374,17 +362,9 @@ def _first_fault(step: int, tensor: FaultTensor, named: Sequence[tuple[str, torc
     for (name, t), v in zip(named, values, strict=True):
         if math.isfinite(v):
             continue
-        kind = _kind(t)
+        kind = tensor_kind(t)
         if kind is not None:
             return GuardFault(step=step, parameter=name, tensor=tensor, kind=kind)
     return None
 
 
-def _kind(t: torch.Tensor) -> FaultKind | None:
-    if bool(t.isnan().any()):
-        return "nan"
-    if bool(t.isposinf().any()):
-        return "+inf"
-    if bool(t.isneginf().any()):
-        return "-inf"
-    return None

@@ -78,14 +78,12 @@ import inspect
 import json
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from analyzer.capture.accelerate import autocast_dtype
 from analyzer.capture.guard import StepGuard
 from analyzer.capture.guarding import GuardOption, build_guard, drop_step, guard_options
 from analyzer.capture.recorder import CaptureSetupError, FlightRecorder
-
-if TYPE_CHECKING:
-    import torch
 
 # Besides these, ``FlightRecorderTrainer`` and ``FlightRecorderCallback`` (module
 # ``__getattr__``: they subclass transformers' classes, imported when first asked for).
@@ -227,7 +225,8 @@ class TrainerRecording:
         if "step_factory" not in options and "loss_factory" not in options:
             options.setdefault("step_kind", "model_loss")
         options.setdefault("scaler", trainer.accelerator.scaler)
-        options.setdefault("autocast_dtype", autocast_dtype(trainer.accelerator.mixed_precision))
+        # The Trainer's AMP is its accelerator's: the same reading as accelerate's loops.
+        options.setdefault("autocast_dtype", autocast_dtype(trainer.accelerator))
         # The Trainer's accelerator autocasts the model's forward alone (its outputs cast
         # to float32), not the code around it.
         options.setdefault("autocast_scope", "forward")
@@ -274,12 +273,6 @@ def model_config(model: Any) -> dict[str, Any]:
                            "flight_recorder={'model_factory': ..., 'model_kwargs': ...}")
     loaded: dict[str, Any] = json.loads(config.to_json_string(use_diff=False))
     return loaded
-
-
-def autocast_dtype(mixed_precision: Any) -> torch.dtype | None:
-    import torch
-
-    return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(str(mixed_precision))
 
 
 def _loss_scaled_for_accumulation(trainer: Any, num_items_in_batch: Any) -> bool:

@@ -76,6 +76,7 @@ class _StepInputs:
     lrs: list[list[float]]
     batch_idx: int | None = None
     losses: list[Any] = field(default_factory=list)
+    """One per micro-batch, None until the loop hands that micro-batch's loss over."""
     dropped: list[str] = field(default_factory=list)
 
     @property
@@ -245,8 +246,6 @@ class FlightRecorder:
         """Hand the loss of the step's latest micro-batch to the recorder."""
         current = self._current
         if current is not None:
-            while len(current.losses) < len(current.micro):
-                current.losses.append(None)
             current.losses[-1] = value
 
     def end(self, error: BaseException | None = None) -> None:
@@ -392,7 +391,7 @@ class FlightRecorder:
                 self._history.clear()
             kept, dropped = keepable(batch)
             self._current = _StepInputs(
-                step=step, micro=[kept], rng=raw_rng(self._cuda),
+                step=step, micro=[kept], losses=[None], rng=raw_rng(self._cuda),
                 lrs=[[float(g["lr"]) for g in o.param_groups] for o in self.optimizers],
                 batch_idx=batch_idx, dropped=dropped)
 
@@ -400,9 +399,8 @@ class FlightRecorder:
         current = self._current
         assert current is not None
         kept, dropped = keepable(batch, f"micro_batches[{len(current.micro)}]")
-        while len(current.losses) < len(current.micro):
-            current.losses.append(None)
         current.micro.append(kept)
+        current.losses.append(None)
         current.dropped.extend(dropped)
 
     def _after(self, error: BaseException | None) -> None:
@@ -604,17 +602,16 @@ def _same_shapes(path: str, built: Any, live: Any) -> None:
 
 
 def unwrap_model(model: Any) -> Any:
-    """The module whose parameters train: DistributedDataParallel's ``module``, a compiled
-    model's ``_orig_mod``."""
-    for _ in range(4):
-        inner = getattr(model, "_orig_mod", None)
-        if inner is None and type(model).__name__ in ("DistributedDataParallel",
-                                                      "DataParallel"):
-            inner = getattr(model, "module", None)
-        if inner is None:
+    """The module whose parameters train, under its parameters' own names: the model inside
+    DataParallel, DistributedDataParallel and ``torch.compile`` (``_orig_mod``)."""
+    import torch
+
+    wrappers = (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)
+    while True:
+        inner = model.module if isinstance(model, wrappers) else getattr(model, "_orig_mod", None)
+        if not isinstance(inner, torch.nn.Module):
             return model
         model = inner
-    return model
 
 
 def unwrap_optimizer(optimizer: Any) -> Any:
@@ -661,8 +658,6 @@ def _batch_file(current: _StepInputs, trigger: Mapping[str, Any]) -> dict[str, A
 
 
 def _failing_loss(current: _StepInputs, index: Any) -> Any:
-    if not current.losses:
-        return None
     return current.losses[index if isinstance(index, int) else -1]
 
 
@@ -768,16 +763,22 @@ def _history_entry(h: _StepInputs) -> dict[str, Any]:
     return entry
 
 
+def tensor_kind(t: Any) -> Literal["nan", "+inf", "-inf"] | None:
+    """How a tensor is non-finite: ``nan`` when it holds a NaN, else ``+inf`` or ``-inf``;
+    None when every element is finite."""
+    t = t.detach()
+    if bool(t.isfinite().all()):
+        return None
+    if bool(t.isnan().any()):
+        return "nan"
+    return "+inf" if bool(t.isposinf().any()) else "-inf"
+
+
 def _kind_of(value: Any) -> str | None:
     import torch
 
     if isinstance(value, torch.Tensor):
-        t = value.detach()
-        if bool(t.isfinite().all()):
-            return None
-        if bool(t.isnan().any()):
-            return "nan"
-        return "+inf" if bool((t == float("inf")).any()) else "-inf"
+        return tensor_kind(value)
     x = float(value)
     if x != x:
         return "nan"
