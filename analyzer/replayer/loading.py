@@ -33,7 +33,7 @@ from analyzer.capture.folder import (
 from analyzer.ingest.safeio import NotRegularFile, open_regular
 from analyzer.model import CaptureMeta, FactorySpec, OptimizerSpec
 from analyzer.replayer.errors import CaptureError, ModelRebuildError
-from analyzer.replayer.steps import StepBatch, StepCall
+from analyzer.replayer.steps import StepBatch, StepCall, micro_batches
 from analyzer.trust import Plan, TrustPolicy, check, check_model_config, resolve_plan
 
 
@@ -248,16 +248,13 @@ def _step_batch(meta: CaptureMeta, folder: str, batch: Mapping[str, Any]) -> Ste
     key = "inputs" if meta.step_call.kind == "loss_fn" else "batch"
     if key not in batch:
         raise CaptureError(path, f"holds no {key!r}")
-    micro = batch.get("micro_batches")
-    if micro is not None:
-        if not (isinstance(micro, list) and micro
-                and all(isinstance(m, dict) and key in m for m in micro)):
-            raise CaptureError(path, f"'micro_batches' is not a list of dicts holding {key!r}")
-        return StepBatch(tuple(micro), meta.accumulation.failing, meta.accumulation.divide,
-                         by=meta.accumulation.divisor)
-    one = {"inputs": batch["inputs"], "targets": batch.get("targets")} if key == "inputs" \
-        else {"batch": batch["batch"]}
-    return StepBatch((one,), None, meta.accumulation.divide, by=meta.accumulation.divisor)
+    try:
+        micro = micro_batches(batch, meta.step_call.kind)
+    except ValueError as exc:
+        raise CaptureError(path, str(exc)) from None
+    assert micro is not None  # the key is there
+    return StepBatch(micro, meta.accumulation.failing, meta.accumulation.divide,
+                     by=meta.accumulation.divisor)
 
 
 def _optimizer_states(meta: CaptureMeta, state: Mapping[str, Any],

@@ -64,14 +64,12 @@ def zero_grad(state: TrainState) -> None:
 def forward(state: TrainState, micro: Mapping[str, Any], call: StepCall, config: StepConfig,
             hook: LossHook | None = None) -> Any:
     """The loss of one micro-batch (gradients are not cleared: see :func:`zero_grad`)."""
-    if config.autocast_forward_only and config.autocast_dtype is not None:
-        with _forward_autocast(state.model, config):
-            return call.loss(state.model, micro) if hook is None else \
-                call.loss(state.model, micro, hook)
-    with torch.autocast(config.device_type, dtype=config.autocast_dtype,
-                        enabled=config.autocast_dtype is not None):
-        if hook is None:
-            return call.loss(state.model, micro)
+    scope: contextlib.AbstractContextManager[Any] = (
+        _forward_autocast(state.model, config)
+        if config.autocast_forward_only and config.autocast_dtype is not None
+        else torch.autocast(config.device_type, dtype=config.autocast_dtype,
+                            enabled=config.autocast_dtype is not None))
+    with scope:
         return call.loss(state.model, micro, hook)
 
 

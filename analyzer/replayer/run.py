@@ -15,10 +15,10 @@ from analyzer.model.replays import ReplayResult
 from analyzer.replayer.dtypes import DTYPE_CHOICES
 from analyzer.replayer.loading import Capture, load_capture
 from analyzer.replayer.passes import run_step
-from analyzer.replayer.state import StepConfig, TrainState, cast_batch, clone_state, dtype_of
+from analyzer.replayer.state import StepConfig, TrainState, clone_state, dtype_of
 from analyzer.replayer.stats import all_finite
 from analyzer.replayer.step import replay_call
-from analyzer.replayer.steps import StepBatch
+from analyzer.replayer.steps import StepBatch, micro_batches
 from analyzer.trust import TrustPolicy, import_path
 
 _PHASE_OF_TRIGGER = {"loss": "forward", "grad": "backward", "param": "update"}
@@ -67,16 +67,13 @@ def _set_lrs(state: TrainState, lrs: Any, lr: Any = None) -> None:
 
 
 def _history_batch(cap: Capture, entry: Mapping[str, Any]) -> StepBatch | None:
-    """One history step's micro-batches (version 1: its ``inputs`` and ``targets``)."""
-    key = "inputs" if cap.call.kind == "loss_fn" else "batch"
-    micro = entry.get("micro_batches")
-    if isinstance(micro, list) and micro and all(isinstance(m, dict) for m in micro):
-        return StepBatch(tuple(micro), None, cap.batch.divide, by=cap.batch.by)
-    if key not in entry:
+    """One history step's micro-batches (version 1: its ``inputs`` and ``targets``); None
+    when it holds none that can be run."""
+    try:
+        micro = micro_batches(entry, cap.call.kind)
+    except ValueError:
         return None
-    one = {"inputs": entry.get("inputs"), "targets": entry.get("targets")} \
-        if key == "inputs" else {"batch": entry.get("batch")}
-    return StepBatch((one,), None, cap.batch.divide, by=cap.batch.by)
+    return None if micro is None else StepBatch(micro, None, cap.batch.divide, by=cap.batch.by)
 
 
 def _advance(cap: Capture, config: StepConfig) -> tuple[TrainState, list[str]]:
@@ -95,9 +92,7 @@ def _advance(cap: Capture, config: StepConfig) -> tuple[TrainState, list[str]]:
         if batch is None:
             notes.append(f"history step {entry.get('step')} holds no batch; stopped there")
             break
-        batch = dataclasses.replace(batch, micro=tuple(cast_batch(dict(m), config)
-                                                       for m in batch.micro))
-        run_step(state, batch, cap.call, config)
+        run_step(state, batch.on(config), cap.call, config)
         if not all_finite(list(state.model.parameters())):
             notes.append(f"history step {entry.get('step')} already made parameters "
                          "non-finite in replay")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -18,7 +17,6 @@ from analyzer.replayer.state import (
     RngState,
     StepConfig,
     TrainState,
-    cast_batch,
     clone_state,
     dtype_name,
     dtype_of,
@@ -114,7 +112,7 @@ def replay_call(model: nn.Module, batch: StepBatch, call: StepCall,
         warnings.simplefilter("ignore")
         try:
             try:
-                on_device = _cast_batch(batch, config)
+                on_device = batch.on(config)
                 start = clone_state(pristine, config)
             except Exception as exc:  # e.g. an optimizer that cannot be rebuilt on the device
                 raise ReplayError("setup", exc) from exc
@@ -128,7 +126,7 @@ def replay_call(model: nn.Module, batch: StepBatch, call: StepCall,
                                       call, config))
             wide = StepConfig(device="cpu", dtype=torch.float64, grad_clip=grad_clip)
             restorer.restore()
-            f64 = plain_pass("float64 (cpu)", clone_state(pristine, wide), _cast_batch(batch, wide),
+            f64 = plain_pass("float64 (cpu)", clone_state(pristine, wide), batch.on(wide),
                              call, wide)
         finally:
             saved.restore()
@@ -141,8 +139,3 @@ def replay_call(model: nn.Module, batch: StepBatch, call: StepCall,
         autocast=dtype_name(config.autocast_dtype), phase=phase, forward=inst.forward,
         forward_op=inst.forward_op, backward=inst.backward, update=inst.update,
         passes=(*own, f64), verdict=verdict, notes=tuple(notes))
-
-
-def _cast_batch(batch: StepBatch, config: StepConfig) -> StepBatch:
-    return dataclasses.replace(batch, micro=tuple(cast_batch(dict(m), config)
-                                                  for m in batch.micro))

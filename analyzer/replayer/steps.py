@@ -18,11 +18,13 @@ several (:class:`StepBatch`), each loss divided by their number when the loop di
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from analyzer.model.captures import StepKind
+from analyzer.replayer.state import StepConfig, cast_batch
 from analyzer.replayer.stats import floating, is_additive_mask, is_finite
 
 LossHook = Callable[[Callable[..., Any], tuple[Any, ...]], Any]
@@ -43,8 +45,9 @@ class StepCall:
     fn: Any = None
     batch_idx: int | None = None
 
-    def loss(self, model: Any, micro: Mapping[str, Any], hook: LossHook = _plain) -> Any:
-        """The loss of one micro-batch."""
+    def loss(self, model: Any, micro: Mapping[str, Any], hook: LossHook | None = None) -> Any:
+        """The loss of one micro-batch; ``hook`` runs the step's own loss code."""
+        hook = hook or _plain
         if self.kind == "loss_fn":
             inputs, targets = micro.get("inputs"), micro.get("targets")
             outputs = model(*inputs) if isinstance(inputs, list | tuple) else model(inputs)
@@ -121,7 +124,6 @@ class StepBatch:
     micro: tuple[Mapping[str, Any], ...]
     failing: int | None = None
     divide: bool = True
-    dropped: tuple[str, ...] = field(default=())
     by: int | None = None
     """The recorded divisor, where it is not the number of micro-batches (accelerate
     divides by the configured accumulation even in a shorter last step)."""
@@ -129,6 +131,11 @@ class StepBatch:
     @classmethod
     def pair(cls, inputs: Any, targets: Any) -> StepBatch:
         return cls(({"inputs": inputs, "targets": targets},))
+
+    def on(self, config: StepConfig) -> StepBatch:
+        """The micro-batches moved to the pass's device and cast to its dtype."""
+        return dataclasses.replace(self, micro=tuple(cast_batch(dict(m), config)
+                                                     for m in self.micro))
 
     @property
     def target(self) -> int:
@@ -144,6 +151,25 @@ class StepBatch:
     @property
     def instrumented(self) -> Mapping[str, Any]:
         return self.micro[self.target]
+
+
+def micro_batches(entry: Mapping[str, Any], kind: StepKind
+                  ) -> tuple[Mapping[str, Any], ...] | None:
+    """The micro-batches batch.pt or a history entry holds: every one under
+    ``micro_batches`` when the step had several, else the one at the top; None when it
+    holds no batch of the step's kind. ValueError for a ``micro_batches`` of another shape."""
+    key = "inputs" if kind == "loss_fn" else "batch"
+    micro = entry.get("micro_batches")
+    if micro is not None:
+        if not (isinstance(micro, list) and micro
+                and all(isinstance(m, dict) and key in m for m in micro)):
+            raise ValueError(f"'micro_batches' is not a list of dicts holding {key!r}")
+        return tuple(micro)
+    if key not in entry:
+        return None
+    if key == "inputs":
+        return ({"inputs": entry["inputs"], "targets": entry.get("targets")},)
+    return ({"batch": entry["batch"]},)
 
 
 def scaled(loss: Any, divisor: int) -> Any:
