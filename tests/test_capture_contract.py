@@ -3,9 +3,11 @@ recorder starts, a raised step captured, gradient accumulation recorded as it ra
 
 from __future__ import annotations
 
+import importlib
 import sys
 from collections import UserDict
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -128,6 +130,17 @@ def test_accumulation_records_the_failing_micro_batch_and_the_divisor(tmp_path: 
 
 
 
+
+def _project_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str,
+                    source: str) -> ModuleType:
+    """A module of the user's project folder (not of this tool's tree, whose modules a
+    replay refuses), imported as a training script run from that folder would."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / f"{name}.py").write_text(source, encoding="utf-8")
+    monkeypatch.syspath_prepend(str(project))
+    return importlib.import_module(name)
+
 CHECKED_STEP = """
 import torch
 
@@ -146,11 +159,7 @@ def checked_step():
 
 def test_a_step_that_raises_on_its_own_nan_is_replayed_to_the_op(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    project = tmp_path / "project"
-    project.mkdir()
-    (project / "checkedsteps.py").write_text(CHECKED_STEP, encoding="utf-8")
-    monkeypatch.syspath_prepend(str(project))
-    import checkedsteps  # type: ignore[import-not-found]
+    checkedsteps = _project_module(tmp_path, monkeypatch, "checkedsteps", CHECKED_STEP)
 
     torch.manual_seed(0)
     model = models.mlp(**KW)
@@ -222,11 +231,7 @@ def test_regression_a_token_count_in_the_batch_is_not_an_input_scale(
     float tensor (25.0): a count, not a sample, so no unnormalized-inputs finding."""
     from analyzer.pipeline import analyze
 
-    project = tmp_path / "project"
-    project.mkdir()
-    (project / "countednets.py").write_text(COUNTED_LOSS, encoding="utf-8")
-    monkeypatch.syspath_prepend(str(project))
-    import countednets  # type: ignore[import-not-found]
+    countednets = _project_module(tmp_path, monkeypatch, "countednets", COUNTED_LOSS)
 
     torch.manual_seed(0)
     model = countednets.CountedLoss()
@@ -286,11 +291,7 @@ def test_regression_a_layernorm_whose_variance_overflowed_is_no_zero_variance(
     normalisation of a zero variance (NF105)."""
     from analyzer.pipeline import analyze
 
-    project = tmp_path / "project"
-    project.mkdir()
-    (project / "normednets.py").write_text(NORMED, encoding="utf-8")
-    monkeypatch.syspath_prepend(str(project))
-    import normednets  # type: ignore[import-not-found]
+    normednets = _project_module(tmp_path, monkeypatch, "normednets", NORMED)
 
     torch.manual_seed(0)
     model = normednets.normed()
