@@ -12,10 +12,8 @@ private configuration folder (tests/conftest.py).
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import warnings
@@ -30,6 +28,7 @@ pytest.importorskip("lightning")
 
 from analyzer.capture.recorder import CaptureSetupError
 from analyzer.cli import main
+from tests.integrations.loop_models import project_module
 from tests.readonly import analyse_replayed as analyse
 from tests.readonly import layer_and_op as names
 
@@ -40,16 +39,11 @@ SCRIPT = ROOT / "tests" / "integrations" / "lightning_train.py"
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModuleType]:
     """The training script as a user's project module, imported from its own folder."""
-    folder = tmp_path_factory.mktemp("litproj")
-    shutil.copy(SCRIPT, folder / "lit_project.py")
-    sys.path.insert(0, str(folder))
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield importlib.import_module("lit_project")
-    finally:
-        sys.path.remove(str(folder))
-        sys.modules.pop("lit_project", None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with project_module(tmp_path_factory.mktemp("litproj"), "lit_project",
+                            SCRIPT) as module:
+            yield module
 
 
 @pytest.fixture(autouse=True)

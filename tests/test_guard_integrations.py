@@ -16,10 +16,7 @@ read back the same way, in the loop docs/capture.md shows.
 
 from __future__ import annotations
 
-import importlib
 import json
-import shutil
-import sys
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -72,17 +69,13 @@ def lit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModuleType]:
     """The Lightning training script of tests/integrations as a project module of the
     user's (a replay never imports factories from this tool's own tree)."""
     pytest.importorskip("lightning")
-    folder = tmp_path_factory.mktemp("guardlit")
-    shutil.copy(ROOT / "tests" / "integrations" / "lightning_train.py",
-                folder / "guard_lit_project.py")
-    sys.path.insert(0, str(folder))
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield importlib.import_module("guard_lit_project")
-    finally:
-        sys.path.remove(str(folder))
-        sys.modules.pop("guard_lit_project", None)
+    from tests.integrations.loop_models import project_module
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with project_module(tmp_path_factory.mktemp("guardlit"), "guard_lit_project",
+                            ROOT / "tests" / "integrations" / "lightning_train.py") as module:
+            yield module
 
 
 def _fit(lit: ModuleType, out: Path, callback: Any, *, zeros: tuple[int, ...] = (),

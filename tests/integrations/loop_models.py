@@ -158,9 +158,11 @@ def batches(count: int, *, bad: int | None = None, size: int = 4, features: int 
 
 
 @contextlib.contextmanager
-def project_module(folder: Path, name: str) -> Iterator[ModuleType]:
-    """This file as ``folder/<name>.py``, imported by that name while the context lasts."""
-    shutil.copy(__file__, folder / f"{name}.py")
+def project_module(folder: Path, name: str, source: str | Path = __file__
+                   ) -> Iterator[ModuleType]:
+    """``source`` (this file unless given) as ``folder/<name>.py``, imported by that name
+    while the context lasts: a user's project module, outside this tool's tree."""
+    shutil.copy(source, folder / f"{name}.py")
     sys.path.insert(0, str(folder))
     try:
         yield importlib.import_module(name)
