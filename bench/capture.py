@@ -40,14 +40,19 @@ def _model(hidden: int) -> torch.nn.Module:
     return mlp(**_kwargs(hidden))
 
 
+def _batches(batch: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The eight batches every configuration cycles through, the same for each."""
+    g = torch.Generator().manual_seed(0)
+    return [(torch.randn(batch, 256, generator=g), torch.randint(0, 10, (batch,), generator=g))
+            for _ in range(8)]
+
+
 def _runner(
     hidden: int, batch: int, recorder_options: dict[str, Any] | None
 ) -> Callable[[int], float]:
     model = _model(hidden)
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
-    g = torch.Generator().manual_seed(0)
-    batches = [(torch.randn(batch, 256, generator=g), torch.randint(0, 10, (batch,), generator=g))
-               for _ in range(8)]  # fmt: skip
+    batches = _batches(batch)
     rec = None
     if recorder_options is not None:
         rec = FlightRecorder(
@@ -96,9 +101,7 @@ def _guard_runner(hidden: int, batch: int, options: dict[str, Any]) -> Callable[
 
     model = _model(hidden)
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
-    g = torch.Generator().manual_seed(0)
-    batches = [(torch.randn(batch, 256, generator=g), torch.randint(0, 10, (batch,), generator=g))
-               for _ in range(8)]  # fmt: skip
+    batches = _batches(batch)
     writer = SummaryWriter(tempfile.mkdtemp(prefix="bench-guard-"))
     guard = StepGuard(model, writer=writer, **options)
     counter = [0]
