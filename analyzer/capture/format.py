@@ -40,6 +40,20 @@ class Factory:
         return self.target()(**dict(self.kwargs))
 
 
+class NoConfigClass(ValueError):
+    """A model class given a config that has no ``config_class`` to read it with."""
+
+
+def from_config(cls: Any, config: Mapping[str, Any]) -> Any:
+    """A Hugging Face model class built from a config dict, as the recorder checks it and a
+    replay rebuilds it: ``cls(cls.config_class.from_dict(config))``. NoConfigClass when the
+    class has no ``config_class`` (it is no PreTrainedModel)."""
+    config_class = getattr(cls, "config_class", None)
+    if config_class is None:
+        raise NoConfigClass("has no config_class (a Hugging Face PreTrainedModel has)")
+    return cls(config_class.from_dict(dict(config)))
+
+
 def dtype_name(dtype: Any) -> str:
     name = str(dtype).removeprefix("torch.")
     return {"half": "float16", "float": "float32", "double": "float64"}.get(name, name)

@@ -36,8 +36,10 @@ from analyzer.capture.folder import (
 from analyzer.capture.format import (
     Factory,
     Mode,
+    NoConfigClass,
     class_path,
     dtype_name,
+    from_config,
     hparams_json,
     write_json,
 )
@@ -312,12 +314,11 @@ class FlightRecorder:
     def _build_model(self) -> Any:
         if self.model_config is None:
             return self.model_factory.build()
-        cls = self.model_factory.target()
-        config_class = getattr(cls, "config_class", None)
-        if config_class is None:
-            raise CaptureSetupError(f"model_config given, but {self.model_factory.path!r} has "
-                                    "no config_class (a Hugging Face PreTrainedModel has)")
-        return cls(config_class.from_dict(dict(self.model_config)))
+        try:
+            return from_config(self.model_factory.target(), self.model_config)
+        except NoConfigClass as exc:
+            raise CaptureSetupError(f"model_config given, but {self.model_factory.path!r} "
+                                    f"{exc}") from None
 
     def _code_record(self, trust: bool) -> dict[str, Any] | None:
         """Where the factories' code lives; registered as trusted on this machine."""

@@ -30,6 +30,7 @@ from analyzer.capture.folder import (
     read_capture_meta,
     run_of_capture,
 )
+from analyzer.capture.format import NoConfigClass, from_config
 from analyzer.ingest.safeio import NotRegularFile, open_regular
 from analyzer.model import CaptureMeta, FactorySpec, OptimizerSpec
 from analyzer.replayer.errors import CaptureError, ModelRebuildError
@@ -134,14 +135,11 @@ def build(plan: Plan, kwargs: Mapping[str, Any], policy: TrustPolicy,
     found = resolve_plan(plan, policy, run_folder=run_folder)
     try:
         if config is not None:
-            config_class = getattr(found.obj, "config_class", None)
-            if config_class is None:
-                raise ModelRebuildError(target, "has no config_class to build from the "
-                                                "recorded config")
-            return found.obj(config_class.from_dict(dict(config))), found.folder
+            return from_config(found.obj, config), found.folder
         return found.obj(**kwargs), found.folder
-    except ModelRebuildError:
-        raise
+    except NoConfigClass:
+        raise ModelRebuildError(target, "has no config_class to build from the recorded "
+                                        "config") from None
     except Exception as exc:
         raise ModelRebuildError(target, f"calling it with {kwargs} raised "
                                         f"{type(exc).__name__}: {exc}") from None
