@@ -39,7 +39,8 @@ another folder joins it by the rules above, it is a Trainer's ``output_dir``, wi
                        ``save_dir`` holding its name folder)
     a save by content  a folder holding only checkpoints and metadata
     a tracker's folder a folder of event files alone in the flight recorder's folder (its
-                       ``env.json``): an ``init_trackers("name")`` below ``project_dir``
+                       ``env.json`` or ``capture/``): an ``init_trackers("name")`` below
+                       ``project_dir``
 
 Any other folder that holds event files, logs or checkpoints is a training of its own.
 A ``--run-root`` folder stands for itself and takes every folder below it, whatever the
@@ -261,9 +262,8 @@ class _Rules:
         parent = os.path.dirname(folder)
         if self._recorder_folder(parent) and not listing.dirs and listing.files and all(
                 is_event_file(f) for f in listing.files):
-            # The flight recorder's env.json is written into one training's folder: a folder
-            # of event files in it is that training's tracker (accelerate's
-            # init_trackers("name") under project_dir), not a run of its own.
+            # A folder of event files alone in one training's folder is that training's
+            # tracker (accelerate's init_trackers("name") under project_dir).
             return Claim(None)
         if self.is_name_folder(folder) and self._name_folders(parent) == 1:
             return Claim("lightning")
@@ -279,8 +279,11 @@ class _Rules:
         return None
 
     def _recorder_folder(self, folder: str) -> bool:
+        """Whether the flight recorder wrote into ``folder`` (its env.json, its capture/):
+        the folder of one training."""
         listing = self.tree.get(folder)
-        return listing is not None and ENV_FILE in listing.files
+        return listing is not None and (ENV_FILE in listing.files or any(
+            is_capture_container(d) for d in listing.dirs))
 
     def anchored(self, folder: str, claims: Mapping[str, Claim | None]) -> bool:
         """Whether ``folder`` is a training already: it holds run files or metadata, a
@@ -295,9 +298,9 @@ class _Rules:
             return True
         if self.is_trainer_output(folder):
             return True
-        # What the flight recorder writes into the folder it was given (its env.json, its
-        # capture/): the run folder of a training, whatever logs beside it.
-        if ENV_FILE in listing.files or any(is_capture_container(d) for d in listing.dirs):
+        # What the flight recorder writes into the folder it was given: the run folder of
+        # a training, whatever logs beside it.
+        if self._recorder_folder(folder):
             return True
         return any(claims.get(os.path.join(folder, d)) is not None for d in listing.dirs)
 
