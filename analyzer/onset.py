@@ -179,20 +179,21 @@ def capture_incident(run: Run) -> Incident | None:
     weight, or an exception that stopped the step on one (``FloatingPointError``, anomaly
     mode's error). It is a source like the others: a run whose only evidence of its failure
     is the capture (an anomaly error raised before anything was logged) is a failed run."""
-    for meta in run.capture_metas:
-        trigger = meta.trigger
-        kind = trigger.kind if trigger.kind in _KINDS else "nan-or-inf"
-        what = trigger.what or "loss"
-        if what in ("grad", "param") and trigger.name:
-            prefix = "grad_norm" if what == "grad" else "weight_norm"
-            tag = f"{prefix}/{trigger.name}"
-        else:
-            tag = trigger.name if what == "loss" and trigger.name else f"capture/{what}"
-        return Incident(step=meta.step, tag=tag, kind=cast(NonFiniteKind, kind),
-                        last_finite_step=None,
-                        location=Location(os.path.join(meta.folder, META_FILE)),
-                        layer=layer_from_tag(tag), origin="capture")
-    return None
+    if not run.capture_metas:
+        return None
+    meta = run.capture_metas[0]  # the earliest step
+    trigger = meta.trigger
+    kind = trigger.kind if trigger.kind in _KINDS else "nan-or-inf"
+    what = trigger.what or "loss"
+    if what in ("grad", "param") and trigger.name:
+        prefix = "grad_norm" if what == "grad" else "weight_norm"
+        tag = f"{prefix}/{trigger.name}"
+    else:
+        tag = trigger.name if what == "loss" and trigger.name else f"capture/{what}"
+    return Incident(step=meta.step, tag=tag, kind=cast(NonFiniteKind, kind),
+                    last_finite_step=None,
+                    location=Location(os.path.join(meta.folder, META_FILE)),
+                    layer=layer_from_tag(tag), origin="capture")
 
 
 def tag_incidents(run: Run, skips: frozenset[int] = frozenset(),
