@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 
 from analyzer.model import Report, Run
+from analyzer.model.fleet import SweepSummary
 
 SCALAR_COLUMNS = ["run", "tag", "step", "value", "wall_time", "source", "position"]
 INCIDENT_COLUMNS = ["run", "tag", "step", "kind", "last_finite_step", "layer", "file",
@@ -49,3 +50,37 @@ def incidents_frame(report: Report) -> pd.DataFrame:
     frame = pd.DataFrame(rows, columns=INCIDENT_COLUMNS)
     # Steps are whole numbers that may be missing: pandas' nullable integers keep both.
     return frame.astype({"step": "Int64", "last_finite_step": "Int64"})
+
+
+RUN_COLUMNS = ["run", "path", "status", "cause", "first_step"]
+CAUSE_COLUMNS = ["code", "name", "runs", "tied"]
+STEP_COLUMNS = ["low", "high", "runs"]
+SEPARATOR_COLUMNS = ["key", "kind", "test", "runs", "failed", "p_value", "p_adjusted",
+                     "significant", "failing", "other"]
+
+
+def summary_frames(summary: SweepSummary) -> dict[str, pd.DataFrame]:
+    """A sweep summary as frames: ``runs`` (one row per run, its hyperparameters as
+    columns after the fixed ones), ``causes``, ``steps`` (the histogram's bins) and
+    ``separators`` (every key tested, the effect's two sides as text)."""
+    from analyzer.report.summary import side_text
+
+    keys = sorted({k for r in summary.rows for k in r.hyperparameters})
+    fixed = [k for k in keys if k in RUN_COLUMNS]  # a key named like a fixed column
+    runs = pd.DataFrame([{"run": r.name, "path": r.path, "status": r.status, "cause": r.cause,
+                          "first_step": r.first_step,
+                          **{(f"hp.{k}" if k in fixed else k): r.hyperparameters.get(k)
+                             for k in keys}}
+                         for r in summary.rows],
+                        columns=RUN_COLUMNS + [f"hp.{k}" if k in fixed else k for k in keys])
+    runs = runs.astype({"first_step": "Int64"})
+    causes = pd.DataFrame([{"code": c.code, "name": c.name, "runs": c.runs, "tied": c.tied}
+                           for c in summary.causes], columns=CAUSE_COLUMNS)
+    steps = pd.DataFrame([{"low": b.low, "high": b.high, "runs": b.runs}
+                          for b in summary.steps.bins], columns=STEP_COLUMNS)
+    separators = pd.DataFrame([{
+        "key": s.key, "kind": s.kind, "test": s.test, "runs": s.runs, "failed": s.failed,
+        "p_value": s.p_value, "p_adjusted": s.p_adjusted, "significant": s.significant,
+        "failing": side_text(s.key, s.failing), "other": side_text(s.key, s.other),
+    } for s in summary.separators], columns=SEPARATOR_COLUMNS)
+    return {"runs": runs, "causes": causes, "steps": steps, "separators": separators}

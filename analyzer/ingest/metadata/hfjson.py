@@ -4,6 +4,9 @@ top-level fields of a Trainer save's ``trainer_state.json``.
 ``trainer_state.json`` is read as a log (its ``log_history``) by
 :mod:`analyzer.ingest.logformats.trainer_state`; only its top-level fields are taken here
 (``global_step``, ``max_steps``, ``logging_steps``, ``train_batch_size``, ``best_metric``).
+Beside the fields the settings use, every plain value of a file's top level and one level
+below is kept (bounded: :func:`analyzer.ingest.metadata.keys.every_plain`), for the sweep
+summary to compare runs by.
 The Trainer writes them with ``indent=2`` and sorted keys, after the log history for most:
 a file over MAX_BYTES, or one that does not parse, is read for lines that look like
 top-level fields (two spaces, a key, a plain value) in its first and last WINDOW bytes.
@@ -30,6 +33,7 @@ from analyzer.ingest.metadata.keys import (
     MODEL_CONFIG_EXTRA,
     TRAINER_STATE,
     TRAINER_STATE_EXTRA,
+    every_plain,
     plain,
 )
 from analyzer.ingest.safeio import open_regular
@@ -113,6 +117,8 @@ def read_model_config(path: str, generation: bool = False) -> JsonRead:
     if isinstance(document, dict):
         names = ("transformers_version",) if generation else (*MODEL_CONFIG, *MODEL_CONFIG_EXTRA)
         out.fields = _pick(document, names)
+        if not generation:
+            every_plain(document, out.fields)
         out.complete = True
     return out
 
@@ -129,6 +135,7 @@ def read_trainer_state(path: str) -> JsonRead:
         document = _parse(path, head, out)
         if isinstance(document, dict):
             out.fields = _pick(document, names)
+            every_plain(document, out.fields)
             out.complete = True
             return out
     else:

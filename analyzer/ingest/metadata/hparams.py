@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 
 from analyzer.ingest.metadata import open_failure
-from analyzer.ingest.metadata.keys import coerce, hparam_setting, plain
+from analyzer.ingest.metadata.keys import coerce, every_plain, hparam_setting, plain
 from analyzer.ingest.safeio import read_regular
 from analyzer.model import IngestIssue, IssueKind, Location, MetaValue
 
@@ -39,8 +39,10 @@ MAX_DEPTH = 32
 
 @dataclass
 class HparamsRead:
-    """What one hparams.yaml gave: recognised keys (dotted path -> value) and settings
-    (setting -> (key, value)), with the issues met."""
+    """What one hparams.yaml gave: its keys (dotted path -> value: the recognised ones at
+    any depth, every other plain value of the top level and one level below, bounded by
+    :data:`~analyzer.ingest.metadata.keys.MAX_FIELDS`) and settings (setting -> (key,
+    value)), with the issues met."""
 
     fields: dict[str, MetaValue] = field(default_factory=dict)
     settings: dict[str, tuple[str, MetaValue]] = field(default_factory=dict)
@@ -153,6 +155,7 @@ def _collect(path: str, document: dict[Any, Any], out: HparamsRead) -> None:
         out.issues.append(_issue(path, "read_limit", f"more than {MAX_NODES} values "
                                  "(aliases repeating a structure?): the rest not walked"))
     out.settings = {s: (key, value) for s, (_, key, value) in found.items()}
+    every_plain(document, out.fields)
 
 
 class _Walk:

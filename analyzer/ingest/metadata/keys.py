@@ -10,7 +10,7 @@ files (``training_args.bin``, ``trainer_state.json``) use their field names, map
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 from analyzer.model import MetaValue
 
@@ -156,3 +156,43 @@ def mapped(fields: Mapping[str, MetaValue], names: Mapping[str, str]
             if value is not None:
                 out[setting] = (key, value)
     return out
+
+
+MAX_FIELDS = 256
+"""Fields kept per file beside the recognised ones: a sweep's summary compares every plain
+hyperparameter of its runs, and a config of thousands of keys is not one."""
+MAX_VISITS = 20_000
+_SECRET = re.compile(r"token|secret|password|passwd|api_?key|credential", re.IGNORECASE)
+"""Names of fields never kept: a pickled TrainingArguments holds ``hub_token`` as set."""
+
+
+def is_secret(key: str) -> bool:
+    return bool(_SECRET.search(key))
+
+
+def _items(document: Mapping[object, object]) -> Iterator[tuple[str, object]]:
+    """The top level's values, then those of the mappings one level below it."""
+    for key, value in document.items():
+        if isinstance(key, str) and not isinstance(value, Mapping):
+            yield key, value
+    for key, value in document.items():
+        if isinstance(key, str) and isinstance(value, Mapping) and not is_secret(key):
+            yield from ((f"{key}.{k}", v) for k, v in value.items() if isinstance(k, str))
+
+
+def every_plain(document: Mapping[object, object], fields: dict[str, MetaValue]) -> None:
+    """Add to ``fields`` the plain values of ``document``'s top level, then those of the
+    mappings one level below it (keys joined with ``.``), up to :data:`MAX_FIELDS` more, looking at
+    no more than :data:`MAX_VISITS` items (YAML aliases can repeat one mapping under every
+    key); fields already there keep their value. A secret's key is never added; lists are
+    not values."""
+    added = 0
+    for visits, (name, item) in enumerate(_items(document)):
+        if added >= MAX_FIELDS or visits >= MAX_VISITS:
+            return
+        if name in fields or is_secret(name) or isinstance(item, Mapping):
+            continue
+        got = plain(item)
+        if got is not None or item is None:
+            fields[name] = got
+            added += 1

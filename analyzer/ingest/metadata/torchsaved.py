@@ -7,8 +7,9 @@ pickle names, so it is never loaded: the zip container is checked by
 :mod:`analyzer.ingest.ckpt.archive` (bounds, overlaps, bombs, a save cut short), and the
 pickle's opcodes are walked by :mod:`analyzer.ingest.ckpt.staticpickle`, which builds
 stand-ins and calls nothing. The plain fields of the dataclass's state are kept (an enum
-such as ``lr_scheduler_type`` as its value). A scheduler's state_dict is read the same way:
-``base_lrs``, ``_last_lr`` and ``last_epoch``. Issues, by kind:
+such as ``lr_scheduler_type`` as its value), up to MAX_FIELDS; never a secret's
+(``hub_token``), and of a pickle cut short only the known ones. A scheduler's
+state_dict is read the same way: ``base_lrs``, ``_last_lr`` and ``last_epoch``. Issues, by kind:
 
     truncated       a zip cut off mid-save (the archive's own issue); the pickle is still
                     read when its entry was written whole
@@ -32,7 +33,13 @@ from analyzer.ingest.ckpt.archive import read_archive
 from analyzer.ingest.ckpt.ranges import FileRanges
 from analyzer.ingest.ckpt.staticpickle import Call, Obj, StaticResult, read_pickle
 from analyzer.ingest.metadata import open_failure
-from analyzer.ingest.metadata.keys import TRAINING_ARGS, TRAINING_ARGS_EXTRA, plain
+from analyzer.ingest.metadata.keys import (
+    MAX_FIELDS,
+    TRAINING_ARGS,
+    TRAINING_ARGS_EXTRA,
+    is_secret,
+    plain,
+)
 from analyzer.model import IngestIssue, IssueKind, Location, MetaValue
 
 MAX_PICKLE = 4 << 20
@@ -180,12 +187,32 @@ def read_training_args(path: str) -> SavedRead:
             value = _plain(state[name])
             if value is not None or state[name] is None:
                 out.fields[name] = value
+    if got.result.error is None:
+        # Closing a cut pickle may close a nested config's dict as the state: its keys
+        # would pass for the dataclass's own. A cut file keeps the known fields only.
+        _other_fields(state, out.fields)
     out.found = "learning_rate" in out.fields
     if not out.found and got.result.error is None:
         out.issues.append(_issue(path, "bad_record", "the pickle holds no TrainingArguments "
                                  "(no learning_rate field)", got.base))
     out.complete = out.found and got.result.error is None
     return out
+
+
+def _other_fields(state: Mapping[object, object], fields: dict[str, MetaValue]) -> None:
+    """The dataclass's other plain fields (an enum by its value), up to MAX_FIELDS; a
+    secret (``hub_token``) never."""
+    added = 0
+    for name, raw in state.items():
+        if added >= MAX_FIELDS:
+            return
+        if not isinstance(name, str) or name.startswith("_") or name in fields \
+                or is_secret(name):
+            continue
+        value = _plain(raw)
+        if value is not None or raw is None:
+            fields[name] = value
+            added += 1
 
 
 def read_scheduler(path: str) -> SavedRead:
