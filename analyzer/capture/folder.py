@@ -45,6 +45,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
+from analyzer.ingest import storage
 from analyzer.ingest.safeio import NotRegularFile, open_regular
 
 if TYPE_CHECKING:
@@ -118,6 +119,8 @@ def _issue(path: str, kind: IssueKind, reason: str) -> IngestIssue:
 def step_folders(container: str) -> tuple[list[str], list[IngestIssue]]:
     """The ``step_<N>`` folders of one capture folder, earliest first, found by listing
     alone; other names are not captures. Symlinked ones are reported, not followed."""
+    if storage.is_url(container):
+        return _remote_step_folders(container)
     try:
         with os.scandir(container) as entries:
             items = [(step_of(e.name), e) for e in entries]
@@ -140,30 +143,45 @@ def step_folders(container: str) -> tuple[list[str], list[IngestIssue]]:
     return [path for _, path in found], issues
 
 
+def _remote_step_folders(container: str) -> tuple[list[str], list[IngestIssue]]:
+    """:func:`step_folders` of a folder on object storage (which has no symlinks)."""
+    try:
+        entries = storage.list_dir(container)
+    except OSError as exc:
+        return [], [_issue(container, "unreadable",
+                           f"folder cannot be listed: {exc.strerror or exc}")]
+    steps = sorted((step, name) for name, is_dir in entries
+                   if is_dir and (step := step_of(name)) is not None)
+    return [storage.join(container, name) for _, name in steps], []
+
+
 def run_step_folders(run_folder: str, dir_names: Iterable[str] | None = None,
                      ) -> tuple[list[str], list[IngestIssue]]:
     """The ``step_<N>`` folders of every capture folder of a run, earliest first.
     ``dir_names`` are the run folder's sub-folder names when already listed."""
     if dir_names is None:
         try:
-            dir_names = [e.name for e in os.scandir(run_folder) if e.is_dir()]
+            dir_names = [name for name, is_dir in storage.list_dir(run_folder) if is_dir] \
+                if storage.is_url(run_folder) else \
+                [e.name for e in os.scandir(run_folder) if e.is_dir()]
         except OSError:
             return [], []
     found: list[str] = []
     issues: list[IngestIssue] = []
     for name in sorted(dir_names):
         if is_capture_container(name):
-            more, problems = step_folders(os.path.join(run_folder, name))
+            more, problems = step_folders(storage.join(run_folder, name))
             found += more
             issues += problems
-    found.sort(key=lambda p: (step_of(os.path.basename(p)), p))
+    found.sort(key=lambda p: (step_of(storage.name(p)), p))
     return found, issues
 
 
 def is_complete(folder: str) -> bool:
     """Whether a ``step_<N>`` folder holds meta.json (of any type: a FIFO named meta.json
     is a damaged capture, which reading it reports)."""
-    return os.path.lexists(os.path.join(folder, META_FILE))
+    meta = storage.join(folder, META_FILE)
+    return storage.exists(meta) if storage.is_url(meta) else os.path.lexists(meta)
 
 
 def capture_of(path: str) -> str | None:
@@ -181,9 +199,9 @@ def capture_of(path: str) -> str | None:
 
 def run_of_capture(folder: str) -> str:
     """The run a ``capture/step_<N>`` folder belongs to (the folder above ``capture/``)."""
-    parent = os.path.dirname(os.path.abspath(folder))
-    if is_capture_container(os.path.basename(parent)):
-        return os.path.dirname(parent)
+    parent = storage.parent(storage.absolute(folder))
+    if is_capture_container(storage.name(parent)):
+        return storage.parent(parent)
     return parent
 
 
@@ -228,7 +246,7 @@ def read_json_object(path: str, what: str) -> dict[str, Any]:
 def read_capture_meta(folder: str) -> CaptureMeta:
     """The checked meta.json of the capture ``folder``; MetaError when it is missing,
     unreadable, of another format or version, or has a key of the wrong type."""
-    path = os.path.join(folder, META_FILE)
+    path = storage.join(folder, META_FILE)
     try:
         data = read_json_object(path, "capture's meta.json")
     except FileNotFoundError:
@@ -255,7 +273,7 @@ def read_env(run_folder: str) -> tuple[dict[str, Any] | None, IngestIssue | None
     """The run's env.json (any JSON object: older writers add no format key), or None when
     it has none; a file that cannot be taken gives None and its issue."""
     try:
-        return read_json_object(os.path.join(run_folder, ENV_FILE), "run's env.json"), None
+        return read_json_object(storage.join(run_folder, ENV_FILE), "run's env.json"), None
     except FileNotFoundError:
         return None, None
     except MetaError as exc:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
+from analyzer.ingest import storage
 from analyzer.ingest.ckpt.history import build_history, checkpoint_incident
 from analyzer.ingest.ckpt.quoting import foreign
 from analyzer.ingest.metadata import is_metadata_file
@@ -52,7 +53,7 @@ def scan_checkpoint(path: str, *, trust_pickle: bool = False) -> CheckpointScan:
     """
     from analyzer.ingest.ckpt.sharded import is_index, scan_sharded
 
-    if os.path.isdir(path):
+    if storage.isdir(path):
         return _failed(path, "a folder, not a checkpoint file")
     if is_index(path):  # each shard has its guard, the index its own
         return _guarded(path, lambda: scan_sharded(path, lambda s: _scan_one(s, trust_pickle)))
@@ -84,7 +85,10 @@ def _guarded(path: str, scan: Callable[[], CheckpointScan]) -> CheckpointScan:
 
 
 def _failed(path: str, reason: str, kind: IssueKind = "unreadable") -> CheckpointScan:
-    size = os.path.getsize(path) if is_regular(path) else 0
+    try:
+        size = storage.size(path) if is_regular(path) else 0
+    except OSError:
+        size = 0
     issue = IngestIssue(Location(path), kind, reason)
     return CheckpointScan(path, size, "unknown", "none", files=(path,), issues=(issue,))
 

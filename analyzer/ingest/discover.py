@@ -24,6 +24,11 @@ The walk is iterative and bounded, and says what it passed over, each an
     too_deep       a folder more than MAX_DEPTH levels below the path named: not walked
     not_regular    a FIFO, device or socket with a run file's name: never opened
     unreadable     a folder that cannot be listed (permissions), a broken symlink
+
+A path may be a URL (:mod:`analyzer.ingest.storage`): its tree is listed with one recursive
+listing, turned into the same folder listings a local walk makes, so that the layouts are
+read the same way; an object store has no symlinks, FIFOs or devices, and folder markers
+are not files. A remote run's paths are URLs.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from dataclasses import dataclass, field, replace
 
 from analyzer.capture.folder import ENV_FILE, is_capture_container, run_step_folders, step_of
 from analyzer.errors import UsageError
+from analyzer.ingest import storage
 from analyzer.ingest.checkpoints import is_checkpoint_file
 from analyzer.ingest.layouts import (
     Placement,
@@ -109,9 +115,9 @@ def segment_index(index: dict[str, int], path: str) -> int | None:
     segment tried (a run may have hundreds)."""
     if not index:
         return None
-    here = os.path.dirname(path)
+    here = storage.parent(path)
     while here not in index:
-        up = os.path.dirname(here)
+        up = storage.parent(here)
         if up == here:
             return None
         here = up
@@ -152,15 +158,16 @@ def discover(paths: list[str], extra_logs: Sequence[str] = (),
     """Like :func:`find_runs`, with the issues of what was passed over outside every run."""
     runs: dict[str, RunFiles] = {}
     loose: list[IngestIssue] = []
-    for root in [*paths, *extra_logs, *run_roots]:
-        if not os.path.exists(root):
-            raise UsageError(f"{root}: no such file or folder")
+    paths, extra_logs, run_roots = ([storage.normalize(p) for p in group]
+                                    for group in (paths, extra_logs, run_roots))
+    folders = {root: _check_exists(root) for root in [*paths, *extra_logs, *run_roots]}
     for root in run_roots:
-        if not os.path.isdir(root):
+        if not folders[root]:
             raise UsageError(f"{root}: --run-root names a folder, not a file")
-    forced = {os.path.abspath(r) for r in run_roots}
-    for root in _walk_roots(paths, run_roots):
-        if os.path.isdir(root):
+    forced = {storage.absolute(r) for r in run_roots}
+    kinds = {_normpath(p): isdir for p, isdir in folders.items()}
+    for root in _walk_roots(paths, run_roots, folders):
+        if kinds[root]:
             found, issues = _walk(root, forced)
         else:
             single = _single_file_run(root)
@@ -169,43 +176,67 @@ def discover(paths: list[str], extra_logs: Sequence[str] = (),
             runs.setdefault(run.path, run)
         loose += issues
     for log in extra_logs:
-        folder = os.path.dirname(log) or "."
+        folder = storage.parent(log) or "."
         key = next((k for k, r in runs.items()
-                    if any(os.path.samefile(f, folder) for f in (r.path, *r.folders))), None)
+                    if any(_same(f, folder) for f in (r.path, *r.folders))), None)
         if key is None:
-            runs[log] = RunFiles(path=folder, name=os.path.basename(log), log_files=(log,),
+            runs[log] = RunFiles(path=folder, name=storage.name(log), log_files=(log,),
                                  folders=(folder,))
-        elif not any(os.path.samefile(f, log) for f in runs[key].log_files):
+        elif not any(_same(f, log) for f in runs[key].log_files):
             held = runs[key]
             runs[key] = replace(held, log_files=(*held.log_files, log))
     return Discovery(tuple(runs.values()), tuple(loose))
 
 
-def _walk_roots(paths: Sequence[str], run_roots: Sequence[str]) -> list[str]:
+def _check_exists(root: str) -> bool:
+    """Whether ``root`` is a folder; UsageError for a path that is not there, or a URL
+    whose store cannot be reached (one look at it: a store answers each over the network)."""
+    if not storage.is_url(root):
+        if not os.path.exists(root):
+            raise UsageError(f"{root}: no such file or folder")
+        return os.path.isdir(root)
+    try:
+        found = storage.info(root)
+    except OSError as exc:
+        raise UsageError(f"{root}: cannot be looked at: {exc.strerror or exc}") from None
+    if found is None:
+        raise UsageError(f"{root}: no such object or folder")
+    return found.get("type") == "directory"
+
+
+def _same(a: str, b: str) -> bool:
+    if storage.is_url(a) or storage.is_url(b):
+        return storage.normalize(a) == storage.normalize(b)
+    return os.path.samefile(a, b)
+
+
+def _normpath(path: str) -> str:
+    return path if storage.is_url(path) else os.path.normpath(path)
+
+
+def _walk_roots(paths: Sequence[str], run_roots: Sequence[str],
+                folders: dict[str, bool]) -> list[str]:
     """The folders to walk: each path named once ('runs/a/' and 'runs/a' are one folder),
     the run roots outside every path, and no folder inside another (its runs are found
-    from the outer one, grouped as there)."""
-    named = list(dict.fromkeys(map(os.path.normpath, paths)))
-    outer = [os.path.abspath(p) for p in named if os.path.isdir(p)]
-    named += [os.path.normpath(r) for r in run_roots
-              if not any(_inside(os.path.abspath(r), o) for o in outer)]
-    folders = [os.path.abspath(p) for p in named if os.path.isdir(p)]
+    from the outer one, grouped as there). ``folders``: whether each path is a folder."""
+    named = list(dict.fromkeys(map(_normpath, paths)))
+    dirs = {_normpath(p): isdir for p, isdir in folders.items()}
+    outer = [storage.absolute(p) for p in named if dirs[p]]
+    named += [_normpath(r) for r in run_roots
+              if not any(storage.inside(storage.absolute(r), o) for o in outer)]
+    walked = [storage.absolute(p) for p in named if dirs[p]]
     keep = []
     for path in dict.fromkeys(named):
-        here = os.path.abspath(path)
-        if not any(o != here and _inside(here, o) for o in folders):
+        here = storage.absolute(path)
+        if not any(o != here and storage.inside(here, o) for o in walked):
             keep.append(path)
     return keep
 
 
-def _inside(path: str, folder: str) -> bool:
-    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
-
-
 def _single_file_run(path: str) -> RunFiles | None:
-    folder = os.path.dirname(os.path.abspath(path))
-    name = os.path.basename(folder)
-    if not os.path.isfile(path):  # a FIFO, device or socket named on the command line
+    folder = storage.parent(storage.absolute(path))
+    name = storage.name(folder)
+    if not storage.isfile(path):  # a FIFO, device or socket named on the command line
         kind = _special_kind(path)
         issue = _issue(path, "not_regular", f"a {kind}, not a regular file: not opened")
         return RunFiles(path=folder, name=os.path.basename(path), issues=(issue,))
@@ -214,7 +245,7 @@ def _single_file_run(path: str) -> RunFiles | None:
     if is_checkpoint_file(path):
         return RunFiles(path=folder, name=name, checkpoint_files=(path,))
     if is_log_file(path):
-        return RunFiles(path=folder, name=os.path.basename(path), log_files=(path,))
+        return RunFiles(path=folder, name=storage.name(path), log_files=(path,))
     return None
 
 
@@ -223,6 +254,8 @@ def _issue(path: str, kind: IssueKind, message: str) -> IngestIssue:
 
 
 def _special_kind(path: str) -> str:
+    if storage.is_url(path):
+        return "folder" if storage.isdir(path) else "object that cannot be looked at"
     try:
         return file_kind(os.stat(path).st_mode)
     except OSError:
@@ -282,23 +315,43 @@ def _skipped_dir(name: str) -> bool:
     return name in _SKIP_DIRS or name.startswith(".")
 
 
+def _remote_lister(root: str) -> Callable[[str], Listing]:
+    """Listings of the folders below the URL ``root``, all from one listing of the tree."""
+    try:
+        tree = storage.list_tree(root)
+    except OSError as exc:
+        problem = f"folder cannot be listed: {exc.strerror or exc}"
+        return lambda folder: Listing(folder, issues=[_issue(folder, "unreadable", problem)])
+
+    def lister(folder: str) -> Listing:
+        got = tree.get(folder)
+        if got is None:
+            return Listing(folder, issues=[_issue(folder, "unreadable",
+                                                  "folder not in the store's listing")])
+        return Listing(folder, list(got.dirs), list(got.files))
+
+    return lister
+
+
 def walk_tree(root: str, descend: Callable[[str], bool]) -> Iterator[Listing]:
     """Every folder below ``root`` (root first, then depth first in name order) for which
     ``descend`` holds, iteratively: a deep tree costs no recursion. Folders below
-    MAX_DEPTH are reported on the listing of their parent and not walked."""
+    MAX_DEPTH are reported on the listing of their parent and not walked. A URL's tree is
+    listed once, up front."""
+    lister = _remote_lister(root) if storage.is_url(root) else _list
     stack = [(root, 0)]
     while stack:
         folder, depth = stack.pop()
-        listing = _list(folder)
+        listing = lister(folder)
         dirs = [d for d in listing.dirs
-                if not _skipped_dir(d) and descend(os.path.join(folder, d))]
+                if not _skipped_dir(d) and descend(storage.join(folder, d))]
         if dirs and depth >= MAX_DEPTH:
             listing.issues.append(_issue(folder, "too_deep",
                                          f"{len(dirs)} sub-folder(s) more than {MAX_DEPTH} "
                                          "levels below the path named: not walked"))
             dirs = []
         yield listing
-        stack += [(os.path.join(folder, d), depth + 1) for d in reversed(dirs)]
+        stack += [(storage.join(folder, d), depth + 1) for d in reversed(dirs)]
 
 
 def _walk(root: str, forced: set[str]) -> tuple[list[RunFiles], list[IngestIssue]]:
@@ -306,8 +359,8 @@ def _walk(root: str, forced: set[str]) -> tuple[list[RunFiles], list[IngestIssue
     what was passed over outside every run: the whole tree listed, then each folder placed
     in its training (:func:`analyzer.ingest.layouts.place`)."""
     tree = {listing.folder: listing for listing in
-            walk_tree(root, lambda d: not is_capture_container(os.path.basename(d)))}
-    roots = {f for f in tree if os.path.abspath(f) in forced} if forced else set()
+            walk_tree(root, lambda d: not is_capture_container(storage.name(d)))}
+    roots = {f for f in tree if storage.absolute(f) in forced} if forced else set()
     placements = place(tree, root, roots)
     groups: dict[str, list[str]] = {}
     for folder, placed in placements.items():
@@ -334,7 +387,7 @@ def _enclosing(runs: dict[str, RunFiles], folder: str) -> str | None:
     """The nearest run folder above ``folder``."""
     here = folder
     while True:
-        up = os.path.dirname(here)
+        up = storage.parent(here)
         if up == here:
             return None
         if up in runs:
@@ -367,7 +420,7 @@ def _gather(root: str, owner: str, members: list[str], tree: dict[str, Listing],
         listing, placed = tree[folder], placements[folder]
         if placed.claim is not None and placed.claim.layout is not None:
             got.layouts.add(placed.claim.layout)
-        paths = [os.path.join(folder, f) for f in listing.files]
+        paths = [storage.join(folder, f) for f in listing.files]
         if placed.save:
             _gather_save(got, paths, listing)
             continue
@@ -396,8 +449,8 @@ def _gather(root: str, owner: str, members: list[str], tree: dict[str, Listing],
         got.layouts.add("run-root")
     events = [p for _, _, p in sorted(got.events)]
     captures = sorted(got.captures, key=lambda p: (step_of(os.path.basename(p)) or 0, p)) \
-        if len({os.path.dirname(c) for c in got.captures}) > 1 else got.captures
-    env = os.path.join(owner, ENV_FILE) if ENV_FILE in tree[owner].files else None
+        if len({storage.parent(c) for c in got.captures}) > 1 else got.captures
+    env = storage.join(owner, ENV_FILE) if ENV_FILE in tree[owner].files else None
     run = RunFiles(path=owner, name=_run_name(root, owner), event_files=tuple(events),
                    log_files=tuple(got.logs), checkpoint_files=tuple(got.checkpoints),
                    capture_dirs=tuple(captures), metadata_files=tuple(got.metadata),
@@ -430,7 +483,7 @@ def _segments(owner: str, members: list[str], tree: dict[str, Listing],
     parallel = {f for f in folders if (c := placements[f].claim) is not None and c.parallel}
     ordered = segment_order([f for f in folders if f not in parallel], tree) + sorted(
         parallel, key=natural_key)
-    return tuple(RunSegment(f, os.path.relpath(f, owner).replace(os.sep, "/"), f in parallel)
+    return tuple(RunSegment(f, storage.relative(f, owner), f in parallel)
                  for f in ordered)
 
 
@@ -443,7 +496,7 @@ def _stream_starts(events: list[str], segments: tuple[RunSegment, ...]) -> tuple
     for path in events:
         k = segment_index(index, path)
         seg = None if k is None else segments[k]
-        key = seg.folder if seg is not None else os.path.dirname(path)
+        key = seg.folder if seg is not None else storage.parent(path)
         if key in seen:
             continue
         seen.add(key)
@@ -458,7 +511,7 @@ def _save_number(path: str) -> int:
 
 
 def _run_name(root: str, folder: str) -> str:
-    rel = os.path.relpath(folder, root)
+    rel = storage.relative(folder, root)
     if rel == ".":
-        return os.path.basename(os.path.abspath(folder)) or folder
-    return rel.replace(os.sep, "/")
+        return storage.name(storage.absolute(folder)) or folder
+    return rel

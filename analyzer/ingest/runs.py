@@ -10,7 +10,6 @@ open no file.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
@@ -19,6 +18,7 @@ from dataclasses import replace
 from multiprocessing.context import BaseContext
 
 from analyzer.capture.folder import read_run_captures
+from analyzer.ingest import storage
 from analyzer.ingest.discover import RunFiles
 from analyzer.ingest.tb import EventFile, read_event_file
 from analyzer.model import Event, Location, LogSource, Run
@@ -156,6 +156,6 @@ def _first_step(f: EventFile) -> int | None:
 
 def _size(path: str) -> int:
     try:
-        return os.path.getsize(path)
+        return storage.size(path)
     except OSError:
         return 0

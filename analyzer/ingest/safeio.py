@@ -13,6 +13,10 @@ Reads are bounded twice over:
   still being appended to is read as it stood, and an endless file cannot be one);
 - in time: :class:`Deadline` lets a reader's loop stop after a budget of seconds and keep
   what it read, for files on a storage that has stopped answering.
+
+A URL (:func:`analyzer.ingest.storage.is_url`) is an object, not a file: it has no type to
+check and cannot block, and is opened for ranged reads of the block size its reader asks
+for; its size is the object's, and reads stop there as they do for a file.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ import os
 import stat
 import time
 from typing import BinaryIO
+
+from analyzer.ingest import storage
 
 READ_SECONDS = 600.0
 """Default time budget for reading one file; reaching it keeps what was read."""
@@ -48,7 +54,13 @@ def file_kind(mode: int) -> str:
 
 def check_regular(path: str) -> os.stat_result:
     """``os.stat(path)`` when it is a regular file; NotRegularFile otherwise (OSError when
-    it cannot be looked at)."""
+    it cannot be looked at). A URL is looked at through its store: a folder there is
+    refused the same way."""
+    if storage.is_url(path):
+        if storage.isdir(path):
+            raise NotRegularFile(path, "folder")
+        st = os.stat_result((stat.S_IFREG | 0o444, 0, 0, 1, 0, 0, storage.size(path), 0, 0, 0))
+        return st
     info = os.stat(path)
     if not stat.S_ISREG(info.st_mode):
         raise NotRegularFile(path, file_kind(info.st_mode))
@@ -57,18 +69,26 @@ def check_regular(path: str) -> os.stat_result:
 
 def is_regular(path: str) -> bool:
     """True when ``path`` (followed through symlinks) is a regular file."""
+    if storage.is_url(path):
+        return storage.isfile(path)
     try:
         return stat.S_ISREG(os.stat(path).st_mode)
     except (OSError, ValueError):
         return False
 
 
-def open_regular(path: str) -> tuple[BinaryIO, int]:
+def open_regular(path: str, block_size: int = storage.STREAM_BLOCK) -> tuple[BinaryIO, int]:
     """Open a regular file for reading: the binary handle and the size it has now.
 
     Raises :class:`NotRegularFile` for anything else, before opening it, and OSError when
-    it cannot be opened. Readers must not read past the returned size.
+    it cannot be opened. Readers must not read past the returned size. ``block_size`` is
+    the read-ahead of a URL's ranged reads (a local file ignores it).
     """
+    if storage.is_url(path):
+        try:
+            return storage.open_url(path, block_size)
+        except IsADirectoryError:
+            raise NotRegularFile(path, "folder") from None
     check_regular(path)
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
     fd = os.open(path, flags)
@@ -87,7 +107,7 @@ def open_regular(path: str) -> tuple[BinaryIO, int]:
 
 def read_regular(path: str, limit: int | None = None) -> bytes:
     """The bytes of a regular file, at most ``limit`` of them (None: its whole size at open)."""
-    handle, size = open_regular(path)
+    handle, size = open_regular(path, storage.SMALL_BLOCK)
     with handle:
         return handle.read(size if limit is None else min(size, limit))
 

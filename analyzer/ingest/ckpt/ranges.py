@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, cast
 
 from analyzer.ingest.safeio import open_regular
+from analyzer.ingest.storage import SMALL_BLOCK
 
 if TYPE_CHECKING:
     import torch
@@ -34,7 +35,9 @@ class FileRanges:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        handle, self.size = open_regular(path)
+        # On object storage each read fetches its range and little more: a listing reads
+        # the zip directory and the pickle, never the tensors' values.
+        handle, self.size = open_regular(path, SMALL_BLOCK)
         self._handle = cast(io.BufferedReader, handle)
 
     def close(self) -> None:

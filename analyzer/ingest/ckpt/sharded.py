@@ -13,6 +13,7 @@ import os
 from collections.abc import Callable
 from dataclasses import replace
 
+from analyzer.ingest import storage
 from analyzer.ingest.ckpt.quoting import foreign, quote
 from analyzer.ingest.ckpt.stats import aggregate_layers
 from analyzer.ingest.ckpt.tree import step_from_name
@@ -92,7 +93,8 @@ def scan_sharded(path: str, scan_one: Callable[[str], CheckpointScan]) -> Checkp
             )
             continue
         shard_path = os.path.join(folder, shard)
-        if not os.path.lexists(shard_path):
+        if not (storage.exists(shard_path) if storage.is_url(shard_path)
+                else os.path.lexists(shard_path)):
             issues.append(
                 IngestIssue(
                     Location(path),

@@ -1,0 +1,352 @@
+"""Where a path lives: a local file or folder, or an object behind a URL (``s3://``, ``gs://``,
+``memory://``, anything fsspec resolves).
+
+This is the one place that tells the two apart. A local path keeps the code it always had
+(``os.scandir``, ``os.open`` with the FIFO and symlink checks of :mod:`safeio`); fsspec is
+imported only when a URL is met, so a local analysis neither needs nor loads it. A
+``file://`` URL is a local path (:func:`normalize`).
+
+For a URL:
+
+- a tree is listed once per path named (:func:`list_tree`: one recursive ``find``, which
+  the store pages, 1,000 keys a request on S3), never once per folder or file; the
+  filesystem keeps that listing, so the sizes of the objects opened afterwards and the
+  capture folders looked at cost no request of their own;
+- an object is opened for ranged reads (:func:`open_url`): each reader asks for the block
+  size that fits it (small for a zip directory or a safetensors header, larger for an
+  event file it streams), so a checkpoint is never fetched whole to be listed;
+- nothing is ever written, and credentials come from each filesystem's own configuration
+  (for S3: the AWS environment variables, ``~/.aws``, ``AWS_ENDPOINT_URL``, fsspec's
+  ``FSSPEC_S3_*`` settings).
+
+Paths of objects keep their URL form (``s3://bucket/runs/a/train.log``) everywhere: in the
+run's files, its issues and the report. :func:`parent`, :func:`name`, :func:`join` and
+:func:`relative` do for both kinds what ``os.path`` does for local paths only
+(``os.path.normpath("s3://b")`` is ``s3:/b``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, BinaryIO, cast
+
+from analyzer.errors import UsageError
+
+if TYPE_CHECKING:
+    from fsspec import AbstractFileSystem
+
+REMOTE_EXTRA = "pip install 'nan-forensics[remote]'"
+"""What to install for URLs."""
+
+SMALL_BLOCK = 64 << 10
+"""Read-ahead for readers that seek around a file (a zip directory, a header, a pickle)."""
+STREAM_BLOCK = 4 << 20
+"""Read-ahead for readers that stream a file from start to end (event files, logs)."""
+
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
+_MARKER_SUFFIX = "_$folder$"  # the zero-byte key some tools write for a folder
+
+
+def is_url(path: str) -> bool:
+    """Whether ``path`` names an object behind a URL (any ``scheme://`` but ``file://``)."""
+    match = _SCHEME.match(path)
+    return match is not None and match[1].lower() != "file"
+
+
+def normalize(path: str) -> str:
+    """``file:///x`` becomes ``/x``; a URL loses one trailing ``/``; a local path is kept."""
+    if path[:7].lower() == "file://":
+        from urllib.parse import unquote
+
+        rest = path[7:]
+        if rest.startswith("localhost/"):
+            rest = rest[len("localhost"):]
+        return unquote(rest) or "/"
+    if is_url(path) and path.endswith("/") and not path.endswith("://"):
+        return path[:-1]
+    return path
+
+
+def _scheme_end(path: str) -> int:
+    match = _SCHEME.match(path)
+    return match.end() if match else 0
+
+
+def parent(path: str) -> str:
+    """The folder holding ``path``; a URL's parent never goes above its bucket."""
+    if not is_url(path):
+        return os.path.dirname(path)
+    start = _scheme_end(path)
+    cut = path.rstrip("/").rfind("/")
+    return path if cut < start else path[:cut]
+
+
+def name(path: str) -> str:
+    """The last part of ``path`` (a bucket's URL: the bucket)."""
+    if not is_url(path):
+        return os.path.basename(path)
+    return path.rstrip("/")[_scheme_end(path):].rsplit("/", 1)[-1]
+
+
+def join(folder: str, child: str) -> str:
+    """``child`` inside ``folder``."""
+    if not is_url(folder):
+        return os.path.join(folder, child)
+    return folder.rstrip("/") + "/" + child
+
+
+def absolute(path: str) -> str:
+    """``os.path.abspath`` of a local path; a URL as it is (normalized)."""
+    return normalize(path) if is_url(path) else os.path.abspath(normalize(path))
+
+
+def relative(path: str, folder: str) -> str:
+    """``path`` relative to ``folder`` with ``/`` separators (``.`` for the folder itself)."""
+    if not is_url(path):
+        return os.path.relpath(path, folder).replace(os.sep, "/")
+    base = folder.rstrip("/")
+    if path == base:
+        return "."
+    if path.startswith(base + "/"):
+        return path[len(base) + 1:]
+    raise ValueError(f"{path} is not inside {folder}")
+
+
+def inside(path: str, folder: str) -> bool:
+    """Whether ``path`` is ``folder`` or lies below it (both absolute or both URLs)."""
+    sep = "/" if is_url(folder) else os.sep
+    return path == folder or path.startswith(folder.rstrip(sep) + sep)
+
+
+def filesystem(url: str) -> tuple[AbstractFileSystem, str]:
+    """The fsspec filesystem serving ``url`` and the path it knows the object by.
+
+    Raises UsageError, naming what to install, when fsspec (or the filesystem of that
+    scheme, such as s3fs or gcsfs) is missing."""
+    try:
+        import fsspec.core
+    except ImportError:
+        raise UsageError(f"{url}: reading a URL needs fsspec: {REMOTE_EXTRA}") from None
+    try:
+        fs, path = fsspec.core.url_to_fs(url)
+    except ImportError as exc:
+        raise UsageError(f"{url}: {exc}; for s3:// {REMOTE_EXTRA}") from None
+    except ValueError as exc:  # a scheme no filesystem is registered for
+        raise UsageError(f"{url}: {exc}") from None
+    return fs, cast(str, path)
+
+
+def _url_of(fs: AbstractFileSystem, url: str, path: str) -> str:
+    """The URL of ``path`` on ``fs``, in the scheme ``url`` was written with."""
+    scheme = url[:_scheme_end(url)]
+    stripped = cast(str, fs._strip_protocol(path))
+    return scheme + stripped.lstrip("/") if scheme else str(fs.unstrip_protocol(stripped))
+
+
+def _call(url: str, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` with whatever the store or its client raises as an OSError
+    (a refused connection, a denied request), so that readers report it as they would a
+    local file's."""
+    try:
+        return fn(*args, **kwargs)
+    except OSError:
+        raise
+    except UsageError:
+        raise
+    except Exception as exc:
+        raise OSError(f"{type(exc).__name__}: {exc}") from exc
+
+
+def info(path: str) -> dict[str, Any] | None:
+    """What the store says of the object or folder at ``path`` (None: nothing there)."""
+    fs, key = filesystem(path)
+    try:
+        return cast(dict[str, Any], _call(path, "cannot look at", fs.info, key))
+    except FileNotFoundError:
+        return None
+
+
+def exists(path: str) -> bool:
+    if not is_url(path):
+        return os.path.exists(normalize(path))
+    try:
+        return info(path) is not None
+    except OSError:
+        return False
+
+
+def isdir(path: str) -> bool:
+    if not is_url(path):
+        return os.path.isdir(normalize(path))
+    try:
+        found = info(path)
+    except OSError:
+        return False
+    return found is not None and found.get("type") == "directory"
+
+
+def isfile(path: str) -> bool:
+    if not is_url(path):
+        return os.path.isfile(normalize(path))
+    try:
+        found = info(path)
+    except OSError:
+        return False
+    return found is not None and found.get("type") == "file" and not _is_marker(path, found)
+
+
+def size(path: str) -> int:
+    """The size in bytes; OSError when it cannot be looked at."""
+    if not is_url(path):
+        return os.path.getsize(normalize(path))
+    found = info(path)
+    if found is None:
+        raise FileNotFoundError(f"{path}: no such object")
+    return int(found.get("size") or 0)
+
+
+def signature(path: str) -> str:
+    """A cheap token that changes when the file does: size and modification time locally,
+    size and ETag (or modification time) for an object; empty when it cannot be looked at."""
+    try:
+        if not is_url(path):
+            st = os.stat(normalize(path))
+            return f"{st.st_size}:{st.st_mtime_ns}"
+        found = info(path)
+    except OSError:
+        return ""
+    if found is None:
+        return ""
+    tag = found.get("ETag") or found.get("etag") or found.get("LastModified") or \
+        found.get("mtime") or found.get("updated") or ""
+    return f"{found.get('size') or 0}:{tag}"
+
+
+def open_url(url: str, block_size: int = SMALL_BLOCK) -> tuple[BinaryIO, int]:
+    """An object opened for ranged reads, and its size (from the listing when the tree was
+    listed). FileNotFoundError when it is gone, IsADirectoryError for a folder,
+    PermissionError when the store refuses, OSError for anything else the store says."""
+    fs, key = filesystem(url)
+    found = info(url)
+    if found is None:
+        raise FileNotFoundError(2, "no such object", url)
+    if found.get("type") == "directory":
+        raise IsADirectoryError(21, "a folder, not an object", url)
+    handle = _call(url, "cannot open", fs.open, key, "rb", block_size=block_size)
+    return cast(BinaryIO, _Guarded(handle, url)), int(found.get("size") or 0)
+
+
+class _Guarded:
+    """A remote file whose read errors are OSErrors, as a local file's are."""
+
+    def __init__(self, handle: Any, url: str) -> None:
+        self._handle = handle
+        self._url = url
+
+    def read(self, n: int = -1) -> bytes:
+        return cast(bytes, _call(self._url, "cannot read", self._handle.read, n))
+
+    def readinto(self, view: Any) -> int:
+        return cast(int, _call(self._url, "cannot read", self._handle.readinto, view))
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return cast(int, self._handle.seek(offset, whence))
+
+    def tell(self) -> int:
+        return cast(int, self._handle.tell())
+
+    def seekable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return True
+
+    @property
+    def closed(self) -> bool:
+        return bool(self._handle.closed)
+
+    def close(self) -> None:
+        self._handle.close()
+
+    def __enter__(self) -> _Guarded:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@dataclass
+class Folder:
+    """One listed folder of a remote tree: sub-folder names and object names, sorted."""
+
+    dirs: list[str] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
+
+
+def _is_marker(name_: str, entry: dict[str, Any]) -> bool:
+    """A key that stands for a folder: ``a/`` or ``a_$folder$``, both empty."""
+    return (name_.endswith("/") or name_.endswith(_MARKER_SUFFIX)) and \
+        not int(entry.get("size") or 0)
+
+
+def list_tree(root: str) -> dict[str, Folder]:
+    """Every folder below the URL ``root`` (itself included), from one recursive listing.
+
+    Folders are the common prefixes of the keys (a store has no folders of its own);
+    folder markers (empty ``a/`` or ``a_$folder$`` keys) are not files. Raises OSError when
+    the store cannot be listed."""
+    fs, key = filesystem(root)
+    fs.invalidate_cache(key)  # a listing of an earlier analysis may be stale
+    found = cast(dict[str, dict[str, Any]],
+                 _call(root, "cannot list", fs.find, key, withdirs=True, detail=True))
+    base = cast(str, fs._strip_protocol(key)).rstrip("/")
+    tree: dict[str, Folder] = {base: Folder()}
+    files: list[str] = []
+    for path, entry in found.items():
+        path = cast(str, fs._strip_protocol(path))
+        if _is_marker(path, entry):
+            path = path.removesuffix(_MARKER_SUFFIX).rstrip("/")
+            if path and path != base:
+                tree.setdefault(path, Folder())
+        elif entry.get("type") == "directory":
+            tree.setdefault(path.rstrip("/"), Folder())
+        elif path != base:
+            files.append(path)
+    for path in files:
+        if path not in tree:  # an object also a prefix of others is a folder
+            _folder_of(tree, base, path).files.append(path.rsplit("/", 1)[-1])
+    for path in [p for p in tree if p != base]:
+        _folder_of(tree, base, path).dirs.append(path.rsplit("/", 1)[-1])
+    for folder in tree.values():
+        folder.dirs = sorted(set(folder.dirs))
+        folder.files = sorted(set(folder.files) - set(folder.dirs))
+    return {_url_of(fs, root, path): folder for path, folder in tree.items()}
+
+
+def _folder_of(tree: dict[str, Folder], base: str, path: str) -> Folder:
+    """The folder holding ``path``, made (with those between it and ``base``) if missing."""
+    up = path.rsplit("/", 1)[0]
+    if up not in tree:
+        tree[up] = Folder()
+        if up != base and "/" in up and up.startswith(base + "/"):
+            _folder_of(tree, base, up).dirs.append(up.rsplit("/", 1)[-1])
+    return tree[up]
+
+
+def list_dir(url: str) -> list[tuple[str, bool]]:
+    """The entries of one remote folder (name, is a folder), served from the listing the
+    filesystem keeps when the tree above was listed. OSError when it cannot be listed."""
+    fs, key = filesystem(url)
+    entries = cast(list[dict[str, Any]],
+                   _call(url, "cannot list", fs.ls, key, detail=True))
+    out: list[tuple[str, bool]] = []
+    for entry in entries:
+        path = cast(str, fs._strip_protocol(entry["name"]))
+        if path.rstrip("/") == cast(str, fs._strip_protocol(key)).rstrip("/"):
+            continue
+        if _is_marker(path, entry):
+            continue
+        out.append((path.rstrip("/").rsplit("/", 1)[-1], entry.get("type") == "directory"))
+    return sorted(out)
