@@ -1,0 +1,344 @@
+"""Fleets: runs per second and peak memory of ``forensics analyze`` over many runs.
+
+Makes fleets of generated runs (:mod:`fleetgen`: real tiny trainings, copied under new
+names with their own ``hparams.yaml``) in a temporary folder, then times the command line
+on each, every configuration in a child process of its own:
+
+* ``reference``: ``forensics analyze`` as it was before fleets were streamed (commit
+  ``REFERENCE``, exported with ``git archive`` into the temporary folder and run from there
+  with the same interpreter), in the same run on the same fleet;
+* ``-j 1``, ``-j 2``: this tree's local process pool;
+* ``--scheduler local:2``: a Dask ``LocalCluster`` of two workers the command starts;
+* with ``--s3-sizes``: the same fleet uploaded to moto's S3 server on loopback (started in
+  a process of its own, ``tests/s3server.py``) and analysed as ``s3://fleet/fleet-N``.
+
+Each line gives the wall time, runs per second and its ratio to the reference on the same
+fleet (or, for S3, to the same configuration on the local copy); ``peak RSS`` is the largest
+resident set of any one process of the command (``ru_maxrss`` from ``os.wait4``, which
+takes the maximum over the command and the workers it reaped); ``peak PSS`` the largest sum
+over the command's process tree, sampled ten times a second from
+``/proc/PID/smaps_rollup`` (proportional, so pages shared by forked workers count once).
+This process imports nothing large, so that its own size does not pass into its children's
+``ru_maxrss``. Every report is checked against the reference's, run by run (status, first
+step and tag, finding codes), and the fleet (files and, for S3, objects) against what it was
+before: nothing may be written into it.
+
+Usage: ``python bench/fleet.py [--sizes 100,500] [--s3-sizes 100] [--seed 0]``; the full
+figures in docs/performance.md are ``--sizes 100,500,1000,2000 --s3-sizes 1000``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, replace
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REFERENCE = "9033aee"  # the last commit before issue #18's fleets
+PYTHON = sys.executable
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str
+    flags: tuple[str, ...]
+    reference: bool = False
+
+
+CONFIGS = (
+    Config("reference -j 1", ("-j", "1"), reference=True),
+    Config("-j 1", ("-j", "1")),
+    Config("-j 2", ("-j", "2")),
+    Config("--scheduler local:2", ("--scheduler", "local:2")),
+)
+S3_CONFIGS = ("-j 1", "-j 2")
+
+
+@dataclass(frozen=True)
+class Measure:
+    config: str
+    where: str
+    runs: int
+    seconds: float
+    exit_code: int
+    max_rss_mib: float
+    peak_pss_mib: float
+    load: float
+    report: str
+    summary: str
+
+
+def _pss_kib(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as handle:
+            for line in handle:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _tree(pid: int) -> list[int]:
+    # /proc/PID/task/*/children names each process's children (Linux 3.5+).
+    out, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        out.append(current)
+        try:
+            tasks = os.listdir(f"/proc/{current}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                with open(f"/proc/{current}/task/{task}/children") as handle:
+                    todo.extend(int(c) for c in handle.read().split())
+            except OSError:
+                pass
+    return out
+
+
+def run_cli(config: Config, target: str, runs: int, where: str, code_root: str, work: str,
+            env: dict[str, str]) -> Measure:
+    """One ``forensics analyze`` of ``target`` in a child process, timed and measured."""
+    slug = f"{where}-{runs}-{config.name}".replace(" ", "_").replace(":", "").replace("-", "")
+    report = os.path.join(work, f"report-{slug}.json")
+    stdout = os.path.join(work, f"stdout-{slug}.txt")
+    cmd = [PYTHON, "-m", "analyzer.cli", "analyze", target, "-q", "--json", report,
+           *config.flags]
+    child_env = {**os.environ, **env, "PYTHONPATH": code_root}
+    load = os.getloadavg()[0]
+    peak = 0
+    with open(stdout, "wb") as out:
+        start = time.perf_counter()
+        # cwd is the work folder: `python -m` puts the working directory first on sys.path
+        proc = subprocess.Popen(cmd, cwd=work, env=child_env, stdout=out,
+                                stderr=subprocess.STDOUT)
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            peak = max(peak, sum(_pss_kib(p) for p in _tree(proc.pid)))
+            time.sleep(0.1)
+        seconds = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    with open(stdout, errors="replace") as handle:
+        lines = [line.rstrip() for line in handle if line.strip()]
+    if proc.returncode not in (0, 1):
+        raise SystemExit(f"{config.name} on {target} exited {proc.returncode}:\n"
+                         + "\n".join(lines[-20:]))
+    return Measure(config.name, where, runs, seconds, proc.returncode,
+                   usage.ru_maxrss / 1024, peak / 1024, load, report,
+                   lines[-1] if lines else "")
+
+
+def _outcomes(report: str) -> dict[str, tuple[object, ...]]:
+    with open(report) as handle:
+        runs = json.load(handle)["runs"]
+    out: dict[str, tuple[object, ...]] = {}
+    for run in runs:
+        incident = run.get("incident") or {}
+        out[run["name"]] = (run.get("status"), incident.get("step"), incident.get("tag"),
+                            tuple(f["code"] for f in run.get("findings") or ()))
+    return out
+
+
+def _snapshot(folder: str) -> dict[str, tuple[int, int]]:
+    out = {}
+    for top, _, names in os.walk(folder):
+        for name in names:
+            stat = os.stat(os.path.join(top, name))
+            out[os.path.join(top, name)] = (stat.st_size, stat.st_mtime_ns)
+    return out
+
+
+def export_reference(folder: str) -> str:
+    """The reference commit's package, exported (not checked out) into ``folder``."""
+    os.makedirs(folder)
+    archive = subprocess.run(["git", "-C", ROOT, "archive", REFERENCE, "analyzer"],
+                             check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", folder], input=archive, check=True)
+    found = subprocess.run([PYTHON, "-c", "import analyzer; print(analyzer.__file__)"],
+                           cwd=folder, env={**os.environ, "PYTHONPATH": folder}, check=True,
+                           capture_output=True, text=True).stdout.strip()
+    if not found.startswith(folder):  # an installed copy would shadow the export
+        raise SystemExit(f"the reference's package is not the one imported: {found}")
+    return folder
+
+
+def make_fleet(work: str, runs: int, seed: int) -> str:
+    out = os.path.join(work, f"fleet-{runs}")
+    subprocess.run([PYTHON, os.path.join(ROOT, "bench", "fleetgen.py"), out, "--runs",
+                    str(runs), "--seed", str(seed), "--trainings",
+                    os.path.join(work, "trainings")], check=True, stdout=subprocess.DEVNULL,
+                   env={**os.environ, "PYTHONPATH": ROOT})
+    return out
+
+
+_SERVER = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from tests.s3server import ENV, S3Server
+server = S3Server().start()
+server.create_bucket("fleet")
+for folder in sys.argv[2:]:
+    server.upload(folder, "s3://fleet/" + folder.rstrip("/").rsplit("/", 1)[-1])
+objects = sorted(server.snapshot("fleet").items())
+print(json.dumps({"env": {**ENV, "AWS_ENDPOINT_URL": server.endpoint}, "objects": objects}),
+      flush=True)
+sys.stdin.read()  # serve until the benchmark closes our stdin
+print(json.dumps(sorted(server.snapshot("fleet").items())), flush=True)
+server.stop()
+"""
+
+
+@contextmanager
+def s3_server(folders: Sequence[str]) -> Iterator[tuple[dict[str, str], list[bool]]]:
+    """moto's S3 server in a process of its own, holding ``folders`` in bucket ``fleet``:
+    the environment that points s3fs at it, and (after the block) whether every object's
+    key, size and ETag are what they were before."""
+    proc = subprocess.Popen([PYTHON, "-c", _SERVER, ROOT, *folders], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": ROOT})
+    assert proc.stdin is not None and proc.stdout is not None
+    same: list[bool] = []
+    try:
+        started = json.loads(proc.stdout.readline())
+        yield started["env"], same
+    finally:
+        proc.stdin.close()
+        after = proc.stdout.readline()
+        proc.wait(timeout=60)
+    same.append(bool(after) and json.loads(after) == started["objects"])
+
+
+def _plan(sizes: Sequence[int], s3_sizes: Sequence[int]) -> list[tuple[str, int, Config]]:
+    """(where, runs, configuration) in the order one round measures them."""
+    plan = []
+    for n in sorted(set(sizes) | set(s3_sizes)):
+        plan += [("local", n, c) for c in CONFIGS
+                 if n in sizes or c.reference or c.name in S3_CONFIGS]
+        if n in s3_sizes:
+            plan += [("s3", n, c) for c in CONFIGS if c.name in S3_CONFIGS]
+    return plan
+
+
+def _best(rounds: Sequence[Measure]) -> Measure:
+    """The fastest round's figures, with the largest peaks any round reached."""
+    fastest = min(rounds, key=lambda m: m.seconds)
+    return replace(fastest, max_rss_mib=max(m.max_rss_mib for m in rounds),
+                   peak_pss_mib=max(m.peak_pss_mib for m in rounds))
+
+
+def bench(sizes: Sequence[int], s3_sizes: Sequence[int], seed: int, rounds: int,
+          keep: bool) -> None:
+    work = tempfile.mkdtemp(prefix="fleet-bench-")
+    measured: dict[tuple[str, int, str], list[Measure]] = {}
+    problems: list[str] = []
+    try:
+        reference = export_reference(os.path.join(work, "reference"))
+        fleets = {n: make_fleet(work, n, seed) for n in sorted(set(sizes) | set(s3_sizes))}
+        snapshots = {n: _snapshot(f) for n, f in fleets.items()}
+        with ExitStack() as stack:
+            env: dict[str, str] = {}
+            unchanged: list[bool] = []
+            if s3_sizes:
+                env, unchanged = stack.enter_context(s3_server([fleets[n] for n in s3_sizes]))
+            for k in range(rounds):
+                print(f"round {k + 1} of {rounds}", flush=True)
+                for where, n, config in _plan(sizes, s3_sizes):
+                    target = fleets[n] if where == "local" else f"s3://fleet/fleet-{n}"
+                    m = run_cli(config, target, n, where, reference if config.reference
+                                else ROOT, work, env if where == "s3" else {})
+                    measured.setdefault((where, n, config.name), []).append(m)
+                    print(_line(m, [ms[-1] for ms in measured.values()]), flush=True)
+        if s3_sizes and not all(unchanged):
+            problems.append("the bucket changed while it was analysed")
+        for n, fleet in fleets.items():
+            if _snapshot(fleet) != snapshots[n]:
+                problems.append(f"fleet-{n} changed while it was analysed")
+        measures = [_best(ms) for ms in measured.values()]
+        problems += _check(measures)
+    finally:
+        if keep:
+            print(f"kept {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    print()
+    print(_table(measures))
+    print(f"\n{os.cpu_count()} cores; best of {rounds} round(s) (peaks: the largest of them); "
+          "load average (1 min) when the best one started")
+    if problems:
+        raise SystemExit("\n".join(problems))
+    print("every report agrees with the reference's, run by run; nothing was written into "
+          "the fleets or the bucket")
+
+
+def _check(measures: Sequence[Measure]) -> list[str]:
+    problems = []
+    refs = {m.runs: _outcomes(m.report) for m in measures if m.config.startswith("reference")}
+    for m in measures:
+        got = _outcomes(m.report)
+        if len(got) != m.runs:
+            problems.append(f"{m.config} ({m.where}, {m.runs}): {len(got)} runs in the report")
+        want = refs.get(m.runs)
+        if want is not None and got != want:
+            differ = sorted(k for k in set(got) | set(want) if got.get(k) != want.get(k))
+            problems.append(f"{m.config} ({m.where}, {m.runs}): {len(differ)} runs differ from "
+                            f"the reference, e.g. {differ[0]}: {got.get(differ[0])} against "
+                            f"{want.get(differ[0])}")
+    return problems
+
+
+def _base(m: Measure, measures: Sequence[Measure]) -> Measure | None:
+    for other in measures:
+        if other.runs != m.runs or other is m:
+            continue
+        if m.where == "s3" and other.where == "local" and other.config == m.config:
+            return other
+        if m.where == "local" and other.config.startswith("reference"):
+            return other
+    return None
+
+
+def _line(m: Measure, measures: Sequence[Measure]) -> str:
+    base = _base(m, measures)
+    ratio = f"{base.seconds / m.seconds:.2f}x" if base is not None else "1.00x"
+    return (f"| {m.where} | {m.config} | {m.runs:,} | {m.seconds:.1f} s | "
+            f"{m.runs / m.seconds:.1f} | {ratio} | {m.max_rss_mib:,.0f} MiB | "
+            f"{m.peak_pss_mib:,.0f} MiB | {m.load:.1f} |")
+
+
+def _table(measures: Sequence[Measure]) -> str:
+    head = ("| fleet | configuration | runs | time | runs/s | ratio | peak RSS (largest process) "
+            "| peak PSS (all processes) | load |\n|---|---|---|---|---|---|---|---|---|")
+    return "\n".join([head, *(_line(m, measures) for m in measures)])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="100,500",
+                        help="fleet sizes analysed locally by every configuration")
+    parser.add_argument("--s3-sizes", default="100",
+                        help="fleet sizes also analysed over loopback S3 ('' for none)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="measure every configuration this many times, in turn, and keep "
+                             "the fastest")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    s3_sizes = [int(s) for s in args.s3_sizes.split(",") if s]
+    bench(sizes, s3_sizes, args.seed, args.rounds, args.keep)
+
+
+if __name__ == "__main__":
+    main()
