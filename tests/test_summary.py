@@ -141,7 +141,7 @@ def test_a_categorical_separator_by_fisher_exact_test() -> None:
     assert (sep.failing.op, sep.failing.value) == ("==", "16-mixed")
     assert (sep.failing.failed, sep.failing.runs) == (16, 20)
     assert (sep.other.op, sep.other.value, sep.other.failed, sep.other.runs) == \
-        ("!=", "16-mixed", 0, 20)
+        ("==", "32", 0, 20)  # of two values, the other by name
     # A two-valued key is one test: its p is the 2x2 table's, not doubled.
     assert sep.p_value == pytest.approx(fisher_exact([[16, 4], [0, 20]]).pvalue)
     assert "precision == 16-mixed: 16 of 20 failed" in format_summary(summary)
@@ -157,6 +157,7 @@ def test_a_category_of_three_values_pays_for_each_value_tested() -> None:
     failed_lion = sum(1 for i in range(45) if i % 3 == 2 and i % 4 != 0)
     table = [[failed_lion, 15 - failed_lion], [0, 30]]
     assert (sep.failing.op, sep.failing.value) == ("==", "lion")
+    assert (sep.other.op, sep.other.value, sep.other.runs) == ("!=", "lion", 30)
     assert sep.p_value == pytest.approx(min(1.0, 3 * fisher_exact(table).pvalue))
 
 

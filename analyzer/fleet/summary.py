@@ -160,7 +160,10 @@ def _category_test(key: str, pairs: list[tuple[HyperValue, bool]]) -> Separator:
     assert best is not None
     p, gap, value = best
     inside = Side("==", value, counts[value], fails[value])
-    outside = Side("!=", value, len(texts) - counts[value], n_fail - fails[value])
+    rest = [v for v in counts if v != value]
+    # Of two values, the rest is the other one: say it by name.
+    outside = Side("==" if len(rest) == 1 else "!=", rest[0] if len(rest) == 1 else value,
+                   len(texts) - counts[value], n_fail - fails[value])
     failing, other = (inside, outside) if gap >= 0 else (outside, inside)
     adjusted = min(1.0, p * tests)
     return Separator(key, "category", "fisher", len(texts), n_fail, _p(adjusted),

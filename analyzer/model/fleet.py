@@ -79,7 +79,7 @@ class Side:
     """One side of a split: the runs whose value is on it and how many of them failed.
 
     For a number, ``op`` is ``>=`` or ``<=`` and ``value`` the bound; for a category,
-    ``==`` or ``!=``."""
+    ``==`` or ``!=`` (a key of two values names the other one: ``== true``)."""
 
     op: Literal[">=", "<=", "==", "!="]
     value: HyperValue
