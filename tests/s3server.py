@@ -21,6 +21,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
+BUCKET = "runs"
+"""The bucket the fixtures of :mod:`tests.remote_fixtures` make."""
+
 ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
        "AWS_DEFAULT_REGION": "us-east-1", "AWS_SECURITY_TOKEN": "testing",
        "AWS_SESSION_TOKEN": "testing"}
@@ -58,8 +61,26 @@ class _Logged:
         self.app = app
         self.log = log
         self.lock = lock
+        self.denied: set[str] = set()
+
+    def _refuse(self, environ: dict[str, Any], start: Callable[..., Any]) -> list[bytes] | None:
+        """S3's answer to a reader without the right to read the object (GET or HEAD)."""
+        from urllib.parse import unquote
+
+        path = unquote(environ.get("PATH_INFO", "")).strip("/")
+        if environ["REQUEST_METHOD"] not in ("GET", "HEAD") or \
+                not any(path.startswith(p) for p in self.denied) or "/" not in path:
+            return None
+        body = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>AccessDenied</Code>'
+                b"<Message>Access Denied</Message></Error>")
+        start("403 Forbidden", [("Content-Type", "application/xml"),
+                                ("Content-Length", str(len(body)))])
+        return [body] if environ["REQUEST_METHOD"] == "GET" else []
 
     def __call__(self, environ: dict[str, Any], start: Callable[..., Any]) -> Iterable[bytes]:
+        refused = self._refuse(environ, start)
+        if refused is not None:
+            return refused
         status: list[int] = []
 
         def start_logged(code: str, headers: Any, *rest: Any) -> Any:
@@ -85,6 +106,7 @@ class S3Server:
         self._log: list[Request] = []
         self._lock = threading.Lock()
         self._server: Any = None
+        self._app: Any = None
         self._thread: threading.Thread | None = None
         self._saved: dict[str, str | None] = {}
         self.endpoint = ""
@@ -102,6 +124,7 @@ class S3Server:
                 pass
 
         app = _Logged(DomainDispatcherApplication(create_backend_app), self._log, self._lock)
+        self._app = app
         self._server = make_server("127.0.0.1", 0, app, threaded=True, request_handler=Quiet)
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
@@ -141,6 +164,12 @@ class S3Server:
     def clear(self) -> None:
         with self._lock:
             self._log.clear()
+
+    def deny(self, *prefixes: str) -> None:
+        """Answer reads of the objects whose ``bucket/key`` starts with one of ``prefixes``
+        with S3's 403 AccessDenied, as a bucket policy denying them would (moto's server
+        does not enforce policies)."""
+        self._app.denied = set(prefixes)
 
     # --- the buckets -----------------------------------------------------------------
     def client(self) -> Any:

@@ -29,11 +29,13 @@ def expand(paths: list[str], passed: list[IngestIssue] | None = None) -> list[st
     limit, symlinked folders not followed). What the walk passed over (deeper folders,
     symlinked folders, special files and broken links named like checkpoints, folders
     that cannot be listed) is added to ``passed``."""
+    from analyzer.ingest import storage
+
     found: list[str] = []
-    for path in paths:
-        if os.path.isdir(path):
+    for path in map(storage.normalize, paths):
+        if storage.isdir(path):
             found.extend(_below(path, passed if passed is not None else []))
-        elif os.path.lexists(path):
+        elif storage.exists(path) if storage.is_url(path) else os.path.lexists(path):
             found.append(path)
         else:
             raise UsageError(f"{path}: no such file or folder")
@@ -43,12 +45,13 @@ def expand(paths: list[str], passed: list[IngestIssue] | None = None) -> list[st
 
 
 def _below(root: str, passed: list[IngestIssue]) -> list[str]:
+    from analyzer.ingest import storage
     from analyzer.ingest.checkpoints import is_checkpoint_file
     from analyzer.ingest.discover import is_run_file, walk_tree
 
     found: list[str] = []
     for listing in walk_tree(root, lambda _folder: True):
-        found.extend(os.path.join(listing.folder, f) for f in listing.files
+        found.extend(storage.join(listing.folder, f) for f in listing.files
                      if is_checkpoint_file(f))
         for issue in listing.issues:  # a FIFO named train.log is not inspect's business
             name = os.path.basename(issue.location.file)

@@ -4,7 +4,6 @@ checkpoint on a supplied batch), print what it found, write its JSON."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections.abc import Sequence
 from typing import TextIO
@@ -12,6 +11,7 @@ from typing import TextIO
 from analyzer.cli.exit import status
 from analyzer.cli.output import check_json_target, write_json_file
 from analyzer.errors import UsageError
+from analyzer.ingest import storage
 
 
 def replay_command(path: str, *, device: str = "cpu", dtype: str = "as-run",
@@ -29,7 +29,8 @@ def replay_command(path: str, *, device: str = "cpu", dtype: str = "as-run",
 
     With ``batch`` or ``data`` the run's checkpoint is replayed instead, on that batch
     (:mod:`analyzer.replayer.from_checkpoint`): ``checkpoint``, ``model`` (with its JSON
-    ``model_kwargs``), ``loss`` and ``step`` say what to rebuild it from."""
+    ``model_kwargs``), ``loss`` and ``step`` say what to rebuild it from. ``path`` may be a
+    URL: the capture is read in place (:mod:`analyzer.ingest.storage`)."""
     from analyzer.report.replay import format_replay
 
     stream = out if out is not None else sys.stdout
@@ -38,6 +39,10 @@ def replay_command(path: str, *, device: str = "cpu", dtype: str = "as-run",
     asked = {"--checkpoint": checkpoint, "--model": model, "--model-kwargs": model_kwargs,
              "--loss": loss, "--step": step}
     label: str | None = None
+    if (batch is not None or data is not None) and \
+            any(storage.is_url(p) for p in (path, checkpoint or "")):
+        raise UsageError(f"{path}: a replay from a checkpoint reads a local run; copy the run "
+                         "out of the store first (a capture is replayed in place)")
     if batch is not None or data is not None:
         from analyzer.replayer.from_checkpoint import Request, parse_kwargs, replay_checkpoint
 
@@ -55,7 +60,7 @@ def replay_command(path: str, *, device: str = "cpu", dtype: str = "as-run",
         from analyzer.replayer import CaptureError, replay
 
         target = run_capture(path, run_roots)
-        if os.path.isdir(target) and capture_of(target) is None:
+        if storage.isdir(target) and capture_of(target) is None:
             raise CaptureError(path, "holds no capture (no capture/step_<N>/meta.json); to "
                                      "replay a step from one of its checkpoints instead, add "
                                      "--batch FILE or --data module:function")
@@ -79,10 +84,11 @@ def run_capture(path: str, run_roots: Sequence[str] = ()) -> str:
     from analyzer.capture.folder import capture_of, is_complete
     from analyzer.ingest.discover import discover
 
-    if not os.path.isdir(path) or capture_of(path) is not None:
+    path = storage.normalize(path)
+    if not storage.isdir(path) or capture_of(path) is not None:
         return path
-    here = os.path.abspath(path)
+    here = storage.absolute(path)
     for run in discover([path], run_roots=run_roots).runs:
-        if os.path.abspath(run.path) == here:
+        if storage.absolute(run.path) == here:
             return next((c for c in run.capture_dirs if is_complete(c)), path)
     return path

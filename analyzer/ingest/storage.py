@@ -234,8 +234,13 @@ def open_url(url: str, block_size: int = SMALL_BLOCK) -> tuple[BinaryIO, int]:
         raise FileNotFoundError(2, "no such object", url)
     if found.get("type") == "directory":
         raise IsADirectoryError(21, "a folder, not an object", url)
-    handle = _call(url, "cannot open", fs.open, key, "rb", block_size=block_size)
-    return cast(BinaryIO, _Guarded(handle, url)), int(found.get("size") or 0)
+    known = int(found.get("size") or 0)
+    try:  # the size known saves the filesystem a look of its own
+        handle = _call(url, "cannot open", fs.open, key, "rb", block_size=block_size,
+                       size=known)
+    except TypeError:  # a filesystem whose files take no size
+        handle = _call(url, "cannot open", fs.open, key, "rb", block_size=block_size)
+    return cast(BinaryIO, _Guarded(handle, url)), known
 
 
 class _Guarded:

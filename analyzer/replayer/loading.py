@@ -31,6 +31,7 @@ from analyzer.capture.folder import (
     run_of_capture,
 )
 from analyzer.capture.format import NoConfigClass, from_config
+from analyzer.ingest import storage
 from analyzer.ingest.safeio import NotRegularFile, open_regular
 from analyzer.model import CaptureMeta, FactorySpec, OptimizerSpec
 from analyzer.replayer.errors import CaptureError, ModelRebuildError
@@ -90,7 +91,7 @@ class Capture:
 def find_capture(path: str) -> str:
     """The capture behind ``path`` (see :func:`analyzer.capture.folder.capture_of`); a path
     without one is a CaptureError."""
-    if not os.path.exists(path):
+    if not storage.exists(path):
         raise CaptureError(path, "no such file or folder")
     found = capture_of(path)
     if found is None:
@@ -107,8 +108,8 @@ def read_meta(folder: str) -> CaptureMeta:
 
 
 def load_pt(folder: str, name: str, *, required: bool = True) -> Any:
-    path = os.path.join(folder, name)
-    if not os.path.exists(path):
+    path = storage.join(folder, name)  # a capture on object storage is read in place
+    if not storage.exists(path):
         if required:
             raise CaptureError(path, "missing")
         return None
