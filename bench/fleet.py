@@ -9,11 +9,15 @@ on each, every configuration in a child process of its own:
   with the same interpreter), in the same run on the same fleet;
 * ``-j 1``, ``-j 2``: this tree's local process pool;
 * ``--scheduler local:2``: a Dask ``LocalCluster`` of two workers the command starts;
+* ``no --json``: the reference and ``-j 1`` again with the text report only, since
+  writing the JSON report of every run at once is a cost of its own (the check is then the
+  counts in the text report's last line);
 * with ``--s3-sizes``: the same fleet uploaded to moto's S3 server on loopback (started in
   a process of its own, ``tests/s3server.py``) and analysed as ``s3://fleet/fleet-N``.
 
-Each line gives the wall time, runs per second and its ratio to the reference on the same
-fleet (or, for S3, to the same configuration on the local copy); ``peak RSS`` is the largest
+Each line gives the wall time, runs per second and its speed as a ratio to the reference's
+on the same fleet (a ``no --json`` line: to the reference's without it; an S3 line: to the
+same configuration on the local copy); ``peak RSS`` is the largest
 resident set of any one process of the command (``ru_maxrss`` from ``os.wait4``, which
 takes the maximum over the command and the workers it reaped); ``peak PSS`` the largest sum
 over the command's process tree, sampled ten times a second from
@@ -23,8 +27,12 @@ This process imports nothing large, so that its own size does not pass into its 
 step and tag, finding codes), and the fleet (files and, for S3, objects) against what it was
 before: nothing may be written into it.
 
-Usage: ``python bench/fleet.py [--sizes 100,500] [--s3-sizes 100] [--seed 0]``; the full
-figures in docs/performance.md are ``--sizes 100,500,1000,2000 --s3-sizes 1000``.
+With ``--rounds N`` every configuration is measured N times, in turn, and the fastest
+round is kept (with the largest peaks of any round).
+
+Usage: ``python bench/fleet.py [--sizes 100,500] [--s3-sizes 100] [--rounds 1] [--seed 0]``
+(a few minutes); the full figures in docs/performance.md are ``--sizes 100,500,1000,2000
+--s3-sizes 1000``.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -51,6 +60,7 @@ class Config:
     name: str
     flags: tuple[str, ...]
     reference: bool = False
+    json: bool = True  # False: the text report only, whose counts are checked
 
 
 CONFIGS = (
@@ -58,6 +68,8 @@ CONFIGS = (
     Config("-j 1", ("-j", "1")),
     Config("-j 2", ("-j", "2")),
     Config("--scheduler local:2", ("--scheduler", "local:2")),
+    Config("reference -j 1, no --json", ("-j", "1"), reference=True, json=False),
+    Config("-j 1, no --json", ("-j", "1"), json=False),
 )
 S3_CONFIGS = ("-j 1", "-j 2")
 
@@ -110,10 +122,10 @@ def run_cli(config: Config, target: str, runs: int, where: str, code_root: str, 
             env: dict[str, str]) -> Measure:
     """One ``forensics analyze`` of ``target`` in a child process, timed and measured."""
     slug = f"{where}-{runs}-{config.name}".replace(" ", "_").replace(":", "").replace("-", "")
-    report = os.path.join(work, f"report-{slug}.json")
+    report = os.path.join(work, f"report-{slug}.json") if config.json else ""
     stdout = os.path.join(work, f"stdout-{slug}.txt")
-    cmd = [PYTHON, "-m", "analyzer.cli", "analyze", target, "-q", "--json", report,
-           *config.flags]
+    cmd = [PYTHON, "-m", "analyzer.cli", "analyze", target, "-q",
+           *(("--json", report) if report else ()), *config.flags]
     child_env = {**os.environ, **env, "PYTHONPATH": code_root}
     load = os.getloadavg()[0]
     peak = 0
@@ -225,7 +237,7 @@ def _plan(sizes: Sequence[int], s3_sizes: Sequence[int]) -> list[tuple[str, int,
     plan = []
     for n in sorted(set(sizes) | set(s3_sizes)):
         plan += [("local", n, c) for c in CONFIGS
-                 if n in sizes or c.reference or c.name in S3_CONFIGS]
+                 if n in sizes or (c.reference and c.json) or c.name in S3_CONFIGS]
         if n in s3_sizes:
             plan += [("s3", n, c) for c in CONFIGS if c.name in S3_CONFIGS]
     return plan
@@ -284,17 +296,25 @@ def bench(sizes: Sequence[int], s3_sizes: Sequence[int], seed: int, rounds: int,
 
 def _check(measures: Sequence[Measure]) -> list[str]:
     problems = []
-    refs = {m.runs: _outcomes(m.report) for m in measures if m.config.startswith("reference")}
+    refs = {m.runs: _outcomes(m.report) for m in measures
+            if m.config.startswith("reference") and m.report}
+    counts = {m.runs: re.findall(r"\d+", m.summary) for m in measures
+              if m.config.startswith("reference")}
     for m in measures:
+        what = f"{m.config} ({m.where}, {m.runs})"
+        if not m.report:  # the text report: its last line's counts
+            if re.findall(r"\d+", m.summary) != counts.get(m.runs):
+                problems.append(f"{what}: {m.summary!r} where the reference says "
+                                f"{counts.get(m.runs)}")
+            continue
         got = _outcomes(m.report)
         if len(got) != m.runs:
-            problems.append(f"{m.config} ({m.where}, {m.runs}): {len(got)} runs in the report")
+            problems.append(f"{what}: {len(got)} runs in the report")
         want = refs.get(m.runs)
         if want is not None and got != want:
             differ = sorted(k for k in set(got) | set(want) if got.get(k) != want.get(k))
-            problems.append(f"{m.config} ({m.where}, {m.runs}): {len(differ)} runs differ from "
-                            f"the reference, e.g. {differ[0]}: {got.get(differ[0])} against "
-                            f"{want.get(differ[0])}")
+            problems.append(f"{what}: {len(differ)} runs differ from the reference, e.g. "
+                            f"{differ[0]}: {got.get(differ[0])} against {want.get(differ[0])}")
     return problems
 
 
@@ -304,7 +324,8 @@ def _base(m: Measure, measures: Sequence[Measure]) -> Measure | None:
             continue
         if m.where == "s3" and other.where == "local" and other.config == m.config:
             return other
-        if m.where == "local" and other.config.startswith("reference"):
+        if m.where == "local" and other.config.startswith("reference") and \
+                bool(other.report) == bool(m.report):
             return other
     return None
 
