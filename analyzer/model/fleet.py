@@ -111,6 +111,8 @@ class Separator:
 
 @dataclass(frozen=True)
 class SkippedKey:
+    """A key not tested, and why."""
+
     key: str
     reason: SkipReason
     runs: int

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from analyzer.model.findings import CodeRefusal, Finding, Incident, SkippedRule
+from analyzer.model.fleet import SweepSummary
 from analyzer.model.issues import IngestIssue
 from analyzer.model.jsonform import json_meta
 from analyzer.model.replays import ReplayResult
@@ -99,6 +100,9 @@ class Report:
     issues: tuple[IngestIssue, ...] = ()
     """What the search for runs passed over outside every run (a symlinked folder, a folder
     too deep or that cannot be listed)."""
+    summary: SweepSummary | None = None
+    """The sweep summary of the runs (:func:`analyzer.fleet.summary.summarize`), when it
+    was asked for (``forensics analyze --summary``); None otherwise."""
 
     JSON_EXTRA = ("failed",)
 
