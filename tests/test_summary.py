@@ -172,6 +172,18 @@ def test_mixed_types_under_one_key_are_compared_as_categories() -> None:
     assert (sep.failing.failed, sep.failing.runs) == (10, 10)
 
 
+def test_numbers_written_as_text_in_some_runs_are_still_numbers() -> None:
+    """PyYAML reads ``lr: 5e-3`` as the string "5e-3" (YAML 1.1 wants ``5.0e-3``)."""
+    results = _lr_sweep(40)
+    for k, r in enumerate(results[::3]):
+        fields = r.run.metadata.files[0].fields  # type: ignore[union-attr]
+        fields["lr"] = f"{fields['lr']:e}" if k % 2 else str(fields["lr"])  # type: ignore[index]
+    summary = summarize(results)
+    lr = summary.separators[0]
+    assert lr.key == "lr" and lr.kind == "number" and lr.significant
+    assert isinstance(lr.failing.value, float)
+
+
 def test_too_few_runs_of_one_outcome_are_not_tested_and_n_is_stated() -> None:
     results = [_result(i, i < 2, {"lr": 0.1 if i < 2 else 0.001 * (i + 1)}) for i in range(20)]
     summary = summarize(results)

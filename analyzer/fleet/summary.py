@@ -23,6 +23,7 @@ from half the judged runs or more, present in one outcome only, or held by fewer
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
@@ -96,6 +97,20 @@ def _steps(rows: Sequence[RunRow]) -> StepDistribution:
 
 def _number(value: HyperValue) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+_NUMERIC_TEXT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+
+
+def _numbers(pairs: list[tuple[HyperValue, bool]]) -> list[tuple[HyperValue, bool]]:
+    """The pairs with numbers written as text read as numbers, when every value of the key
+    is a number either way: YAML 1.1 reads ``5e-3`` as a string, ``5.0e-3`` as a float,
+    and one sweep's configs may hold both."""
+    if all(_number(v) for v, _ in pairs) or not all(
+            _number(v) or (isinstance(v, str) and _NUMERIC_TEXT.fullmatch(v.strip()))
+            for v, _ in pairs):
+        return pairs
+    return [(v if _number(v) else float(v), f) for v, f in pairs]
 
 
 def _cut(values: list[float], failed: list[bool]) -> tuple[Side, Side]:
@@ -219,8 +234,8 @@ def _separators(rows: Sequence[RunRow], alpha: float, min_runs: int
     tested: list[Separator] = []
     skipped: list[SkippedKey] = []
     for key in keys:
-        pairs = [(r.hyperparameters[key], r.status == "failed") for r in judged
-                 if key in r.hyperparameters]
+        pairs = _numbers([(r.hyperparameters[key], r.status == "failed") for r in judged
+                          if key in r.hyperparameters])
         reason = _skip_reason(pairs, len(judged), min_runs)
         if reason is not None:
             skipped.append(SkippedKey(key, reason, len(pairs)))
