@@ -239,3 +239,47 @@ def test_paths_of_urls_keep_their_bucket() -> None:
     assert storage.is_url("gs://b/k") and not storage.is_url("file:///x")
     assert not storage.is_url("runs/a") and storage.absolute("s3://b/x/") == "s3://b/x"
     assert storage.parent("runs/a") == "runs"  # a local path as os.path has it
+
+
+def test_any_fsspec_filesystem_serves_a_run(tmp_path: Path) -> None:
+    """memory:// (no server): a filesystem other than s3fs, whose paths start with '/'."""
+    import fsspec
+
+    import analyzer
+    from analyzer.report.json import to_json
+
+    local = ROOT / "sample_runs" / "nan_in_batch"
+    memory = fsspec.filesystem("memory")
+    url = "memory://forensics-test/nan_in_batch"
+    try:
+        memory.pipe({f"{url}/{p.relative_to(local).as_posix()}": p.read_bytes()
+                     for p in local.rglob("*") if p.is_file()})
+        remote = to_json(analyzer.analyze(url, replay=False))
+        on_disk = to_json(analyzer.analyze(str(local), replay=False))
+    finally:
+        memory.rm("memory://forensics-test", recursive=True)
+    assert remote == on_disk.replace(str(local), url)
+
+
+def test_a_safetensors_header_is_read_without_its_tensors(
+        s3: S3Server, tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    from analyzer.ingest.checkpoints import scan_checkpoint
+    from analyzer.ingest.ckpt.ranges import FileRanges
+    from analyzer.ingest.ckpt.safetensors_file import read_header
+
+    path = tmp_path / "model.safetensors"
+    save_file({"w": torch.randn(1_000_000), "b": torch.zeros(3)}, str(path))
+    size = path.stat().st_size
+    s3.upload(str(tmp_path), f"s3://{BUCKET}/safe")
+    key = "safe/model.safetensors"
+    s3.clear()
+    with FileRanges(f"s3://{BUCKET}/{key}") as ranges:
+        header = read_header(ranges)
+    assert len(header.tensors) == 2
+    assert _fetched(s3, key) <= storage.SMALL_BLOCK + 1024  # the header, no value
+    s3.clear()
+    scan = scan_checkpoint(f"s3://{BUCKET}/{key}")
+    assert not scan.issues and size <= _fetched(s3, key) < size * 5 // 4
