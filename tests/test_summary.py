@@ -307,7 +307,8 @@ def test_hyperparameters_from_files_env_and_capture_by_precedence() -> None:
         MetadataFile("/r/ckpt/last.ckpt", "checkpoint_hparams", "lightning", "read",
                      {"lr": 0.125, "precision": "16-mixed"}),
         MetadataFile("/r/trainer_state.json", "trainer_state", "transformers", "read",
-                     {"global_step": 90, "epoch": 1.5, "logging_steps": 5, "best_metric": None}),
+                     {"global_step": 90, "epoch": 1.5, "logging_steps": 5, "best_metric": None,
+                      "total_flos": 1e9, "trial_params.lr": 0.3}),
         MetadataFile("/r/scheduler.pt", "scheduler", "torch", "read",
                      {"base_lr": 0.1, "last_lr": 0.01, "last_epoch": 12}),
     )
@@ -321,7 +322,9 @@ def test_hyperparameters_from_files_env_and_capture_by_precedence() -> None:
     assert got["name"] == "b" and got["model.depth"] == 4  # the latest version first
     assert got["precision"] == "16-mixed" and got["logging_steps"] == 5
     assert got["base_lr"] == 0.1
-    for progress in ("global_step", "epoch", "best_metric", "last_lr", "last_epoch"):
+    assert got["trial_params.lr"] == 0.3
+    for progress in ("global_step", "epoch", "best_metric", "total_flos", "last_lr",
+                     "last_epoch"):
         assert progress not in got
     assert got["env.torch"] == "2.5.0" and got["env.gpu"] == "NVIDIA H100"
     assert got["env.gpu_count"] == 2 and got["env.deterministic_algorithms"] is True
@@ -395,3 +398,27 @@ def test_regression_training_args_keep_every_plain_field_but_secrets(tmp_path: P
     assert fields["save_strategy"] == "no"  # an enum, by its value
     assert "hub_token" not in fields and "hf_not_to_be_kept" not in fields.values()
     assert not any(k.startswith("_") for k in fields)
+
+
+def test_hyperparameters_of_real_trainer_runs_hold_settings_not_progress(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A Hugging Face Trainer's save folders, from the shared corpus: training_args.bin,
+    trainer_state.json, config.json and scheduler.pt each give their keys; the counters
+    of how far it went do not, nor the hub token."""
+    import analyzer
+    from tests.frameworks import corpus
+
+    nan_run = corpus.get("hf_nan", tmp_path_factory)
+    healthy = corpus.get("hf_healthy", tmp_path_factory)
+    results = {Path(r.run.path).name: r for r in
+               analyzer.analyze([str(nan_run), str(healthy)]).results}
+    got = {name: hyperparameters(r) for name, r in results.items()}
+    assert got["hf_nan"]["learning_rate"] == 30 and got["hf_healthy"]["learning_rate"] == 5e-3
+    for keys in got.values():
+        assert keys["n_embd"] == 16 and keys["max_steps"] in (20, 24)
+        assert "optim" in keys and "per_device_train_batch_size" in keys
+        assert not {"global_step", "epoch", "total_flos", "hub_token"} & set(keys)
+        assert not any(k.startswith("log_history") for k in keys)
+    summary = summarize(list(results.values()))
+    assert (summary.failed, summary.finite) == (1, 1)
+    assert {k.reason for k in summary.skipped} <= {"too_few", "constant"}

@@ -27,7 +27,7 @@ from analyzer.model.fleet import HyperValue
 MAX_TEXT = 200
 PROGRESS = frozenset({
     "global_step", "epoch", "best_metric", "best_global_step", "best_model_checkpoint",
-    "last_epoch", "last_lr", "transformers_version",
+    "total_flos", "num_input_tokens_seen", "last_epoch", "last_lr", "transformers_version",
 })  # fmt: skip
 """Keys of a file's fields that say how far the training went, or which writer wrote it
 (the environment gives versions once, under ``env.``)."""
