@@ -16,43 +16,51 @@ its own:
                                                run, each beside its siblings)
     report(results, issues)  -> Report         the versioned result
 
-:func:`analyze` chains them as ``forensics analyze`` does; the dashboard calls the same
-stages one at a time, caching each. Only :func:`discover` and :func:`read_run` open files;
-the rules read everything off the :class:`Run` (its ``env`` and capture metas included),
-and a replay reads only its capture, importing the factories it names only from trusted
-folders (:mod:`analyzer.trust`).
+:func:`analyze_run` is one run's read, align, locate, replay and rank (without siblings),
+returning a slim result (:meth:`Run.slim`): what a fleet's executor runs per run (see
+:mod:`analyzer.fleet`). :func:`rank_siblings` then adds the rules that compare the run
+with its healthy siblings, once every run of its folder is done: together they give what
+:func:`rank_all` gives on full runs. :func:`analyze` streams them as ``forensics analyze``
+does; the dashboard calls the same stages one at a time, caching each. Only
+:func:`discover` and :func:`read_run` open files; the rules read everything off the
+:class:`Run` (its ``env`` and capture metas included), and a replay reads only its
+capture, importing the factories it names only from trusted folders (:mod:`analyzer.trust`).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from analyzer.align import align
 from analyzer.errors import ForensicsError, UsageError
+from analyzer.ingest import storage
 from analyzer.ingest.discover import Discovery, RunFiles
 from analyzer.ingest.discover import discover as _discover
-from analyzer.ingest.runs import Progress, read_runs
+from analyzer.ingest.runs import read_runs
 from analyzer.model import CodeRefusal, IngestIssue, Report, Run, RunResult
 from analyzer.model.replays import ReplayResult
 from analyzer.onset import locate
 
 __all__ = [
+    "RunOptions",
     "align",
     "analyze",
+    "analyze_run",
     "attempt_replay",
     "discover",
     "locate",
     "rank",
     "rank_all",
+    "rank_siblings",
     "read_run",
     "read_runs",
     "replay_run",
     "report",
     "runs_of",
+    "same_folder",
     "siblings",
     "tool_version",
     "with_replay",
@@ -133,6 +141,60 @@ def attempt_replay(capture: str, *, device: str = "cpu", dtype: str = "as-run",
     return done, None, None
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """How :func:`analyze_run` treats each run; picklable, so that it travels to worker
+    processes and cluster workers with the run's files."""
+
+    verify: bool = True
+    checkpoints: bool = True
+    trust_pickle: bool = False
+    replay: bool = True
+    device: str = "cpu"
+    dtype: str = "as-run"
+    import_paths: tuple[str, ...] = ()
+    trust_code: bool = False
+    rules: bool = True
+    keep_series: bool = False
+    """Keep the run's series and histograms in the result (not slim): for a caller that
+    reads them after the analysis, at the cost of holding every run whole."""
+
+
+def analyze_run(found: RunFiles, options: RunOptions, *, jobs: int = 1,
+                status: Callable[[str], None] | None = None) -> RunResult:
+    """One run read, aligned, located, its capture replayed (``options.replay``) and ranked
+    without siblings; slim (its series and histograms dropped, their points per tag kept)
+    unless ``options.keep_series``.
+    ``jobs`` processes read its event files; ``status`` is told before a replay starts."""
+    (run,) = read_runs([found], verify=options.verify, jobs=jobs,
+                       checkpoints=options.checkpoints, trust_pickle=options.trust_pickle)
+    result = locate(align(run))
+    if options.replay and result.run.captures:
+        if status is not None:
+            status(f"replaying {result.run.name}")
+        result = with_replay(result, attempt_replay(
+            result.run.captures[0], device=options.device, dtype=options.dtype,
+            import_paths=options.import_paths, trust_code=options.trust_code))
+    if options.rules:
+        result = rank(result, {})
+    return result if options.keep_series else replace(result, run=result.run.slim())
+
+
+def rank_siblings(result: RunResult, siblings: Mapping[str, Mapping[str, Any]]) -> RunResult:
+    """A result ranked without siblings (:func:`analyze_run`), with the rules that compare
+    it with ``siblings`` added: equal to :func:`rank` of the full run beside them."""
+    from analyzer.rules import evaluate_siblings
+
+    findings, skipped = evaluate_siblings(result, siblings)
+    return replace(result, findings=findings, skipped_rules=skipped)
+
+
+def same_folder(path: str) -> str:
+    """The folder a run lies in, as siblings are grouped: runs with the same one are
+    compared with each other (a URL's too: ``s3://b/sweep/run_1`` lies in ``s3://b/sweep``)."""
+    return storage.parent(storage.absolute(path))
+
+
 def siblings(result: RunResult, others: Sequence[RunResult]) -> dict[str, Mapping[str, Any]]:
     """The environments of the healthy runs beside ``result``'s run (same parent folder),
     by run name: the rules compare a failed run's environment with them."""
@@ -144,10 +206,10 @@ def healthy_siblings(path: str, runs: Sequence[tuple[str, str, bool, Mapping[str
                      ) -> dict[str, Mapping[str, Any]]:
     """:func:`siblings` from (path, name, failed, env) of each run, for callers that keep
     those facts and not whole results (the dashboard's caches)."""
-    parent = os.path.dirname(os.path.abspath(path))
+    parent, here = same_folder(path), storage.absolute(path)
     return {name: env for other, name, failed, env in runs
-            if env is not None and not failed and os.path.abspath(other) != os.path.abspath(path)
-            and os.path.dirname(os.path.abspath(other)) == parent}
+            if env is not None and not failed and storage.absolute(other) != here
+            and same_folder(other) == parent}
 
 
 def rank(result: RunResult, siblings: Mapping[str, Mapping[str, Any]]) -> RunResult:
@@ -168,32 +230,29 @@ def report(results: Sequence[RunResult], issues: Sequence[IngestIssue] = ()) -> 
 
 
 def analyze(paths: str | Sequence[str], *, verify: bool = True, jobs: int = 1,
-            progress: Progress | None = None, checkpoints: bool = True,
+            progress: Callable[[int, int], None] | None = None, checkpoints: bool = True,
             trust_pickle: bool = False, logs: Sequence[str] = (), replay: bool = True,
-            device: str = "cpu", import_paths: Sequence[str] = (), trust_code: bool = False,
-            rules: bool = True, status: Callable[[str], None] | None = None,
-            run_roots: Sequence[str] = ()) -> Report:
-    """Read every run below ``paths``, locate its first non-finite values, replay its
-    captured failing step (when it has one) and rank the root causes: every stage over
-    every run, as ``forensics analyze`` runs them.
-
-    A replay imports the factories its capture names only from trusted folders (see
-    :mod:`analyzer.trust`): ``import_paths``, the folders recorded with ``forensics trust``,
-    the tool's own, or wherever they are with ``trust_code``; otherwise the result says
-    which code it would have imported (``replay_refused``) and the rest is analysed.
-    ``status`` is told, in a few words, what slow step comes next (a replay).
-    ``run_roots`` override how runs are grouped: each is one run with all below it.
+            device: str = "cpu", dtype: str = "as-run", import_paths: Sequence[str] = (),
+            trust_code: bool = False, rules: bool = True,
+            status: Callable[[str], None] | None = None, run_roots: Sequence[str] = (),
+            keep_series: bool = True) -> Report:
+    """Every stage over every run below ``paths``, in this process, one run after the
+    other: :func:`analyze_run` per run (``jobs`` processes read its event files), then
+    :func:`rank_siblings` beside the others. :func:`analyzer.api.analyze` gives the same
+    report on a process pool or a Dask cluster. ``progress`` is called with (runs done,
+    runs in all); ``keep_series`` False keeps slim results only.
     """
     found = discover(paths, logs, run_roots)
-    runs = read_runs(runs_of(found, paths), verify=verify, jobs=jobs, progress=progress,
-                     checkpoints=checkpoints, trust_pickle=trust_pickle)
-    results = [locate(align(r)) for r in runs]
-    if replay:
-        for k, r in enumerate(results):
-            if status is not None and r.run.captures:
-                status(f"replaying {r.run.name} ({k + 1}/{len(results)})")
-            results[k] = replay_run(r, device=device, import_paths=import_paths,
-                                    trust_code=trust_code)
+    runs = runs_of(found, paths)
+    options = RunOptions(verify=verify, checkpoints=checkpoints, trust_pickle=trust_pickle,
+                         replay=replay, device=device, dtype=dtype,
+                         import_paths=tuple(import_paths), trust_code=trust_code,
+                         rules=rules, keep_series=keep_series)
+    results: list[RunResult] = []
+    for found_run in runs:
+        results.append(analyze_run(found_run, options, jobs=jobs, status=status))
+        if progress is not None:
+            progress(len(results), len(runs))
     if rules:
-        results = rank_all(results)
+        results = [rank_siblings(r, siblings(r, results)) for r in results]
     return report(results, found.issues)

@@ -1,14 +1,26 @@
-"""``forensics analyze``: read the runs below each path, report, and gate."""
+"""``forensics analyze``: analyse the runs below each path, report, and gate.
+
+Runs are analysed one task per run: in this process for a single run (or ``-j 1``), on a
+local process pool sized to the machine by default, or on a Dask cluster with
+``--scheduler`` (see :mod:`analyzer.fleet`); the report is the same whichever runs them.
+"""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
+from functools import partial
+from typing import TYPE_CHECKING
 
 from analyzer.cli.exit import status
 from analyzer.cli.output import write_json_file, write_stdout
 from analyzer.cli.progress import ProgressBar
 from analyzer.errors import UsageError
+
+if TYPE_CHECKING:
+    from analyzer.model import Report
+    from analyzer.model.fleet import SweepSummary
 
 
 def analyze_command(
@@ -17,7 +29,9 @@ def analyze_command(
     json_file: str | None = None,
     quiet: bool = False,
     verify: bool = True,
-    jobs: int = 1,
+    jobs: int | None = None,
+    scheduler: str | None = None,
+    summary: bool = False,
     logs: Sequence[str] = (),
     replay: bool = True,
     device: str = "cpu",
@@ -28,31 +42,53 @@ def analyze_command(
     run_roots: Sequence[str] = (),
 ) -> int:
     """Analyse, print the text report (or the JSON one for ``json_file`` '-'), write the
-    JSON file, and return the exit status (:mod:`analyzer.cli.exit`)."""
+    JSON file, and return the exit status (:mod:`analyzer.cli.exit`). ``jobs`` None: one
+    process per CPU; ``summary``: the sweep summary after the report (or alone, ``quiet``)
+    and in the JSON."""
     from analyzer.api import analyze
     from analyzer.report.json import to_json
     from analyzer.report.text import format_text
 
-    if jobs < 1:
+    if jobs is not None and jobs < 1:
         raise UsageError("--jobs must be at least 1")
     progress = ProgressBar(sys.stderr) if sys.stderr.isatty() else None
-    report = analyze(list(paths), verify=verify, jobs=jobs, progress=progress,
-                     checkpoints=checkpoints, trust_pickle=trust_pickle, logs=list(logs),
-                     replay=replay, device=device, import_paths=list(import_paths),
-                     trust_code=trust_code, run_roots=list(run_roots),
-                     status=progress.note if progress is not None else None)
-    if progress is not None:
-        progress.close()
+    try:
+        report = analyze(list(paths), verify=verify, jobs=jobs, scheduler=scheduler,
+                         progress=progress, checkpoints=checkpoints, trust_pickle=trust_pickle,
+                         logs=list(logs), replay=replay, device=device,
+                         import_paths=list(import_paths), trust_code=trust_code,
+                         run_roots=list(run_roots), keep_series=False,
+                         status=progress.note if progress is not None else None)
+    finally:
+        if progress is not None:
+            progress.close()
+    sweep, document = None, to_json
+    if summary:
+        from analyzer.fleet.summary import summarize
+        from analyzer.report.summary import format_summary
+
+        digest = summarize(report.results)
+        sweep = format_summary(digest).rstrip("\n") + "\n"
+        document = partial(_json_with_summary, digest=digest)
     if json_file == "-":
-        write_stdout(to_json(report) + "\n")
+        write_stdout(document(report) + "\n")
     else:
         text = format_text(report)
         if quiet:  # the summary table is the last block
             text = text[text.rfind("\n\n") + 2:] if "\n\n" in text else text
+        if sweep is not None:
+            text = sweep if quiet else f"{text}\n{sweep}"
         write_stdout(text)
         if json_file:
-            write_json_file(json_file, to_json(report))
+            write_json_file(json_file, document(report))
     if not report.failed and not report.readable:
         print(f"forensics: nothing readable under {', '.join(paths)}: no value, event or "
               "checkpoint tensor could be read (see the read issues)", file=sys.stderr)
     return status(nonfinite=report.failed, unreadable=not report.readable)
+
+
+def _json_with_summary(report: Report, *, digest: SweepSummary) -> str:
+    """The JSON report with the sweep summary under its top-level ``summary`` key."""
+    from analyzer.report.json import to_json
+
+    return to_json(replace(report, summary=digest))

@@ -57,7 +57,8 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return analyze_command(
             args.paths, json_file=args.json, quiet=args.quiet, verify=not args.no_verify,
-            jobs=args.jobs, logs=args.log, replay=not args.no_replay, device=args.device,
+            jobs=args.jobs, scheduler=args.scheduler, summary=args.summary, logs=args.log,
+            replay=not args.no_replay, device=args.device,
             import_paths=args.import_path, trust_code=args.trust_code,
             checkpoints=not args.no_checkpoints, trust_pickle=args.trust_pickle,
             run_roots=args.run_root)

@@ -39,10 +39,23 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--no-verify", action="store_true",
                          help="skip the CRC checks of event-file records (faster, and damage "
                               "inside a record goes unnoticed)")
-    analyze.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
-                         help="read event files in N processes (default 1)")
+    analyze.add_argument("-j", "--jobs", type=int, default=None, metavar="N",
+                         help="analyse runs in N local processes (default: one per CPU; 1: "
+                              "in this process, one run after the other); a single run has "
+                              "its event files read in N processes")
+    analyze.add_argument("--scheduler", metavar="ADDRESS",
+                         help="analyse the runs on a Dask cluster, one task per run: a "
+                              "scheduler's address (tcp://HOST:8786), or local[:N] for a "
+                              "cluster of N worker processes on this machine; needs "
+                              "pip install 'nan-forensics[dask]'")
+    analyze.add_argument("--summary", action="store_true",
+                         help="also summarise the runs as a sweep: how many failed, the "
+                              "causes, the first failing steps and the hyperparameters that "
+                              "separate failed runs from healthy ones (with --json, under "
+                              "the report's \"summary\" key)")
     analyze.add_argument("-q", "--quiet", action="store_true",
-                         help="print only the summary table")
+                         help="print only the summary table (with --summary, only the "
+                              "sweep summary)")
     analyze.add_argument("--log", action="append", default=[], metavar="FILE",
                          help="also read FILE as a text log (for logs whose names do not end "
                               "in .log/.txt/.out/.err); may be repeated")

@@ -7,7 +7,8 @@ from typing import TextIO
 
 
 class ProgressBar:
-    """Shown only for reads longer than a moment; ``note`` says which slow step runs now."""
+    """Shown only for analyses longer than a moment, fed with (runs done, runs in all) as
+    runs finish; ``note`` says which slow step runs now."""
 
     def __init__(self, stream: TextIO, delay: float = 0.5) -> None:
         self.stream = stream
@@ -20,9 +21,8 @@ class ProgressBar:
             return
         width = 30
         filled = int(width * done / total)
-        mb = 1 << 20
-        self.stream.write(f"\rreading [{'#' * filled}{'.' * (width - filled)}] "
-                          f"{done / mb:,.0f}/{total / mb:,.0f} MB")
+        self.stream.write(f"\ranalysing [{'#' * filled}{'.' * (width - filled)}] "
+                          f"{done:,}/{total:,} runs")
         self.stream.flush()
         self.shown = True
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -263,6 +263,23 @@ class RunLayout:
 
 
 @dataclass(frozen=True)
+class PointCounts:
+    """What a slim run (:meth:`Run.slim`) keeps of its dropped series and histograms: the
+    points of each tag, scalar and histogram apart, in the order the run held them (a
+    scalar tag whose series are all empty is kept with 0 points)."""
+
+    scalars: tuple[tuple[str, int], ...] = ()
+    histograms: tuple[tuple[str, int], ...] = ()
+
+
+def _counted(items: list[tuple[str, int]]) -> tuple[tuple[str, int], ...]:
+    counts: dict[str, int] = {}
+    for tag, points in items:
+        counts[tag] = counts.get(tag, 0) + points
+    return tuple(counts.items())
+
+
+@dataclass(frozen=True)
 class Run:
     """Everything read from one run folder."""
 
@@ -296,6 +313,10 @@ class Run:
     training settings resolved from them; None when the run has none."""
     layout: RunLayout | None = None
     """The run's folders and files by role, as discovery grouped them."""
+    dropped: PointCounts | None = field(default=None, metadata=json_meta(omit=True))
+    """Set on a slim run (:meth:`slim`): the per-tag points of the series and histograms
+    it no longer holds, which :attr:`tag_points`, :meth:`tags`, :attr:`scalar_points` and
+    :attr:`readable` answer from."""
 
     JSON_EXTRA = (("tags", "tag_points"),)
 
@@ -353,18 +374,39 @@ class Run:
         return self.events if keep is None else tuple(e for e in self.events
                                                         if (e.location.file, e.axis) in keep)
 
+    def slim(self) -> Run:
+        """The run without its series and histograms, their per-tag points kept: what an
+        analysis holds of a run once its rules have read it (a fleet's memory is then
+        bounded by its largest run, not the sum). Slimming twice changes nothing."""
+        if self.dropped is not None:
+            return self
+        counts = PointCounts(_counted([(s.tag, len(s)) for s in self.series]),
+                             _counted([(h.tag, len(h)) for h in self.histograms]))
+        return replace(self, series=(), histograms=(), dropped=counts)
+
     def tags(self) -> list[str]:
+        """The scalar tags, sorted."""
+        if self.dropped is not None:
+            return sorted(tag for tag, _ in self.dropped.scalars)
         return sorted({s.tag for s in self.series})
+
+    @property
+    def scalar_points(self) -> int:
+        """Points over every scalar series (histograms not counted)."""
+        if self.dropped is not None:
+            return sum(points for _, points in self.dropped.scalars)
+        return sum(len(s) for s in self.series)
 
     @property
     def tag_points(self) -> dict[str, int]:
         """Points per tag over every series and histogram of it: a restarted writer,
         several ranks or a tag in both a log and an event file each add their points."""
-        counts: dict[str, int] = {}
-        for tag, points in [(s.tag, len(s)) for s in self.series] + \
-                [(h.tag, len(h)) for h in self.histograms]:
-            counts[tag] = counts.get(tag, 0) + points
-        return counts
+        if self.dropped is not None:
+            pairs = [*self.dropped.scalars, *self.dropped.histograms]
+        else:
+            pairs = [(s.tag, len(s)) for s in self.series] + \
+                [(h.tag, len(h)) for h in self.histograms]
+        return dict(_counted(pairs))
 
     @property
     def readable(self) -> bool:
@@ -372,6 +414,8 @@ class Run:
         A run of empty, unreadable or foreign files is not (a capture counts only once it
         has been replayed: see :attr:`RunResult.status`)."""
         if self.series or self.histograms or self.events:
+            return True
+        if self.dropped is not None and (self.dropped.scalars or self.dropped.histograms):
             return True
         return self.checkpoints is not None and any(
             t.stats is not None for scan in self.checkpoints.scans for t in scan.tensors)

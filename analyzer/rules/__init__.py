@@ -54,8 +54,13 @@ BY_CODE: dict[str, Rule] = {r.code: r for r in RULES}
 BY_NAME: dict[str, Rule] = {r.name: r for r in RULES}
 _ROLE_ORDER = {"cause": 0, "symptom": 1, "warning": 2}
 
-__all__ = ["BY_CODE", "RULES", "SECTIONS", "Rule", "RunEvidence", "evaluate", "explain",
-           "find_rule"]
+SIBLING_RULES: tuple[Rule, ...] = tuple(r for r in RULES if "siblings" in r.needs)
+"""The rules that compare a run with the healthy runs beside it: all a streamed analysis
+evaluates again once a folder's runs are done (:func:`evaluate_siblings`). They read only
+what a slim run keeps (its ``env``, not its series)."""
+
+__all__ = ["BY_CODE", "RULES", "SECTIONS", "SIBLING_RULES", "Rule", "RunEvidence", "evaluate",
+           "evaluate_siblings", "explain", "find_rule"]
 
 
 def find_rule(code_or_name: str) -> Rule | None:
@@ -73,10 +78,30 @@ def explain(code_or_name: str) -> str | None:
 def evaluate(result: RunResult, siblings: Mapping[str, Mapping[str, Any]] | None = None
              ) -> tuple[tuple[Finding, ...], tuple[SkippedRule, ...]]:
     """Every rule over one run: ranked findings, and the rules skipped for lack of evidence."""
-    ev = RunEvidence(result, siblings or {})
+    findings, skipped = _run(RULES, RunEvidence(result, siblings or {}))
+    return rank(findings), tuple(skipped)
+
+
+def evaluate_siblings(result: RunResult, siblings: Mapping[str, Mapping[str, Any]]
+                      ) -> tuple[tuple[Finding, ...], tuple[SkippedRule, ...]]:
+    """``result``'s findings and skipped rules, ranked by :func:`evaluate` without
+    siblings, completed with the rules that need them: what ``evaluate(result, siblings)``
+    gives on the full run, computed from a slim one. The sibling rules' earlier entries
+    (skipped for want of siblings) are replaced, the skipped list stays in catalogue order,
+    and every finding is ranked again (a new one may outrank the top)."""
+    mine = {r.code for r in SIBLING_RULES}
+    added, again = _run(SIBLING_RULES, RunEvidence(result, siblings))
+    kept = [replace(f, rank_note=None) for f in result.findings if f.code not in mine]
+    order = {r.code: k for k, r in enumerate(RULES)}
+    skipped = sorted([s for s in result.skipped_rules if s.code not in mine] + again,
+                     key=lambda s: order.get(s.code, len(order)))
+    return rank(kept + added), tuple(skipped)
+
+
+def _run(rules: tuple[Rule, ...], ev: RunEvidence) -> tuple[list[Finding], list[SkippedRule]]:
     findings: list[Finding] = []
     skipped: list[SkippedRule] = []
-    for r in RULES:
+    for r in rules:
         if r.needs and not any(ev.has(n) for n in r.needs):
             skipped.append(SkippedRule(r.code, r.name, ev.missing_reason(r.needs)))
             continue
@@ -85,7 +110,7 @@ def evaluate(result: RunResult, siblings: Mapping[str, Mapping[str, Any]] | None
         except Exception as exc:  # a rule's bug must not hide the other rules' findings
             skipped.append(SkippedRule(r.code, r.name,
                                        f"the rule failed: {type(exc).__name__}: {exc}"))
-    return rank(findings), tuple(skipped)
+    return findings, skipped
 
 
 def _key(f: Finding) -> tuple[int, int, float, str]:

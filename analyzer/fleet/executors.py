@@ -1,0 +1,181 @@
+"""Where each run's analysis runs: one task per run, results as they complete.
+
+Every executor has one call, :meth:`Executor.map`: the runs and their options in, ``(index,
+result)`` pairs out in the order the runs finish. Three kinds:
+
+- :class:`Serial`: in this process, one run after the other, each only when the caller
+  asks for the next result (a folder's results can be used before the next folder is read).
+- :class:`Pool`: a local :class:`~concurrent.futures.ProcessPoolExecutor` (fork when nothing
+  that runs threads is loaded, else spawn); a pool whose workers cannot start or die
+  (``BrokenProcessPool``) leaves what is left to this process, one run at a time.
+- :class:`Dask`: a ``dask.distributed`` cluster, reached at a scheduler's address or started
+  here as a ``LocalCluster`` on 127.0.0.1 (no dashboard) and closed at the end. dask is
+  imported only then. A worker that dies while running a task has it retried elsewhere by
+  the scheduler (``distributed.scheduler.allowed-failures``); once those retries are spent
+  the run is reported as not analysed, with the reason.
+
+A task that raises, wherever it runs, gives its run a result holding one issue that says
+so (kind ``unreadable``, the exception's type and message and where it was raised): never
+a traceback, never a lost run. Replays on a CUDA device: a cluster's tasks for runs that
+hold a capture ask for a worker resource ``GPU``; locally (pool or LocalCluster) they run
+in this process, one at a time, since the machine's GPU is one.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from types import TracebackType
+from typing import Any
+
+from analyzer.ingest.discover import RunFiles
+from analyzer.ingest.runs import _context
+from analyzer.model import IngestIssue, Location, Run, RunResult
+from analyzer.model.runs import PointCounts
+from analyzer.pipeline import RunOptions, analyze_run
+
+Task = Callable[[RunFiles, RunOptions], RunResult]
+"""What runs per run: :func:`analyze_run` unless a caller gives another."""
+Status = Callable[[str], None]
+
+DASK_EXTRA = "pip install 'nan-forensics[dask]'"
+
+__all__ = ["DASK_EXTRA", "Executor", "Pool", "Serial", "Task", "guarded",
+           "machine_size", "needs_gpu", "not_analysed"]
+
+
+def machine_size() -> int:
+    """The CPUs this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def not_analysed(found: RunFiles, reason: str) -> RunResult:
+    """The result of a run whose analysis did not complete: nothing read, one issue that
+    says why (its status is then ``unreadable``)."""
+    issue = IngestIssue(Location(found.path), "unreadable", f"not analysed: {reason}")
+    run = Run(path=found.path, name=found.name,
+              files=found.event_files + found.log_files + found.checkpoint_files,
+              issues=(*found.issues, issue), layout=found.layout(), dropped=PointCounts())
+    return RunResult(run=run, incident=None)
+
+
+def guarded(task: Task, found: RunFiles, options: RunOptions) -> RunResult:
+    """``task(found, options)``, or the run's :func:`not_analysed` result if it raises."""
+    try:
+        return task(found, options)
+    except Exception as exc:  # one run's failure must not stop, or hide, the others
+        frames = traceback.extract_tb(exc.__traceback__)
+        where = f" (in {os.path.basename(frames[-1].filename)}:{frames[-1].lineno})" \
+            if frames else ""
+        detail = str(exc).strip().splitlines()
+        return not_analysed(found, f"the analysis raised {type(exc).__name__}"
+                                   f"{': ' + detail[0] if detail else ''}{where}")
+
+
+def needs_gpu(found: RunFiles, options: RunOptions) -> bool:
+    return options.replay and bool(found.capture_dirs) and options.device.startswith("cuda")
+
+
+class Executor:
+    """Runs one task per run; a context manager that frees what it started."""
+
+    def map(self, runs: Sequence[RunFiles], options: RunOptions, task: Task = analyze_run,
+            status: Status | None = None) -> Iterator[tuple[int, RunResult]]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Stop what the executor started (workers, a cluster)."""
+
+    def __enter__(self) -> Executor:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+class Serial(Executor):
+    """In this process, lazily; ``jobs`` processes read one run's event files (what ``-j``
+    does for a single run)."""
+
+    def __init__(self, jobs: int = 1) -> None:
+        self.jobs = jobs
+
+    def map(self, runs: Sequence[RunFiles], options: RunOptions, task: Task = analyze_run,
+            status: Status | None = None) -> Iterator[tuple[int, RunResult]]:
+        for k, found in enumerate(runs):
+            yield k, self.one(found, options, task, status)
+
+    def one(self, found: RunFiles, options: RunOptions, task: Task,
+            status: Status | None) -> RunResult:
+        if task is analyze_run:
+            return guarded(lambda f, o: analyze_run(f, o, jobs=self.jobs, status=status),
+                           found, options)
+        return guarded(task, found, options)
+
+
+def _in_parent(runs: Sequence[RunFiles], options: RunOptions) -> set[int]:
+    return {k for k, found in enumerate(runs) if needs_gpu(found, options)}
+
+
+class Pool(Executor):
+    """A local process pool of ``workers`` processes."""
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+
+    def map(self, runs: Sequence[RunFiles], options: RunOptions, task: Task = analyze_run,
+            status: Status | None = None) -> Iterator[tuple[int, RunResult]]:
+        here = _in_parent(runs, options)
+        done: set[int] = set()
+        serial = Serial()
+        # A replay in this process loads torch, which runs threads: workers started after
+        # that must not be forked from it.
+        context = _context() if not here else _spawn()
+        pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=context)
+        try:
+            futures: dict[Future[RunResult], int] = {
+                pool.submit(guarded, task, found, options): k
+                for k, found in enumerate(runs) if k not in here}
+            for k in sorted(here):
+                yield k, serial.one(runs[k], options, task, status)
+                done.add(k)
+            pending = set(futures)
+            while pending:
+                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for future in sorted(finished, key=futures.__getitem__):
+                    k = futures[future]
+                    yield k, _outcome(future, runs[k])
+                    done.add(k)
+        except BrokenProcessPool:
+            # Workers cannot start in some hosts (a script fed on stdin under spawn, tight
+            # limits), or one was killed: what is left is analysed here.
+            for k, found in enumerate(runs):
+                if k not in done:
+                    yield k, serial.one(found, options, task, status)
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _outcome(future: Future[RunResult], found: RunFiles) -> RunResult:
+    """A pool task's result; one that could not come back (it would not pickle) is the
+    run's :func:`not_analysed`. A broken pool is the caller's to handle."""
+    try:
+        return future.result()
+    except BrokenProcessPool:
+        raise
+    except Exception as exc:
+        return not_analysed(found, f"its result could not be returned from the worker "
+                                   f"({type(exc).__name__}: {exc})")
+
+
+def _spawn() -> Any:
+    import multiprocessing
+
+    return multiprocessing.get_context("spawn")

@@ -1,0 +1,269 @@
+"""Streaming a fleet run by run: slim results, the sibling pass, the folder-by-folder order,
+the local executors (serial, process pool) and the command line's -j."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from analyzer import api
+from analyzer.cli import main
+from analyzer.fleet.choose import make_executor
+from analyzer.fleet.executors import Pool, Serial, not_analysed
+from analyzer.ingest.discover import RunFiles
+from analyzer.model import RunResult
+from analyzer.pipeline import (
+    RunOptions,
+    align,
+    analyze_run,
+    discover,
+    healthy_siblings,
+    locate,
+    rank_all,
+    rank_siblings,
+    read_runs,
+    report,
+    runs_of,
+)
+from analyzer.report.json import to_json
+from tests.conftest import SAMPLE_RUNS, scenarios, write_summary_run
+
+NO_REPLAY = RunOptions(replay=False)
+
+
+def _env(folder: Path, torch: str) -> None:
+    (folder / "env.json").write_text(json.dumps(
+        {"format": "nan-forensics-env", "version": 1, "torch": torch, "blas": "mkl"}))
+
+
+@pytest.fixture
+def drift_fleet(tmp_path: Path) -> Path:
+    """Two sweeps: in ``sweep/`` a failed run whose torch differs from its healthy sibling
+    and a failed one that does not; in ``other/`` a healthy run, not their sibling."""
+    nan = math.nan
+    runs = {"sweep/bad": ([1.0, 0.9, nan], "2.3.0"), "sweep/good": ([1.0, 0.9, 0.8], "2.1.0"),
+            "sweep/same": ([1.0, 2.0, nan], "2.1.0"), "other/far": ([1.0, 0.5, 0.2], "1.0.0")}
+    for name, (loss, torch) in runs.items():
+        write_summary_run(str(tmp_path / name), {"train/loss": loss, "lr": [0.1] * len(loss)})
+        _env(tmp_path / name, torch)
+    return tmp_path
+
+
+def _full(paths: str | Sequence[str]) -> list[RunResult]:
+    """Today's batch analysis without replay: every run held whole, then rank_all."""
+    found = runs_of(discover(paths), paths)
+    return rank_all([locate(align(r)) for r in read_runs(found)])
+
+
+def _streamed(paths: str) -> list[RunResult]:
+    """Each run analysed alone (slim), then the sibling pass over its folder."""
+    slim = [analyze_run(found, NO_REPLAY) for found in runs_of(discover(paths), paths)]
+    facts = [(r.run.path, r.run.name, r.failed, r.run.env) for r in slim]
+    return [rank_siblings(r, healthy_siblings(r.run.path, facts)) for r in slim]
+
+
+def test_sibling_pass_equals_rank_all_where_the_environment_drifts(drift_fleet: Path) -> None:
+    full, streamed = _full(str(drift_fleet)), _streamed(str(drift_fleet))
+    by_name = {r.run.name: r for r in full}
+    drift = [f for f in by_name["sweep/bad"].findings if f.code == "NF502"]
+    assert drift and "torch '2.3.0' vs '2.1.0'" in drift[0].evidence[0].text
+    assert not any(f.code == "NF502" for f in by_name["sweep/same"].findings)
+    assert any(s.code == "NF502" for s in by_name["other/far"].skipped_rules)
+    for want, got in zip(full, streamed, strict=True):
+        assert got.findings == want.findings, want.run.name
+        assert got.skipped_rules == want.skipped_rules, want.run.name
+    assert to_json(report(streamed)) == to_json(report(full))
+
+
+@pytest.mark.skipif(not scenarios(), reason="sample_runs/ holds no scenario runs")
+def test_sibling_pass_equals_rank_all_on_the_sample_runs() -> None:
+    # Every sample run has an env.json beside the healthy control's: the pass removes
+    # NF502's skip from each, as rank_all does.
+    full, streamed = _full(SAMPLE_RUNS), _streamed(SAMPLE_RUNS)
+    assert not any(s.code == "NF502" for r in full for s in r.skipped_rules)
+    assert any(s.code == "NF502" for r in _slim_alone(SAMPLE_RUNS) for s in r.skipped_rules)
+    assert to_json(report(streamed)) == to_json(report(full))
+
+
+def _slim_alone(paths: str) -> list[RunResult]:
+    return [analyze_run(found, NO_REPLAY) for found in runs_of(discover(paths), paths)]
+
+
+@pytest.mark.skipif(not scenarios(), reason="sample_runs/ holds no scenario runs")
+def test_a_slim_result_holds_no_series_and_keeps_its_point_counts() -> None:
+    path = os.path.join(SAMPLE_RUNS, "amp_scale_collapse")
+    (full,) = api.read(path)
+    (found,) = runs_of(discover(path), path)
+    slim = analyze_run(found, NO_REPLAY).run
+    assert full.series and slim.series == () and slim.histograms == ()
+    assert slim.tag_points == full.tag_points and list(slim.tag_points) == list(full.tag_points)
+    assert slim.tags() == full.tags()
+    assert slim.scalar_points == sum(len(s) for s in full.series) > 0
+    assert slim.readable and slim.slim() is slim
+    assert json.loads(to_json(report([RunResult(run=slim, incident=None)])))["runs"][0][
+        "tags"] == full.tag_points
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_every_result_a_streamed_analysis_holds_is_slim(drift_fleet: Path, jobs: int) -> None:
+    streamed = list(api.iter_analyze(str(drift_fleet), replay=False, jobs=jobs))
+    collected = api.analyze(str(drift_fleet), replay=False, jobs=jobs, keep_series=False)
+    for results in (streamed, collected.results):
+        assert len(results) == 4
+        assert all(r.run.series == () and r.run.histograms == () for r in results)
+        assert all(r.run.tag_points == {"train/loss": 3, "lr": 3} for r in results)
+    whole = api.analyze(str(drift_fleet), replay=False, jobs=jobs)
+    assert all(len(r.run.series) == 2 and r.run.dropped is None for r in whole.results)
+    assert to_json(whole) == to_json(collected)
+
+
+def test_iter_analyze_gives_a_folder_before_reading_the_next(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import analyzer.pipeline as pipeline
+
+    for name in ("a/r0", "a/r1", "b/r0", "b/r1", "c/r0"):
+        write_summary_run(str(tmp_path / name), {"train/loss": [1.0, 0.5]})
+    seen: list[str] = []
+    reading = pipeline.read_runs
+
+    def recording(runs: list[RunFiles], **kwargs: object) -> object:
+        seen.extend(f"read {r.name}" for r in runs)
+        return reading(runs, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(pipeline, "read_runs", recording)
+    for result in api.iter_analyze(str(tmp_path), jobs=1, replay=False):
+        seen.append(f"gave {result.run.name}")
+    assert seen == ["read a/r0", "read a/r1", "gave a/r0", "gave a/r1",
+                    "read b/r0", "read b/r1", "gave b/r0", "gave b/r1",
+                    "read c/r0", "gave c/r0"]
+
+
+def _raises_for_bad(found: RunFiles, options: RunOptions) -> RunResult:
+    """A task that breaks on one run (run in a pool's worker: a module-level function)."""
+    if found.name.endswith("bad"):
+        raise RuntimeError("a reader broke\nwith a second line")
+    return analyze_run(found, options)
+
+
+@pytest.mark.parametrize("executor", [Serial(), Pool(2)], ids=["serial", "pool"])
+def test_a_task_that_raises_is_a_result_with_an_issue(drift_fleet: Path,
+                                                      executor: Serial | Pool) -> None:
+    runs = runs_of(discover(str(drift_fleet)), str(drift_fleet))
+    with executor:
+        results = dict(executor.map(runs, NO_REPLAY, _raises_for_bad))
+    assert sorted(results) == list(range(len(runs)))
+    by_name = {r.run.name: r for r in results.values()}
+    bad = by_name["sweep/bad"]
+    assert bad.status == "unreadable" and not bad.findings
+    (issue,) = bad.run.issues
+    assert issue.kind == "unreadable" and issue.location.file == bad.run.path
+    assert issue.message.startswith("not analysed: the analysis raised RuntimeError: "
+                                    "a reader broke (in test_fleet_pipeline.py:")
+    assert "Traceback" not in to_json(report(list(results.values())))
+    assert by_name["sweep/same"].failed and by_name["sweep/good"].status == "finite"
+
+
+def test_a_broken_pool_leaves_what_is_left_to_this_process(
+        drift_fleet: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from concurrent.futures.process import BrokenProcessPool
+
+    import analyzer.fleet.executors as executors
+
+    class Broken:
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            pass
+
+        def submit(self, *args: object, **kwargs: object) -> None:
+            raise BrokenProcessPool("no workers")
+
+        def shutdown(self, *args: object, **kwargs: object) -> None:
+            pass
+
+    monkeypatch.setattr(executors, "ProcessPoolExecutor", Broken)
+    runs = runs_of(discover(str(drift_fleet)), str(drift_fleet))
+    results = dict(Pool(2).map(runs, NO_REPLAY))
+    assert [results[k].run.name for k in range(4)] == [r.name for r in runs]
+    assert [results[k].status for k in range(4)] == ["finite", "failed", "finite", "failed"]
+
+
+def _pid(found: RunFiles, options: RunOptions) -> RunResult:
+    return not_analysed(found, str(os.getpid()))
+
+
+def test_cuda_replays_run_in_this_process_one_at_a_time(drift_fleet: Path) -> None:
+    from dataclasses import replace
+
+    runs = runs_of(discover(str(drift_fleet)), str(drift_fleet))
+    runs[1] = replace(runs[1], capture_dirs=(str(drift_fleet / "capture" / "step_2"),))
+    pids = {k: r.run.issues[-1].message.removeprefix("not analysed: ")
+            for k, r in Pool(2).map(runs, RunOptions(device="cuda:0"), _pid)}
+    assert pids[1] == str(os.getpid())
+    assert all(pids[k] != str(os.getpid()) for k in (0, 2, 3))
+    on_cpu = dict(Pool(2).map(runs, RunOptions(device="cpu"), _pid))
+    assert on_cpu[1].run.issues[-1].message != f"not analysed: {os.getpid()}"
+
+
+def test_the_default_executor_is_the_machine_and_one_run_stays_here(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import analyzer.fleet.choose as choose
+
+    monkeypatch.setattr(choose, "machine_size", lambda: 4)
+    assert isinstance(make_executor(None, None, 1), Serial)
+    assert make_executor(None, 1, 1).jobs == 1  # type: ignore[attr-defined]
+    pool = make_executor(None, None, 10)
+    assert isinstance(pool, Pool) and pool.workers == 4
+    assert isinstance(make_executor(None, None, 3), Pool) and make_executor(
+        None, None, 3).workers == 3  # type: ignore[attr-defined]
+    assert isinstance(make_executor(None, 1, 10), Serial)
+    single = make_executor(None, 3, 1)
+    assert isinstance(single, Serial) and single.jobs == 3  # its event files in 3 processes
+
+
+def test_progress_counts_runs_as_they_finish(drift_fleet: Path) -> None:
+    calls: list[tuple[int, int]] = []
+    api.analyze(str(drift_fleet), replay=False, jobs=2,
+                progress=lambda done, total: calls.append((done, total)))
+    assert calls == [(0, 4), (1, 4), (2, 4), (3, 4), (4, 4)]
+
+
+@pytest.mark.skipif(not scenarios(), reason="sample_runs/ holds no scenario runs")
+def test_cli_json_is_the_same_with_one_and_two_jobs(capsys: pytest.CaptureFixture[str],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(os.path.dirname(SAMPLE_RUNS))
+    outputs = []
+    for jobs in ("1", "2"):
+        assert main(["analyze", "sample_runs", "--no-replay", "--json", "-", "-j", jobs]) == 1
+        outputs.append(capsys.readouterr().out)
+    assert len(json.loads(outputs[0])["runs"]) == len(scenarios())
+    assert outputs[0] == outputs[1]
+
+
+def test_cli_rejects_jobs_below_one(drift_fleet: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["analyze", str(drift_fleet), "-j", "0"]) == 2
+    assert "--jobs must be at least 1" in capsys.readouterr().err
+
+
+
+def test_cli_summary_follows_the_report_or_replaces_it_and_is_in_the_json(
+        drift_fleet: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from analyzer.fleet.summary import summarize, summary_json
+    from analyzer.report.summary import format_summary
+
+    results = api.analyze(str(drift_fleet), jobs=1).results
+    sweep = format_summary(summarize(results)).rstrip("\n") + "\n"
+    assert main(["analyze", str(drift_fleet), "-j", "1"]) == 1
+    plain = capsys.readouterr().out
+    assert main(["analyze", str(drift_fleet), "-j", "1", "--summary"]) == 1
+    assert capsys.readouterr().out == f"{plain}\n{sweep}"
+    assert main(["analyze", str(drift_fleet), "-j", "1", "--summary", "-q"]) == 1
+    assert capsys.readouterr().out == sweep
+    assert main(["analyze", str(drift_fleet), "-j", "1", "--summary", "--json", "-"]) == 1
+    document = json.loads(capsys.readouterr().out)
+    assert document["summary"] == json.loads(json.dumps(summary_json(summarize(results))))
+    assert main(["analyze", str(drift_fleet), "-j", "1", "--json", "-"]) == 1
+    assert json.loads(capsys.readouterr().out)["summary"] is None
