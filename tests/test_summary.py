@@ -4,6 +4,7 @@ run's metadata readers keep for it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from collections.abc import Mapping, Sequence
@@ -212,7 +213,9 @@ def test_all_failed_counts_and_names_no_separator() -> None:
     assert summary.separators == ()
     assert [(k.key, k.reason) for k in summary.skipped] == [("lr", "one_outcome")]
     assert [(c.code, c.runs) for c in summary.causes] == [("NF202", 5), (None, 5)]
-    format_summary(summary)
+    assert "min 0  q1 2.25  median 4.5  q3 6.75  max 9" in format_summary(summary)
+    stepless = summarize([_result(i, True, step=None) for i in range(3)])
+    assert "none of the 3 failed runs names a global step" in format_summary(stepless)
 
 
 def test_no_hyperparameters_at_all() -> None:
@@ -259,9 +262,13 @@ def test_causes_ranked_with_ties_and_no_cause_counted() -> None:
 def test_first_step_distribution_matches_numpy() -> None:
     steps = [3, 7, 7, 12, 40, 41, 41, 99]
     results = [_result(i, True, step=s) for i, s in enumerate(steps)]
-    results += [_result(50, True, step=None), _result(51, False)]
+    unaligned = _result(52, True, step=5)
+    assert unaligned.incident is not None
+    unaligned = dataclasses.replace(unaligned, incident=dataclasses.replace(
+        unaligned.incident, aligned=False))  # a log's own record count, not a global step
+    results += [_result(50, True, step=None), _result(51, False), unaligned]
     dist = summarize(results).steps
-    assert (dist.runs, dist.without_step, dist.minimum, dist.maximum) == (8, 1, 3, 99)
+    assert (dist.runs, dist.without_step, dist.minimum, dist.maximum) == (8, 2, 3, 99)
     assert [dist.q1, dist.median, dist.q3] == list(np.percentile(steps, [25, 50, 75]))
     assert sum(b.runs for b in dist.bins) == 8
     assert dist.bins[0].low == 3 and dist.bins[-1].high == 99

@@ -56,7 +56,8 @@ def _row(result: RunResult) -> RunRow:
     incident = result.incident
     return RunRow(path=result.run.path, name=result.run.name, status=result.status,
                   cause=causes[0].code if causes else None,
-                  first_step=incident.step if incident is not None else None,
+                  first_step=incident.step if incident is not None and incident.aligned
+                  else None,
                   hyperparameters=hyperparameters(result))
 
 

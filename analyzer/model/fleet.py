@@ -35,6 +35,9 @@ class RunRow:
     cause: str | None = None
     """The top cause's rule code; None when the run did not fail or no cause was named."""
     first_step: int | None = None
+    """The global step of the run's first non-finite value; None when the failure names no
+    step, or only one of a source left off the global step (its own count, which no other
+    run's steps compare with)."""
     hyperparameters: Mapping[str, HyperValue] = field(default_factory=dict)
 
 
@@ -64,8 +67,9 @@ class StepDistribution:
     """The first non-finite step of the failed runs that name one."""
 
     runs: int
-    """Failed runs with a step; the others' failure has no step (a log line before any)."""
+    """Failed runs with a global step (:attr:`RunRow.first_step`)."""
     without_step: int = 0
+    """Failed runs without one: a log line before any step, a source left unaligned."""
     minimum: int | None = None
     q1: float | None = None
     median: float | None = None

@@ -65,9 +65,11 @@ def _causes(summary: SweepSummary) -> list[str]:
 def _steps(summary: SweepSummary) -> list[str]:
     s = summary.steps
     if not s.runs:
-        return []
+        return ["", f"First non-finite step: none of the {s.without_step} failed runs names "
+                "a global step"] if s.without_step else []
     lines = ["", f"First non-finite step ({s.runs} failed runs"
-             + (f"; {s.without_step} without a step" if s.without_step else "") + "):",
+             + (f"; {s.without_step} without a global step" if s.without_step else "")
+             + "):",
              f"  min {s.minimum}  q1 {s.q1:g}  median {s.median:g}  q3 {s.q3:g}  "
              f"max {s.maximum}"]
     peak = max(b.runs for b in s.bins)
