@@ -150,7 +150,7 @@ def _raises_for_bad(found: RunFiles, options: RunOptions) -> RunResult:
     return analyze_run(found, options)
 
 
-@pytest.mark.parametrize("executor", [Serial(), Pool(2)], ids=["serial", "pool"])
+@pytest.mark.parametrize("executor", [Serial(guard=True), Pool(2)], ids=["guarded", "pool"])
 def test_a_task_that_raises_is_a_result_with_an_issue(drift_fleet: Path,
                                                       executor: Serial | Pool) -> None:
     runs = runs_of(discover(str(drift_fleet)), str(drift_fleet))
@@ -166,6 +166,23 @@ def test_a_task_that_raises_is_a_result_with_an_issue(drift_fleet: Path,
                                     "a reader broke (in test_fleet_pipeline.py:")
     assert "Traceback" not in to_json(report(list(results.values())))
     assert by_name["sweep/same"].failed and by_name["sweep/good"].status == "finite"
+
+
+def test_in_this_process_alone_a_task_that_raises_is_a_bug_of_ours(
+        drift_fleet: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import analyzer.pipeline as pipeline
+
+    runs = runs_of(discover(str(drift_fleet)), str(drift_fleet))
+    with pytest.raises(RuntimeError, match="a reader broke"):
+        dict(Serial().map(runs, NO_REPLAY, _raises_for_bad))
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("a reader broke")
+
+    monkeypatch.setattr(pipeline, "read_runs", broken)
+    assert main(["analyze", str(drift_fleet), "-j", "1"]) == 3
+    assert "internal error: RuntimeError: a reader broke" in capsys.readouterr().err
 
 
 def test_a_broken_pool_leaves_what_is_left_to_this_process(

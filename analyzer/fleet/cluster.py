@@ -123,7 +123,7 @@ class Dask(Executor):
                                         key=f"forensics-run-{k}-{batch}",
                                         resources={"GPU": 1} if k in gpu else None)
             futures[future] = k
-        serial = Serial()
+        serial = Serial(guard=True)
         for k in sorted(here):
             yield k, serial.one(runs[k], options, task, status)
         for future in self.distributed.as_completed(futures):

@@ -14,11 +14,14 @@ result)`` pairs out in the order the runs finish. Three kinds:
   the scheduler (``distributed.scheduler.allowed-failures``); once those retries are spent
   the run is reported as not analysed, with the reason.
 
-A task that raises, wherever it runs, gives its run a result holding one issue that says
-so (kind ``unreadable``, the exception's type and message and where it was raised): never
-a traceback, never a lost run. Replays on a CUDA device: a cluster's tasks for runs that
-hold a capture ask for a worker resource ``GPU``; locally (pool or LocalCluster) they run
-in this process, one at a time, since the machine's GPU is one.
+A task that raises in a worker (or in this process for a pool or a cluster) gives its run
+a result holding one issue that says so (kind ``unreadable``, the exception's type and
+message and where it was raised): never a traceback, never a lost run. In this process
+alone (``-j 1``, one run) it goes up as a bug of ours, as it always did.
+
+Replays on a CUDA device: a cluster's tasks for runs that hold a capture ask for a worker
+resource ``GPU``; locally (pool or LocalCluster) they run in this process, one at a time,
+since the machine's GPU is one.
 """
 
 from __future__ import annotations
@@ -102,10 +105,14 @@ class Executor:
 
 class Serial(Executor):
     """In this process, lazily; ``jobs`` processes read one run's event files (what ``-j``
-    does for a single run)."""
+    does for a single run). ``guard``: a task that raises gives its run's
+    :func:`not_analysed` result, as in a worker; without it (``-j 1``, a single run) the
+    exception goes up, where the command line reports a bug of ours as one (status 3, the
+    traceback with ``--debug``)."""
 
-    def __init__(self, jobs: int = 1) -> None:
+    def __init__(self, jobs: int = 1, *, guard: bool = False) -> None:
         self.jobs = jobs
+        self.guard = guard
 
     def map(self, runs: Sequence[RunFiles], options: RunOptions, task: Task = analyze_run,
             status: Status | None = None) -> Iterator[tuple[int, RunResult]]:
@@ -114,10 +121,12 @@ class Serial(Executor):
 
     def one(self, found: RunFiles, options: RunOptions, task: Task,
             status: Status | None) -> RunResult:
-        if task is analyze_run:
-            return guarded(lambda f, o: analyze_run(f, o, jobs=self.jobs, status=status),
-                           found, options)
-        return guarded(task, found, options)
+        def run(f: RunFiles, o: RunOptions) -> RunResult:
+            if task is analyze_run:
+                return analyze_run(f, o, jobs=self.jobs, status=status)
+            return task(f, o)
+
+        return guarded(run, found, options) if self.guard else run(found, options)
 
 
 def _in_parent(runs: Sequence[RunFiles], options: RunOptions) -> set[int]:
@@ -134,7 +143,7 @@ class Pool(Executor):
             status: Status | None = None) -> Iterator[tuple[int, RunResult]]:
         here = _in_parent(runs, options)
         done: set[int] = set()
-        serial = Serial()
+        serial = Serial(guard=True)
         # A replay in this process loads torch, which runs threads: workers started after
         # that must not be forked from it.
         context = _context() if not here else _spawn()
