@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from analyzer.fleet.hyperparams import hyperparameters
 from analyzer.fleet.summary import summarize, summary_json
@@ -429,3 +431,35 @@ def test_hyperparameters_of_real_trainer_runs_hold_settings_not_progress(
     summary = summarize(list(results.values()))
     assert (summary.failed, summary.finite) == (1, 1)
     assert {k.reason for k in summary.skipped} <= {"too_few", "constant"}
+
+
+_values = st.one_of(st.booleans(), st.integers(-5, 5), st.floats(-1e6, 1e6, allow_nan=False),
+                    st.sampled_from(["a", "b", "c", "1e-3", "16-mixed"]),
+                    st.floats(allow_nan=True, allow_infinity=True))
+_runs = st.lists(st.tuples(st.booleans(), st.booleans(),
+                           st.dictionaries(st.sampled_from(["k1", "k2", "k3", "k4"]), _values,
+                                           max_size=4)), max_size=40)
+
+
+@settings(max_examples=150, deadline=None)
+@given(_runs)
+def test_any_mixture_of_keys_and_outcomes_is_summarised_consistently(
+        runs: list[tuple[bool, bool, dict[str, Value]]]) -> None:
+    results = [_result(i, failed, keys, readable=readable or failed)
+               for i, (failed, readable, keys) in enumerate(runs)]
+    summary = summarize(results)
+    assert summary.runs == summary.failed + summary.finite + summary.unreadable == len(runs)
+    json.dumps(summary_json(summary), allow_nan=False)
+    format_summary(summary)
+    summary_frames(summary)
+    judged = [r for r in results if r.status != "unreadable"]
+    present = {k for r in judged for k in hyperparameters(r)}
+    tested = [s.key for s in summary.separators]
+    assert sorted(tested + [k.key for k in summary.skipped]) == sorted(present)
+    for s in summary.separators:
+        assert 0.0 <= s.p_value <= s.p_adjusted <= 1.0
+        assert s.significant == (s.p_adjusted < summary.alpha)
+        assert s.failing.runs + s.other.runs == s.runs
+        assert s.failing.failed + s.other.failed == s.failed
+        assert min(s.failed, s.runs - s.failed) >= summary.min_runs
+        assert s.failing.failed * s.other.runs >= s.other.failed * s.failing.runs

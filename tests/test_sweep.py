@@ -158,3 +158,16 @@ def test_the_sweep_is_the_same_for_the_same_seed() -> None:
     from analyzer.scenarios.sweep import LR_HIGH, LR_LOW
 
     assert all(LR_LOW <= lr <= LR_HIGH for lr in lrs)
+
+
+def test_the_command_writes_trials_and_the_manifest_where_asked(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]
+                                                                ) -> None:
+    from analyzer.scenarios.sweep import main
+
+    out, truth = tmp_path / "sweep", tmp_path / "truth.json"
+    assert main([str(out), "--runs", "3", "--seed", "5", "--manifest", str(truth)]) == 0
+    manifest = json.loads(truth.read_text())
+    assert [t["name"] for t in manifest["trials"]] == ["trial_000", "trial_001", "trial_002"]
+    assert sorted(p.name for p in out.iterdir()) == ["trial_000", "trial_001", "trial_002"]
+    assert "3 trials" in capsys.readouterr().err
