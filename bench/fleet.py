@@ -7,7 +7,8 @@ on each, every configuration in a child process of its own:
 * ``reference``: ``forensics analyze`` as it was before fleets were streamed (commit
   ``REFERENCE``, exported with ``git archive`` into the temporary folder and run from there
   with the same interpreter), in the same run on the same fleet;
-* ``-j 1``, ``-j 2``: this tree's local process pool;
+* ``-j 1``, ``-j 2``: this tree's local process pool (``--code COMMIT``: that commit's,
+  exported the same way);
 * ``--scheduler local:2``: a Dask ``LocalCluster`` of two workers the command starts;
 * ``no --json``: the reference and ``-j 1`` again with the text report only, since
   writing the JSON report of every run at once is a cost of its own (the check is then the
@@ -172,17 +173,17 @@ def _snapshot(folder: str) -> dict[str, tuple[int, int]]:
     return out
 
 
-def export_reference(folder: str) -> str:
-    """The reference commit's package, exported (not checked out) into ``folder``."""
+def export(commit: str, folder: str) -> str:
+    """A commit's package, exported (not checked out) into ``folder``."""
     os.makedirs(folder)
-    archive = subprocess.run(["git", "-C", ROOT, "archive", REFERENCE, "analyzer"],
+    archive = subprocess.run(["git", "-C", ROOT, "archive", commit, "analyzer"],
                              check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", folder], input=archive, check=True)
     found = subprocess.run([PYTHON, "-c", "import analyzer; print(analyzer.__file__)"],
                            cwd=folder, env={**os.environ, "PYTHONPATH": folder}, check=True,
                            capture_output=True, text=True).stdout.strip()
     if not found.startswith(folder):  # an installed copy would shadow the export
-        raise SystemExit(f"the reference's package is not the one imported: {found}")
+        raise SystemExit(f"the exported package is not the one imported: {found}")
     return folder
 
 
@@ -251,12 +252,13 @@ def _best(rounds: Sequence[Measure]) -> Measure:
 
 
 def bench(sizes: Sequence[int], s3_sizes: Sequence[int], seed: int, rounds: int,
-          keep: bool) -> None:
+          code: str | None, keep: bool) -> None:
     work = tempfile.mkdtemp(prefix="fleet-bench-")
     measured: dict[tuple[str, int, str], list[Measure]] = {}
     problems: list[str] = []
     try:
-        reference = export_reference(os.path.join(work, "reference"))
+        reference = export(REFERENCE, os.path.join(work, "reference"))
+        new = ROOT if code is None else export(code, os.path.join(work, "new"))
         fleets = {n: make_fleet(work, n, seed) for n in sorted(set(sizes) | set(s3_sizes))}
         snapshots = {n: _snapshot(f) for n, f in fleets.items()}
         with ExitStack() as stack:
@@ -269,7 +271,7 @@ def bench(sizes: Sequence[int], s3_sizes: Sequence[int], seed: int, rounds: int,
                 for where, n, config in _plan(sizes, s3_sizes):
                     target = fleets[n] if where == "local" else f"s3://fleet/fleet-{n}"
                     m = run_cli(config, target, n, where, reference if config.reference
-                                else ROOT, work, env if where == "s3" else {})
+                                else new, work, env if where == "s3" else {})
                     measured.setdefault((where, n, config.name), []).append(m)
                     print(_line(m, [ms[-1] for ms in measured.values()]), flush=True)
         if s3_sizes and not all(unchanged):
@@ -354,11 +356,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1,
                         help="measure every configuration this many times, in turn, and keep "
                              "the fastest")
+    parser.add_argument("--code", metavar="COMMIT",
+                        help="measure this commit's package (exported like the reference's) "
+                             "instead of the working tree's")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s]
     s3_sizes = [int(s) for s in args.s3_sizes.split(",") if s]
-    bench(sizes, s3_sizes, args.seed, args.rounds, args.keep)
+    bench(sizes, s3_sizes, args.seed, args.rounds, args.code, args.keep)
 
 
 if __name__ == "__main__":
