@@ -185,6 +185,10 @@ def test_numbers_written_as_text_in_some_runs_are_still_numbers() -> None:
     lr = summary.separators[0]
     assert lr.key == "lr" and lr.kind == "number" and lr.significant
     assert isinstance(lr.failing.value, float)
+    fields = results[1].run.metadata.files[0].fields  # type: ignore[union-attr]
+    fields["lr"] = "1e999"  # type: ignore[index]
+    # Not a number (it would be inf): the key's values are then texts, each different.
+    assert ("lr", "identifier") in [(k.key, k.reason) for k in summarize(results).skipped]
 
 
 def test_too_few_runs_of_one_outcome_are_not_tested_and_n_is_stated() -> None:

@@ -111,7 +111,8 @@ def _numbers(pairs: list[tuple[HyperValue, bool]]) -> list[tuple[HyperValue, boo
             _number(v) or (isinstance(v, str) and _NUMERIC_TEXT.fullmatch(v.strip()))
             for v, _ in pairs):
         return pairs
-    return [(v if _number(v) else float(v), f) for v, f in pairs]
+    read = [(v if _number(v) else float(v), f) for v, f in pairs]
+    return read if all(math.isfinite(float(v)) for v, _ in read) else pairs  # "1e999"
 
 
 def _cut(values: list[float], failed: list[bool]) -> tuple[Side, Side]:
