@@ -158,10 +158,15 @@ class Pool(Executor):
             pending = set(futures)
             while pending:
                 finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                # Each future is let go once its result is given: a caller that keeps no
+                # result holds none.
                 for future in sorted(finished, key=futures.__getitem__):
-                    k = futures[future]
-                    yield k, _outcome(future, runs[k])
+                    k = futures.pop(future)
+                    result = _outcome(future, runs[k])
+                    del future
                     done.add(k)
+                    yield k, result
+                del finished
         except BrokenProcessPool:
             # Workers cannot start in some hosts (a script fed on stdin under spawn, tight
             # limits), or one was killed: what is left is analysed here.
