@@ -467,3 +467,26 @@ def test_any_mixture_of_keys_and_outcomes_is_summarised_consistently(
         assert s.failing.failed + s.other.failed == s.failed
         assert min(s.failed, s.runs - s.failed) >= summary.min_runs
         assert s.failing.failed * s.other.runs >= s.other.failed * s.failing.runs
+
+
+def test_regression_config_and_trainer_state_keep_every_plain_top_level_field(
+        tmp_path: Path) -> None:
+    """config.json kept only its model type, dtype, eps and sizes, trainer_state.json only
+    its counters: a sweep over dropout or a search's trial_params was not seen."""
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import GPT2Config, TrainerState
+
+    from analyzer.ingest.metadata.hfjson import read_model_config, read_trainer_state
+
+    GPT2Config(n_layer=1, n_embd=16, n_head=2, resid_pdrop=0.25).save_pretrained(tmp_path)
+    config = read_model_config(str(tmp_path / "config.json")).fields
+    assert config["resid_pdrop"] == 0.25 and config["activation_function"] == "gelu_new"
+    assert config["n_embd"] == 16  # a field the rules read, as before
+    state = TrainerState(global_step=7, max_steps=10, trial_name="t3",
+                         trial_params={"learning_rate": 0.02, "warmup": 3})
+    state.save_to_json(str(tmp_path / "trainer_state.json"))
+    fields = read_trainer_state(str(tmp_path / "trainer_state.json")).fields
+    assert fields["trial_name"] == "t3" and fields["trial_params.learning_rate"] == 0.02
+    assert fields["global_step"] == 7 and not any(k.startswith("log_history") for k in fields)
