@@ -101,8 +101,8 @@ def _separators(summary: SweepSummary) -> list[str]:
         lines.append(f"  not significant: {shown}{more}")
     lines.extend(_skipped(summary.skipped))
     if found:
-        lines.append("  (an association in these runs, not proof of cause: a key may stand "
-                     "for another that varied with it)")
+        lines.append("  (associations in these runs, not proof of cause: a key may stand for "
+                     "another that varied with it)")
     return lines
 
 
