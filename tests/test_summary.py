@@ -490,3 +490,12 @@ def test_regression_config_and_trainer_state_keep_every_plain_top_level_field(
     fields = read_trainer_state(str(tmp_path / "trainer_state.json")).fields
     assert fields["trial_name"] == "t3" and fields["trial_params.learning_rate"] == 0.02
     assert fields["global_step"] == 7 and not any(k.startswith("log_history") for k in fields)
+
+
+def test_a_key_named_like_a_fixed_column_gets_its_own_column() -> None:
+    results = [_result(i, i % 2 == 0, {"status": "draft", "cause": i, "lr": 0.1})
+               for i in range(6)]
+    runs = summary_frames(summarize(results))["runs"]
+    assert list(runs.columns) == ["run", "path", "status", "cause", "first_step", "hp.cause",
+                                  "hp.status", "lr"]
+    assert set(runs["status"]) == {"failed", "finite"} and set(runs["hp.status"]) == {"draft"}
