@@ -497,5 +497,5 @@ def test_a_key_named_like_a_fixed_column_gets_its_own_column() -> None:
                for i in range(6)]
     runs = summary_frames(summarize(results))["runs"]
     assert list(runs.columns) == ["run", "path", "status", "cause", "first_step", "hp.cause",
-                                  "hp.status", "lr"]
+                                  "lr", "hp.status"]  # the keys in their sorted order
     assert set(runs["status"]) == {"failed", "finite"} and set(runs["hp.status"]) == {"draft"}
