@@ -2,7 +2,9 @@
 
 The server is bound to 127.0.0.1, runs headless (no browser opened by Streamlit, no e-mail
 prompt) and sends no usage statistics. The folder reaches the app after ``--`` as
-``--runs PATH``. Streamlit is neither imported here nor by the CLI: it runs in a child
+``--runs PATH``; it may be a URL of object storage (``s3://bucket/runs/``), read through
+:mod:`analyzer.ingest.storage` with the store's usual credentials, and checked to exist
+before the server starts. Streamlit is neither imported here nor by the CLI: it runs in a child
 process, ``python -m streamlit run``.
 
 The entry script is looked up next to this package (a source checkout or an editable
@@ -25,6 +27,7 @@ from types import FrameType
 from typing import Any
 
 from analyzer.errors import UsageError
+from analyzer.ingest import storage
 
 ENTRY = "streamlit_app.py"
 HOST = "127.0.0.1"
@@ -48,19 +51,34 @@ def app_script() -> str:
                      "beside the analyzer package); install the project from its source tree")
 
 
+def _check_exists(path: str, what: str) -> None:
+    """UsageError unless ``path`` names an existing folder (a URL: an object or prefix)."""
+    where = storage.normalize(path)
+    if not storage.is_url(where):
+        if not os.path.exists(where):
+            raise UsageError(f"{what}{path}: no such file or folder")
+        return
+    try:
+        found = storage.info(where)
+    except OSError as exc:  # an unreachable store, refused credentials
+        raise UsageError(f"{what}{path}: cannot be looked at: {exc.strerror or exc}") from None
+    if found is None:
+        raise UsageError(f"{what}{path}: no such object or folder")
+
+
 def command(path: str, *, port: int = 8501, import_paths: Sequence[str] = (),
             run_roots: Sequence[str] = ()) -> list[str]:
     """The command line that serves the dashboard on ``path``; ``import_paths`` are
     folders whose code the user trusts for this session's replays, ``run_roots`` folders
     each taken as one run (``--run-root``)."""
     trusted = [arg for p in import_paths for arg in ("--import-path", os.path.abspath(p))]
-    trusted += [arg for p in run_roots for arg in ("--run-root", os.path.abspath(p))]
+    trusted += [arg for p in run_roots for arg in ("--run-root", storage.absolute(p))]
     return [sys.executable, "-m", "streamlit", "run", app_script(),
             "--server.address", HOST, "--server.port", str(port),
             "--server.headless", "true", "--browser.gatherUsageStats", "false",
             "--browser.serverAddress", HOST, "--server.fileWatcherType", "none",
             "--client.toolbarMode", "viewer",
-            "--", "--runs", os.path.abspath(path), *trusted]
+            "--", "--runs", storage.absolute(path), *trusted]
 
 
 def url(port: int) -> str:
@@ -91,20 +109,21 @@ def launch(path: str, *, port: int = 8501, open_browser: bool = False,
     Ctrl-C or SIGTERM stop the server too. ``open_browser`` opens the page once the server
     answers.
     """
-    if not os.path.exists(path):
-        raise UsageError(f"{path}: no such file or folder")
-    for folder in import_paths:
+    _check_exists(path, "")
+    for folder in import_paths:  # code is imported from local folders only
         if not os.path.isdir(folder):
             raise UsageError(f"--import-path {folder}: not a folder")
     for folder in run_roots:
-        if not os.path.isdir(folder):
+        if storage.is_url(storage.normalize(folder)):
+            _check_exists(folder, "--run-root ")
+        elif not os.path.isdir(folder):
             raise UsageError(f"--run-root {folder}: not a folder")
     if not 0 < port < 65536:
         raise UsageError(f"--port {port}: not a TCP port")
     if importlib.util.find_spec("streamlit") is None:
         raise UsageError("the dashboard needs streamlit: pip install streamlit")
     env = dict(os.environ, STREAMLIT_BROWSER_GATHER_USAGE_STATS="false")
-    print(f"forensics: dashboard on {url(port)} for {os.path.abspath(path)} (Ctrl-C stops it)",
+    print(f"forensics: dashboard on {url(port)} for {storage.absolute(path)} (Ctrl-C stops it)",
           file=sys.stderr)
     proc = subprocess.Popen(command(path, port=port, import_paths=import_paths,
                                     run_roots=run_roots), env=env)

@@ -190,3 +190,58 @@ def checkpoint_norms(steps: list[int | None], norms: Mapping[str, list[float | N
     fig.update_layout(height=360, margin={"l": 10, "r": 10, "t": 30, "b": 10}, colorway=LINES,
                       xaxis_title="step of the save")
     return fig
+
+
+def cause_bars(labels: list[str], runs: list[int]) -> go.Figure:
+    """Causes ranked by the failed runs each explains, the most at the top."""
+    fig = go.Figure(go.Bar(x=runs, y=labels, orientation="h",
+                           marker_color=COLOURS["first non-finite"],
+                           hovertemplate="%{y}: %{x} runs<extra></extra>"))
+    fig.update_yaxes(autorange="reversed", title_text=None)
+    most = max(runs, default=1)
+    fig.update_xaxes(title_text="failed runs explained", dtick=max(1, math.ceil(most / 10)))
+    fig.update_layout(height=max(220, 34 * len(labels) + 110), showlegend=False,
+                      margin={"l": 10, "r": 10, "t": 30, "b": 10})
+    return fig
+
+
+def step_histogram(lows: list[int], highs: list[int], runs: list[int]) -> go.Figure:
+    """Failed runs by their first non-finite step, one bar per bin ``[low, high]``."""
+    centres = [(lo + hi) / 2 for lo, hi in zip(lows, highs, strict=True)]
+    widths = [max(hi - lo, 1) for lo, hi in zip(lows, highs, strict=True)]
+    texts = [f"steps {lo}-{hi}" if hi != lo else f"step {lo}"
+             for lo, hi in zip(lows, highs, strict=True)]
+    fig = go.Figure(go.Bar(x=centres, y=runs, width=widths, text=texts,
+                           marker_color=COLOURS["first non-finite"], textposition="none",
+                           hovertemplate="%{text}: %{y} runs<extra></extra>"))
+    fig.update_xaxes(title_text="first non-finite step")
+    fig.update_yaxes(title_text="failed runs")
+    fig.update_layout(height=300, bargap=0.05, showlegend=False,
+                      margin={"l": 10, "r": 10, "t": 30, "b": 10})
+    return fig
+
+
+OUTCOME_COLOURS = {"failed": COLOURS["first non-finite"], "healthy": COLOURS["last finite"]}
+
+
+def separator_strip(key: str, values: Mapping[str, list[float]], names: Mapping[str, list[str]],
+                    cut: float | None, log: bool) -> go.Figure:
+    """Each run's value of ``key`` by outcome (failed, healthy), jittered apart, with the
+    cut that best separates them; a log axis when the values span decades."""
+    fig = go.Figure()
+    rng = np.random.default_rng(0)  # the same jitter on every rerun
+    for row, outcome in enumerate(("failed", "healthy")):
+        xs = values.get(outcome, [])
+        ys = row + rng.uniform(-0.25, 0.25, len(xs))
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="markers", name=outcome,
+                                 marker={"color": OUTCOME_COLOURS[outcome], "size": 8,
+                                         "opacity": 0.75},
+                                 text=list(names.get(outcome, [])),
+                                 hovertemplate="%{text}<br>" + key + " = %{x:.4g}"
+                                 "<extra>" + outcome + "</extra>"))
+    if cut is not None:
+        fig.add_vline(x=cut, line_color=COLOURS["growth onset"], line_dash="dash", line_width=2)
+    fig.update_yaxes(tickvals=[0, 1], ticktext=["failed", "healthy"], range=[-0.6, 1.6])
+    fig.update_xaxes(title_text=key, type="log" if log else "linear")
+    fig.update_layout(height=280, showlegend=False, margin={"l": 10, "r": 10, "t": 30, "b": 10})
+    return fig

@@ -2,9 +2,15 @@
 
 Every ``st.cache_data`` of the app lives here. A run is cached under its folder and a
 fingerprint of its files (path, size and modification time of each event file, log,
-checkpoint, metadata file and capture file), so a run whose files change is analysed again
-on the next rerun while the others stay cached. The folder listing itself is trusted for a
-few seconds only, which is how new and changed files are noticed.
+checkpoint, metadata file and capture file; an object's size and ETag from the store's
+listing), so a run whose files change is analysed again on the next rerun while the others
+stay cached. The folder listing itself is trusted for a few seconds only (a bucket's for a
+minute), which is how new and changed files are noticed. The root may be a URL
+(``s3://bucket/runs``): every read goes through :mod:`analyzer.ingest.storage` and
+:mod:`analyzer.ingest.safeio`, as the analysis's do.
+
+The Fleet page's sweep summary is made from the results the runs table keeps of each run
+(slim: series and histograms dropped), so it reads no file the table has not read.
 
 The analysis is the one ``forensics analyze`` makes, by the same stages of
 :mod:`analyzer.pipeline`, each cached here on its own: discover, read and locate a run,
@@ -29,7 +35,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pandas as pd
@@ -38,12 +44,14 @@ import streamlit as st
 from analyzer.capture.folder import ENV_FILE
 from analyzer.errors import ForensicsError
 from analyzer.model import CodeRefusal, RunResult
+from analyzer.model.fleet import SweepSummary
 from app import views
 from app.views import Growth, RunRow, TagRoles, run_row
 
 ENV_ROOT = "FORENSICS_RUNS"
 DEFAULT_ROOT = "sample_runs"
 LISTING_TTL_S = 3.0
+REMOTE_LISTING_TTL_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -146,8 +154,21 @@ def _digest(parts: list[str]) -> str:
     return h.hexdigest()
 
 
+def root() -> str:
+    """The folder or URL browsed, as the analysis names its runs (a local path absolute)."""
+    from analyzer.ingest import storage
+
+    return storage.absolute(runs_root())
+
+
 def _stat_line(path: str) -> str:
+    """A file's change token: its size and modification time, or an object's signature
+    (size and ETag or time) from the store's listing of it, never its bytes."""
+    from analyzer.ingest import storage
+
     try:
+        if storage.is_url(path):
+            return f"{path}\0{storage.signature(path)}"
         info = os.stat(path)
     except OSError:
         return f"{path}\0missing"
@@ -155,12 +176,34 @@ def _stat_line(path: str) -> str:
 
 
 def _capture_files(folders: tuple[str, ...]) -> list[str]:
+    from analyzer.ingest import storage
     from analyzer.ingest.discover import walk_tree
 
     out: list[str] = []
     for folder in folders:
+        if storage.is_url(folder):
+            out += _remote_files(folder)
+            continue
         for listing in walk_tree(folder, lambda d: True):
             out += [os.path.join(listing.folder, f) for f in listing.files]
+    return out
+
+
+def _remote_files(folder: str) -> list[str]:
+    """Every object below a remote folder, from the listing the store's filesystem kept of
+    the discovery's (no request of its own); none when it cannot be listed."""
+    from analyzer.ingest import storage
+
+    out: list[str] = []
+    stack = [folder]
+    while stack:
+        here = stack.pop()
+        try:
+            entries = storage.list_dir(here)
+        except OSError:
+            continue
+        for name, is_dir in entries:
+            (stack if is_dir else out).append(storage.join(here, name))
     return out
 
 
@@ -188,10 +231,26 @@ def _text_lines(path: str) -> Iterator[tuple[int, str]]:
                 number += 1
 
 
-@st.cache_data(ttl=LISTING_TTL_S, show_spinner=False)
 def _discovery(root: str) -> Any:
     """The runs below ``root`` and what the walk passed over (an ``analyzer.ingest.discover.
-    Discovery``), or the message of why the folder cannot be walked."""
+    Discovery``), or the message of why the folder cannot be walked. A bucket's listing is
+    trusted longer than a local folder's: each costs a request per thousand keys."""
+    from analyzer.ingest import storage
+
+    return _remote_discovery(root) if storage.is_url(root) else _local_discovery(root)
+
+
+@st.cache_data(ttl=LISTING_TTL_S, show_spinner=False)
+def _local_discovery(root: str) -> Any:
+    return _discover(root)
+
+
+@st.cache_data(ttl=REMOTE_LISTING_TTL_S, show_spinner=False)
+def _remote_discovery(root: str) -> Any:
+    return _discover(root)
+
+
+def _discover(root: str) -> Any:
     from analyzer import pipeline
 
     try:
@@ -212,6 +271,8 @@ def passed_over(root: str) -> list[str]:
 @st.cache_data(ttl=LISTING_TTL_S, show_spinner=False)
 def list_runs(root: str) -> list[RunRef] | str:
     """Every run below ``root`` with its fingerprint, or a message saying why there is none."""
+    from analyzer.ingest import storage
+
     discovery = _discovery(root)
     if isinstance(discovery, str):
         return discovery
@@ -225,7 +286,7 @@ def list_runs(root: str) -> list[RunRef] | str:
         # the rules and the alignment use.
         files = sorted([*rf.event_files, *rf.log_files, *rf.checkpoint_files,
                         *rf.metadata_files, *_capture_files(rf.capture_dirs),
-                        os.path.join(rf.path, ENV_FILE)])
+                        storage.join(rf.path, ENV_FILE)])
         lines = [_stat_line(f) for f in files] + ([trust] if rf.capture_dirs else [])
         refs.append(RunRef(rf.name, rf.path, _digest(lines)))
     return refs
@@ -278,17 +339,17 @@ def siblings_of(ref: RunRef, refs: list[RunRef]) -> Siblings:
 
 
 def _siblings_by_run(wanted: list[RunRef], refs: list[RunRef]) -> dict[str, Siblings]:
-    from analyzer.pipeline import healthy_siblings
+    from analyzer.pipeline import healthy_siblings, same_folder
 
     by_name = {r.name: r for r in refs}
     facts: dict[str, list[tuple[str, str, bool, Mapping[str, Any] | None]]] = {}
     out = {}
     for ref in wanted:
-        parent = os.path.dirname(os.path.abspath(ref.path))
+        parent = same_folder(ref.path)
         if parent not in facts:
             facts[parent] = []
             for r in refs:
-                if os.path.dirname(os.path.abspath(r.path)) != parent:
+                if same_folder(r.path) != parent:
                     continue
                 known = _facts(r.path, r.digest)
                 if known is not None:
@@ -318,10 +379,21 @@ def load(ref: RunRef, refs: list[RunRef]) -> Loaded:
     return _full(ref.path, ref.digest, siblings_of(ref, refs))
 
 
+@dataclass(frozen=True)
+class _Brief:
+    """What the tables of every run keep of one: its row, and its result slimmed (series
+    and histograms dropped, as a fleet analysis keeps it) for the sweep summary."""
+
+    row: RunRow
+    slim: Loaded
+
+
 @st.cache_data(max_entries=100_000, show_spinner=False, hash_funcs=_BY_DIGEST)
-def _row(path: str, name: str, digest: str, siblings: Siblings) -> RunRow:
+def _brief(path: str, name: str, digest: str, siblings: Siblings) -> _Brief:
     loaded = _full(path, digest, siblings)
-    return run_row(name, loaded.result, loaded.error)
+    done = loaded.result
+    kept = loaded if done is None else Loaded(replace(done, run=done.run.slim()), loaded.error)
+    return _Brief(run_row(name, loaded.result, loaded.error), kept)
 
 
 _TABLE_KEY = "_runs_table"
@@ -335,7 +407,7 @@ def runs_table(refs: list[RunRef],
     rerun with unchanged files costs nothing; otherwise each run is a cache lookup, and
     only changed runs are analysed again.
     """
-    key = _digest([f"{r.name}\0{r.path}\0{r.digest}" for r in refs])
+    key = _table_key(refs)
     held = st.session_state.get(_TABLE_KEY)
     if held is not None and held[0] == key:
         return held[1]
@@ -345,10 +417,55 @@ def runs_table(refs: list[RunRef],
             progress(i + 1, len(refs))
     siblings = _siblings_by_run(refs, refs)
     # Backwards: the runs read last are still in the cache of located runs.
-    rows = [_row(r.path, r.name, r.digest, siblings[r.path]) for r in reversed(refs)]
+    rows = [_brief(r.path, r.name, r.digest, siblings[r.path]).row for r in reversed(refs)]
     table = pd.DataFrame([r.as_dict() for r in reversed(rows)], columns=RunRow.columns())
     st.session_state[_TABLE_KEY] = (key, table)
     return table
+
+
+def _table_key(refs: list[RunRef]) -> str:
+    return _digest([f"{r.name}\0{r.path}\0{r.digest}" for r in refs])
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """The sweep summary of every run below the root, its frames, and the runs whose
+    analysis failed, which the summary cannot hold (the Runs table says why): (name,
+    reason)."""
+
+    summary: SweepSummary
+    frames: Mapping[str, pd.DataFrame]
+    unanalysed: tuple[tuple[str, str], ...] = ()
+
+
+_FLEET_KEY = "_fleet"
+
+
+def fleet(refs: list[RunRef],
+          progress: Callable[[int, int], None] | None = None) -> Fleet:
+    """The sweep summary of ``refs``, from the results the runs table analysed and keeps
+    (no file is read again); the last one a session built is kept as the table is."""
+    from analyzer.fleet.summary import summarize
+    from analyzer.frames import summary_frames
+
+    runs_table(refs, progress)  # analyses what no cache holds yet
+    key = _table_key(refs)
+    held = st.session_state.get(_FLEET_KEY)
+    if held is not None and held[0] == key:
+        return held[1]
+    siblings = _siblings_by_run(refs, refs)
+    results = []
+    unanalysed = []
+    for ref in refs:
+        kept = _brief(ref.path, ref.name, ref.digest, siblings[ref.path]).slim
+        if kept.result is None:
+            unanalysed.append((ref.name, kept.error or "not analysed"))
+        else:
+            results.append(kept.result)
+    summary = summarize(results)
+    out = Fleet(summary, summary_frames(summary), tuple(unanalysed))
+    st.session_state[_FLEET_KEY] = (key, out)
+    return out
 
 
 _MENTION_LIMIT = 64 << 20

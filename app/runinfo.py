@@ -14,6 +14,7 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from analyzer.ingest import storage
 from analyzer.model import Location, Run
 from analyzer.model.metadata import SETTING_NAMES, MetadataFile, MetaValue
 from analyzer.wording import alignment_words
@@ -44,7 +45,7 @@ KEY_SETTINGS = ("learning_rate", "warmup_steps", "warmup_ratio", "precision", "f
 def rel(path: str, root: str) -> str:
     """``path`` relative to the run's folder, unless it lies outside it."""
     try:
-        out = os.path.relpath(path, root)
+        out = storage.relative(path, root)  # a URL's too
     except ValueError:
         return path
     return path if out.startswith("..") else out

@@ -7,7 +7,6 @@ that step, and the address bar can be shared.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import pandas as pd
@@ -26,6 +25,7 @@ from app import data, views
 
 PAGES: list[tuple[str, str, str]] = [
     ("app_pages/runs.py", "Runs", ":material/table_rows:"),
+    ("app_pages/fleet.py", "Fleet", ":material/query_stats:"),
     ("app_pages/run.py", "Run", ":material/folder_open:"),
     ("app_pages/timeline.py", "Timeline", ":material/timeline:"),
     ("app_pages/layers.py", "Layers", ":material/stacks:"),
@@ -34,6 +34,8 @@ PAGES: list[tuple[str, str, str]] = [
     ("app_pages/logs.py", "Logs", ":material/article:"),
 ]
 PAGE = {title.lower(): path for path, title, _ in PAGES}
+RUN_PAGES = [title for _, title, _ in PAGES[2:]]
+"""The pages about one run (the first two are about every run below the root)."""
 RUN_KEY = "run"
 
 
@@ -44,7 +46,7 @@ class Selected:
 
 
 def _refs() -> list[data.RunRef] | str:
-    return data.list_runs(os.path.abspath(data.runs_root()))
+    return data.list_runs(data.root())
 
 
 def _keep_run_in_url() -> None:
@@ -152,9 +154,8 @@ def run_page(title: str) -> tuple[Selected, RunResult]:
 
 
 def page_links(run: str, here: str) -> None:
-    cols = st.columns(len(PAGES) - 1)
-    others = [title for _, title, _ in PAGES[1:]]
-    for col, title in zip(cols, others, strict=True):
+    cols = st.columns(len(RUN_PAGES))
+    for col, title in zip(cols, RUN_PAGES, strict=True):
         with col:
             if title.lower() != here:
                 link(title.lower(), title, run)

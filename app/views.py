@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
+from analyzer.ingest import storage
 from analyzer.ingest.tb import is_event_file
 from analyzer.model import Event, Incident, Location, Run, RunResult, Series
 from analyzer.tags import TagRole, layer_from_tag, role
@@ -244,7 +245,7 @@ def where(loc: Location | None, run_path: str) -> str:
     if loc is None:
         return ""
     try:
-        rel = os.path.relpath(loc.file, run_path)
+        rel = storage.relative(loc.file, run_path)  # a URL's too
     except ValueError:
         rel = loc.file
     return str(Location(loc.file if rel.startswith("..") else rel, loc.offset, loc.line))

@@ -258,6 +258,13 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
         from tests.frameworks import corpus
 
         shutil.copytree(corpus.get(LIGHTNING_RUN, tmp_path_factory), root / LIGHTNING_RUN)
+    with _serve(root) as base:
+        yield base, root, failed, healthy
+
+
+@contextlib.contextmanager
+def _serve(root: Path) -> Iterator[str]:
+    """The dashboard served by `launch` on a free port over ``root``: its address."""
     port = _free_port()
     log = root.parent / "streamlit.log"
     code = ("import sys; from analyzer.dashboard import launch; "
@@ -270,7 +277,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
     try:
         if not wait_until_up(port, timeout=120, alive=server):
             raise AssertionError(f"the dashboard did not come up:\n{log.read_text()[-3000:]}")
-        yield url(port), root, failed, healthy
+        yield url(port)
     finally:
         server.send_signal(signal.SIGTERM)
         try:
@@ -331,6 +338,7 @@ def test_every_page_in_chromium(served: tuple[str, Path, str, str], browser: Dev
     runs = "5 runs: 4 failed, 1 finite" if (root / LIGHTNING_RUN).exists() else \
         "4 runs: 3 failed, 1 finite"
     visit(browser, base, ["Runs", runs], "runs", timeout=FIRST_LOAD_S)
+    visit(browser, f"{base}fleet", ["Fleet", "Causes", "First non-finite step"], "fleet_samples")
     visit(browser, f"{base}timeline?run={run}", ["Marked steps", f"step {step}"], "timeline")
     visit(browser, f"{base}layers?run={run}", ["Layers", "Checkpoints"], "layers")
     visit(browser, f"{base}findings?run={run}", [sc["cause"], "Evidence", "Fix"], "findings")
@@ -377,3 +385,29 @@ def test_run_page_shows_a_lightning_runs_segments_and_settings(
                   "Training settings", "Metadata files read"], "run_lightning",
                  timeout=FIRST_LOAD_S)
     assert "first non-finite at step 35" in text
+
+
+@pytest.fixture(scope="module")
+def served_sweep(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The dashboard over a generated sweep of 20 real trainings."""
+    pytest.importorskip("analyzer.scenarios.sweep")
+    from analyzer.scenarios.sweep import generate
+
+    base = tmp_path_factory.mktemp("browser_sweep")
+    generate(str(base / "runs"), 20, 0, str(base / "manifest.json"))
+    with _serve(base / "runs") as address:
+        yield address
+
+
+def test_fleet_page_in_chromium_names_the_separator(served_sweep: str,
+                                                    browser: DevTools) -> None:
+    # Streamlit's markdown sets ">=" as "≥": the sentence is looked for in its own words.
+    text = visit(browser, f"{served_sweep}fleet",
+                 ["Fleet", "Separating hyperparameters", "lr separates the failed runs from "
+                  "the healthy", "lr by outcome"], "fleet", timeout=FIRST_LOAD_S)
+    sentence = next(line for line in text.splitlines() if line.startswith("lr separates"))
+    assert "lr ≥ " in sentence or "lr >= " in sentence, sentence
+    state = browser.state()
+    assert state["charts"] >= 3 and state["plotted"] == state["charts"], state["charts"]
+    titles = json.loads(browser.evaluate(_AXIS_TITLES_JS))
+    assert {"lr", "first non-finite step", "failed runs explained"} <= set(titles), titles

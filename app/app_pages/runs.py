@@ -25,7 +25,7 @@ st.caption(f"{len(table)} runs: {failed} failed, {int((table['status'] == 'finit
            f"finite, {int((table['status'] == 'unreadable').sum())} unreadable; "
            f"{int(table['issues'].sum())} read issues. Pick a row to open the run.")
 
-skipped = data.passed_over(data.runs_root())
+skipped = data.passed_over(data.root())
 if skipped:
     with st.expander(f"{len(skipped)} folder(s) passed over while looking for runs"):
         st.code("\n".join(skipped), language=None)
