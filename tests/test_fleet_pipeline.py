@@ -13,6 +13,7 @@ import pytest
 
 from analyzer import api
 from analyzer.cli import main
+from analyzer.errors import UsageError
 from analyzer.fleet.choose import make_executor
 from analyzer.fleet.executors import Pool, Serial, not_analysed
 from analyzer.ingest.discover import RunFiles
@@ -230,15 +231,19 @@ def test_the_default_executor_is_the_machine_and_one_run_stays_here(
     import analyzer.fleet.choose as choose
 
     monkeypatch.setattr(choose, "machine_size", lambda: 4)
-    assert isinstance(make_executor(None, None, 1), Serial)
-    assert make_executor(None, 1, 1).jobs == 1  # type: ignore[attr-defined]
-    pool = make_executor(None, None, 10)
+    single = make_executor(None, None, 1)
+    assert isinstance(single, Serial) and single.jobs == 4  # its event files in 4 processes
+    pool = make_executor(None, None, 100)
     assert isinstance(pool, Pool) and pool.workers == 4
-    assert isinstance(make_executor(None, None, 3), Pool) and make_executor(
-        None, None, 3).workers == 3  # type: ignore[attr-defined]
-    assert isinstance(make_executor(None, 1, 10), Serial)
-    single = make_executor(None, 3, 1)
-    assert isinstance(single, Serial) and single.jobs == 3  # its event files in 3 processes
+    few = make_executor(None, None, choose.POOL_MIN_RUNS - 1)  # workers would cost more
+    assert isinstance(few, Serial) and few.jobs == 1
+    asked = make_executor(None, 2, 3)
+    assert isinstance(asked, Pool) and asked.workers == 2
+    assert isinstance(make_executor(None, 8, 3), Pool) and make_executor(
+        None, 8, 3).workers == 3  # type: ignore[attr-defined]
+    assert isinstance(make_executor(None, 1, 100), Serial)
+    with pytest.raises(UsageError, match="at least 1"):
+        make_executor(None, 0, 3)
 
 
 def test_progress_counts_runs_as_they_finish(drift_fleet: Path) -> None:

@@ -27,15 +27,15 @@ since the machine's GPU is one.
 from __future__ import annotations
 
 import os
+import sys
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
+from multiprocessing.context import BaseContext
 from types import TracebackType
-from typing import Any
 
 from analyzer.ingest.discover import RunFiles
-from analyzer.ingest.runs import _context
 from analyzer.model import IngestIssue, Location, Run, RunResult
 from analyzer.model.runs import PointCounts
 from analyzer.pipeline import RunOptions, analyze_run
@@ -45,6 +45,8 @@ Task = Callable[[RunFiles, RunOptions], RunResult]
 Status = Callable[[str], None]
 
 DASK_EXTRA = "pip install 'nan-forensics[dask]'"
+THREADED = ("torch", "streamlit", "tornado")
+"""Modules that run threads once loaded: a process holding one is not forked."""
 
 __all__ = ["DASK_EXTRA", "Executor", "Pool", "Serial", "Task", "guarded",
            "machine_size", "needs_gpu", "not_analysed"]
@@ -146,7 +148,7 @@ class Pool(Executor):
         serial = Serial(guard=True)
         # A replay in this process loads torch, which runs threads: workers started after
         # that must not be forked from it.
-        context = _context() if not here else _spawn()
+        context = pool_context(forking=not here)
         pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=context)
         try:
             futures: dict[Future[RunResult], int] = {
@@ -189,7 +191,20 @@ def _outcome(future: Future[RunResult], found: RunFiles) -> RunResult:
                                    f"({type(exc).__name__}: {exc})")
 
 
-def _spawn() -> Any:
+def pool_context(*, forking: bool = True) -> BaseContext:
+    """How a pool's workers start: forked from this process when nothing here runs threads
+    (torch, a server) and ``forking`` allows it (the fastest start); else forked from a
+    fresh server process that imported the analysis once (forkserver), where the platform
+    has one, so that a second pool in the same process starts faster than the first; else
+    spawned."""
     import multiprocessing
 
+    methods = multiprocessing.get_all_start_methods()
+    threaded = any(m in sys.modules for m in THREADED)
+    if forking and not threaded and "fork" in methods:
+        return multiprocessing.get_context("fork")
+    if "forkserver" in methods:
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(["analyzer.fleet.executors"])
+        return context
     return multiprocessing.get_context("spawn")
