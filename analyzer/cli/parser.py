@@ -40,9 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
                          help="skip the CRC checks of event-file records (faster, and damage "
                               "inside a record goes unnoticed)")
     analyze.add_argument("-j", "--jobs", type=int, default=None, metavar="N",
-                         help="analyse runs in N local processes (default: one per CPU; 1: "
-                              "in this process, one run after the other); a single run has "
-                              "its event files read in N processes")
+                         help="analyse runs in N local processes (default: one per CPU for "
+                              "16 runs or more, else this process; 1: this process, one run "
+                              "after the other); a single run has its event files read in N "
+                              "processes")
     analyze.add_argument("--scheduler", metavar="ADDRESS",
                          help="analyse the runs on a Dask cluster, one task per run: a "
                               "scheduler's address (tcp://HOST:8786), or local[:N] for a "
