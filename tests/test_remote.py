@@ -283,3 +283,33 @@ def test_a_safetensors_header_is_read_without_its_tensors(
     s3.clear()
     scan = scan_checkpoint(f"s3://{BUCKET}/{key}")
     assert not scan.issues and size <= _fetched(s3, key) < size * 5 // 4
+
+
+def test_a_run_read_where_it_was_not_listed_is_listed_once(
+        s3: S3Server, remote_samples: tuple[Path, str]) -> None:
+    """As in a pool's worker, which did not do the discovery: one listing of the run, not a
+    look at each object for its size."""
+    from analyzer.ingest.discover import discover
+    from analyzer.ingest.runs import read_runs
+
+    _, url = remote_samples
+    (found,) = discover([f"{url}/division_by_zero"]).runs
+    storage.filesystem(url)[0].invalidate_cache()
+    s3.clear()
+    read_runs([found], checkpoints=True)
+    requests = s3.requests
+    opened = len({*found.event_files, *found.log_files, *found.checkpoint_files})
+    assert opened >= 6
+    assert sum(r.is_list for r in requests) == 1
+    assert sum(r.method == "HEAD" for r in requests) <= 1
+
+
+def test_the_signature_of_an_object_changes_with_it(s3: S3Server) -> None:
+    url = f"s3://{BUCKET}/signed/train.log"
+    fs = filesystem()
+    fs.pipe_file(url, b"step 1 loss 1.0\n")
+    first = storage.signature(url)
+    assert first.startswith("16:") and storage.signature(url) == first
+    fs.pipe_file(url, b"step 1 loss 2.0\n")  # same size, new ETag
+    assert storage.signature(url) not in ("", first)
+    assert storage.signature(f"s3://{BUCKET}/signed/gone.log") == ""

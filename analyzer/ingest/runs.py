@@ -32,6 +32,8 @@ def read_runs(runs: list[RunFiles], *, verify: bool = True, jobs: int = 1,
               trust_pickle: bool = False) -> list[Run]:
     """Read every file of every run; with ``jobs > 1`` event files are read in parallel
     processes. Checkpoints are scanned tensor by tensor unless ``checkpoints`` is False."""
+    for run in runs:
+        _prime(run)
     paths = [f for run in runs for f in run.event_files]
     sizes = {p: _size(p) for p in paths}
     total = sum(sizes.values())
@@ -48,6 +50,16 @@ def read_runs(runs: list[RunFiles], *, verify: bool = True, jobs: int = 1,
     if not checkpoints:
         return merged
     return [_with_checkpoints(m, r, trust_pickle) for m, r in zip(merged, runs, strict=True)]
+
+
+def _prime(run: RunFiles) -> None:
+    """A remote run found by a walk, in a process that has not listed it (a pool's worker):
+    its tree listed once, rather than each of its objects looked at for its size. A run of
+    one file named alone is not listed (its folder may be a whole bucket)."""
+    files = (*run.event_files, *run.log_files, *run.checkpoint_files, *run.metadata_files,
+             *run.capture_dirs)
+    if storage.is_url(run.path) and run.folders and len(files) > 1:
+        storage.prime(run.path)
 
 
 def _with_logs(run: Run, files: RunFiles) -> Run:

@@ -107,7 +107,8 @@ def open_regular(path: str, block_size: int = storage.STREAM_BLOCK) -> tuple[Bin
 
 def read_regular(path: str, limit: int | None = None) -> bytes:
     """The bytes of a regular file, at most ``limit`` of them (None: its whole size at open)."""
-    handle, size = open_regular(path, storage.SMALL_BLOCK)
+    handle, size = open_regular(path, storage.SMALL_BLOCK) if storage.is_url(path) else \
+        open_regular(path)
     with handle:
         return handle.read(size if limit is None else min(size, limit))
 

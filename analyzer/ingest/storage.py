@@ -159,10 +159,13 @@ def _call(url: str, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         raise OSError(f"{type(exc).__name__}: {exc}") from exc
 
 
-def info(path: str) -> dict[str, Any] | None:
-    """What the store says of the object or folder at ``path`` (None: nothing there)."""
+def info(path: str, *, fresh: bool = False) -> dict[str, Any] | None:
+    """What the store says of the object or folder at ``path`` (None: nothing there), from
+    the listing the filesystem keeps when there is one, else (or when ``fresh``) asked."""
     fs, key = filesystem(path)
     try:
+        if fresh:
+            fs.invalidate_cache(key)
         return cast(dict[str, Any], _call(path, "cannot look at", fs.info, key))
     except FileNotFoundError:
         return None
@@ -209,12 +212,13 @@ def size(path: str) -> int:
 
 def signature(path: str) -> str:
     """A cheap token that changes when the file does: size and modification time locally,
-    size and ETag (or modification time) for an object; empty when it cannot be looked at."""
+    size and ETag (or modification time) for an object, asked of the store each time (a
+    long-lived caller must see a change); empty when it cannot be looked at."""
     try:
         if not is_url(path):
             st = os.stat(normalize(path))
             return f"{st.st_size}:{st.st_mtime_ns}"
-        found = info(path)
+        found = info(path, fresh=True)
     except OSError:
         return ""
     if found is None:
@@ -338,6 +342,21 @@ def _folder_of(tree: dict[str, Folder], base: str, path: str) -> Folder:
         if up != base and "/" in up and up.startswith(base + "/"):
             _folder_of(tree, base, up).dirs.append(up.rsplit("/", 1)[-1])
     return tree[up]
+
+
+def prime(url: str) -> None:
+    """Have the filesystem list the tree below the URL ``url`` once, when it does not hold
+    that listing yet (a worker process that did not do the discovery): the objects opened
+    afterwards then cost no request each for their size. What cannot be listed is left to
+    the reads to report."""
+    fs, key = filesystem(url)
+    key = cast(str, fs._strip_protocol(key)).rstrip("/")
+    if key in fs.dircache:
+        return
+    try:
+        fs.find(key, withdirs=True)
+    except Exception:  # the reads that follow say what is wrong, per file
+        return
 
 
 def list_dir(url: str) -> list[tuple[str, bool]]:

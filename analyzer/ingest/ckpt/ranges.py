@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, cast
 
 from analyzer.ingest.safeio import open_regular
-from analyzer.ingest.storage import SMALL_BLOCK
+from analyzer.ingest.storage import SMALL_BLOCK, is_url
 
 if TYPE_CHECKING:
     import torch
@@ -37,7 +37,8 @@ class FileRanges:
         self.path = path
         # On object storage each read fetches its range and little more: a listing reads
         # the zip directory and the pickle, never the tensors' values.
-        handle, self.size = open_regular(path, SMALL_BLOCK)
+        handle, self.size = open_regular(path, SMALL_BLOCK) if is_url(path) else \
+            open_regular(path)
         self._handle = cast(io.BufferedReader, handle)
 
     def close(self) -> None:
