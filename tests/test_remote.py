@@ -313,3 +313,19 @@ def test_the_signature_of_an_object_changes_with_it(s3: S3Server) -> None:
     fs.pipe_file(url, b"step 1 loss 2.0\n")  # same size, new ETag
     assert storage.signature(url) not in ("", first)
     assert storage.signature(f"s3://{BUCKET}/signed/gone.log") == ""
+
+
+def test_a_bucket_named_alone_a_run_root_and_an_extra_log(s3: S3Server) -> None:
+    from analyzer.ingest.discover import discover
+
+    s3.create_bucket("solo")
+    s3.upload(str(ROOT / "sample_runs" / "nan_in_batch"), "s3://solo")
+    for named in ("s3://solo", "s3://solo/"):
+        (run,) = discover([named]).runs
+        assert (run.path, run.name) == ("s3://solo", "solo")
+        assert run.capture_dirs == ("s3://solo/capture/step_28",)
+        assert len(run.checkpoint_files) == 4
+    (forced,) = discover(["s3://solo"], run_roots=["s3://solo/"]).runs
+    assert forced.path == "s3://solo" and "run-root" in forced.layouts
+    (single,) = discover(["s3://solo/train.log"], extra_logs=["s3://solo/README.md"]).runs
+    assert single.log_files == ("s3://solo/train.log", "s3://solo/README.md")
