@@ -51,6 +51,8 @@ _MARKER_SUFFIX = "_$folder$"  # the zero-byte key some tools write for a folder
 
 def is_url(path: str) -> bool:
     """Whether ``path`` names an object behind a URL (any ``scheme://`` but ``file://``)."""
+    if "://" not in path:  # a local path, as most are: no pattern to match
+        return False
     match = _SCHEME.match(path)
     return match is not None and match[1].lower() != "file"
 
