@@ -242,7 +242,9 @@ def test_the_default_executor_is_the_machine_and_one_run_stays_here(
 
     monkeypatch.setattr(choose, "machine_size", lambda: 4)
     single = make_executor(None, None, 1)
-    assert isinstance(single, Serial) and single.jobs == 4  # its event files in 4 processes
+    assert isinstance(single, Serial) and single.jobs == 1
+    files = make_executor(None, 3, 1)
+    assert isinstance(files, Serial) and files.jobs == 3  # its event files in 3 processes
     pool = make_executor(None, None, 100)
     assert isinstance(pool, Pool) and pool.workers == 4
     few = make_executor(None, None, choose.POOL_MIN_RUNS - 1)  # workers would cost more
@@ -299,3 +301,9 @@ def test_cli_summary_follows_the_report_or_replaces_it_and_is_in_the_json(
     assert document["summary"] == json.loads(json.dumps(summary_json(summarize(results))))
     assert main(["analyze", str(drift_fleet), "-j", "1", "--json", "-"]) == 1
     assert json.loads(capsys.readouterr().out)["summary"] is None
+
+
+def test_cli_jobs_and_a_scheduler_are_not_given_together(
+        drift_fleet: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["analyze", str(drift_fleet), "-j", "2", "--scheduler", "local:2"]) == 2
+    assert "local:N" in capsys.readouterr().err

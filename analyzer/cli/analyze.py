@@ -51,6 +51,9 @@ def analyze_command(
 
     if jobs is not None and jobs < 1:
         raise UsageError("--jobs must be at least 1")
+    if jobs is not None and scheduler is not None:
+        raise UsageError("--jobs sizes the local pool; with --scheduler the cluster's workers "
+                         "run the runs (local:N for N of them)")
     progress = ProgressBar(sys.stderr) if sys.stderr.isatty() else None
     try:
         report = analyze(list(paths), verify=verify, jobs=jobs, scheduler=scheduler,

@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="analyse runs in N local processes (default: one per CPU for "
                               "16 runs or more, else this process; 1: this process, one run "
                               "after the other); a single run has its event files read in N "
-                              "processes")
+                              "processes (default 1)")
     analyze.add_argument("--scheduler", metavar="ADDRESS",
                          help="analyse the runs on a Dask cluster, one task per run: a "
                               "scheduler's address (tcp://HOST:8786), or local[:N] for a "
