@@ -24,6 +24,7 @@ from analyzer.model import RunResult
 from analyzer.pipeline import RunOptions, analyze_run, discover, runs_of
 from analyzer.report.json import to_json
 from tests.conftest import SAMPLE_RUNS, scenarios, write_summary_run
+from tests.readonly import snapshot
 
 distributed = pytest.importorskip("distributed")
 
@@ -58,10 +59,12 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_a_tcp_scheduler_gives_the_same_report_as_this_process(cluster: Any,
                                                                fleet: Path) -> None:
+    before = snapshot(fleet)
     here = api.analyze(str(fleet), jobs=1, keep_series=False)
     there = api.analyze(str(fleet), scheduler=cluster.scheduler_address, keep_series=False)
     assert [r.status for r in there.results] == ["finite", "failed", "finite", "failed"]
     assert to_json(there) == to_json(here)
+    assert snapshot(fleet) == before
 
 
 @pytest.mark.skipif(not scenarios(), reason="sample_runs/ holds no scenario runs")
@@ -77,11 +80,13 @@ def test_cli_json_is_the_same_on_a_local_cluster(capsys: pytest.CaptureFixture[s
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(os.path.dirname(SAMPLE_RUNS))
     outputs = []
+    before = snapshot(Path(SAMPLE_RUNS))
     for how in (["-j", "1"], ["--scheduler", "local:2"]):
         assert main(["analyze", "sample_runs", "--no-replay", "--json", "-", *how]) == 1
         outputs.append(capsys.readouterr().out)
     assert len(json.loads(outputs[0])["runs"]) == len(scenarios())
     assert outputs[1] == outputs[0]
+    assert snapshot(Path(SAMPLE_RUNS)) == before  # nothing written into the runs
 
 
 def _raises_on_run_1(found: RunFiles, options: RunOptions) -> RunResult:

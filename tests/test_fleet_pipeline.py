@@ -33,6 +33,7 @@ from analyzer.pipeline import (
 )
 from analyzer.report.json import to_json
 from tests.conftest import SAMPLE_RUNS, scenarios, write_summary_run
+from tests.readonly import snapshot
 
 NO_REPLAY = RunOptions(replay=False)
 
@@ -270,11 +271,13 @@ def test_cli_json_is_the_same_with_one_and_two_jobs(capsys: pytest.CaptureFixtur
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(os.path.dirname(SAMPLE_RUNS))
     outputs = []
+    before = snapshot(Path(SAMPLE_RUNS))
     for jobs in ("1", "2"):
         assert main(["analyze", "sample_runs", "--no-replay", "--json", "-", "-j", jobs]) == 1
         outputs.append(capsys.readouterr().out)
     assert len(json.loads(outputs[0])["runs"]) == len(scenarios())
     assert outputs[0] == outputs[1]
+    assert snapshot(Path(SAMPLE_RUNS)) == before  # nothing written into the runs
 
 
 def test_cli_rejects_jobs_below_one(drift_fleet: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -307,3 +310,16 @@ def test_cli_jobs_and_a_scheduler_are_not_given_together(
         drift_fleet: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["analyze", str(drift_fleet), "-j", "2", "--scheduler", "local:2"]) == 2
     assert "local:N" in capsys.readouterr().err
+
+
+def test_the_progress_bar_counts_runs() -> None:
+    import io
+
+    from analyzer.cli.progress import ProgressBar
+
+    stream = io.StringIO()
+    bar = ProgressBar(stream, delay=0)
+    bar(3, 12)
+    assert stream.getvalue() == "\ranalysing [#######.......................] 3/12 runs"
+    bar.close()
+    assert stream.getvalue().endswith("\r" + " " * 72 + "\r")
