@@ -323,3 +323,11 @@ def test_the_progress_bar_counts_runs() -> None:
     assert stream.getvalue() == "\ranalysing [#######.......................] 3/12 runs"
     bar.close()
     assert stream.getvalue().endswith("\r" + " " * 72 + "\r")
+
+
+def test_api_summary_gives_the_sweep_frames_of_a_report_or_of_paths(drift_fleet: Path) -> None:
+    done = api.analyze(str(drift_fleet), replay=False)
+    frames = api.summary(done)
+    assert {"runs", "causes", "steps", "separators"} <= set(frames)
+    assert sorted(frames["runs"]["run"]) == sorted(r.run.name for r in done.results)
+    assert list(api.summary(str(drift_fleet))["runs"]["run"]) == list(frames["runs"]["run"])
