@@ -45,7 +45,7 @@ def format_text(report: Report) -> str:
 
 def _run_block(result: RunResult) -> str:
     run = result.run
-    points = sum(len(s) for s in run.series)
+    points = run.scalar_points
     n_events = sum(1 for f in run.files if is_event_file(f))
     sources = [_count(n_events, "event file"), f"{len(run.tags())} scalar tags",
                f"{points:,} points"]
