@@ -6,7 +6,8 @@ kinds), ``runs`` (what ingest reads: Series, Histogram, Event, LogSource, Run),
 ``checkpoints`` (the checkpoint scan's records), ``captures`` (a capture's checked
 meta.json), ``replays`` (the replay's records), ``scaling`` (how a loss-scale series was read),
 ``findings`` (Incident, Evidence, Finding, SkippedRule, CodeRefusal), ``results``
-(RunResult, Report and the report's schema version) and ``jsonform`` (``encode``: records
+(RunResult, Report and the report's schema version), ``fleet`` (the sweep summary of
+many runs: SweepSummary and its parts) and ``jsonform`` (``encode``: records
 as JSON).
 
 All records are frozen dataclasses. Arrays inside them are numpy arrays that are

@@ -5,6 +5,7 @@ or computes a finding.
     json          a Report as the versioned JSON document
     checkpoints   a checkpoint scan or history as the text of ``forensics inspect``
     replay        a replay result as the text of ``forensics replay``, and its one line
+    summary       a SweepSummary as the text of ``forensics analyze --summary``
 
 Inside the package, modules import the module that defines a name, never this one.
 """
