@@ -6,6 +6,8 @@ below (a replay's passes and ops, a checkpoint scan's tensors and layers) for an
 
     analyze(paths) -> Report            read, locate, replay and rank the causes
     read(paths) -> [Run]                the runs below ``paths``, read
+    iter_analyze(paths), iter_runs(paths)  the same one run at a time, for fleets
+    summary(report) -> {name: DataFrame}  the sweep summary: causes, steps, separating keys
     locate(run) -> RunResult            a run's first non-finite values
     scalars(paths), incidents(report)   the same as long pandas DataFrames
     find_runs(paths) -> [RunFiles]      the run folders and their files, nothing read
@@ -29,8 +31,11 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS = {
     "analyze": "analyzer.api",
     "incidents": "analyzer.api",
+    "iter_analyze": "analyzer.api",
+    "iter_runs": "analyzer.api",
     "read": "analyzer.api",
     "scalars": "analyzer.api",
+    "summary": "analyzer.api",
     "tool_version": "analyzer.api",
     "FlightRecorder": "analyzer.capture.recorder",
     "CaptureError": "analyzer.replayer.errors",
@@ -105,6 +110,8 @@ __all__ = [
     "explain",
     "find_runs",
     "incidents",
+    "iter_analyze",
+    "iter_runs",
     "layer_from_tag",
     "load_capture",
     "locate",
@@ -115,11 +122,21 @@ __all__ = [
     "scalars",
     "scan_checkpoint",
     "scan_run_checkpoints",
+    "summary",
     "tool_version",
 ]
 
 if TYPE_CHECKING:
-    from analyzer.api import analyze, incidents, read, scalars, tool_version
+    from analyzer.api import (
+        analyze,
+        incidents,
+        iter_analyze,
+        iter_runs,
+        read,
+        scalars,
+        summary,
+        tool_version,
+    )
     from analyzer.capture.recorder import FlightRecorder
     from analyzer.errors import ForensicsError, ReadError, UsageError
     from analyzer.ingest.checkpoints import scan_checkpoint, scan_run_checkpoints

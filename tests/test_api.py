@@ -48,6 +48,8 @@ PUBLIC = [
     "explain",
     "find_runs",
     "incidents",
+    "iter_analyze",
+    "iter_runs",
     "layer_from_tag",
     "load_capture",
     "locate",
@@ -58,6 +60,7 @@ PUBLIC = [
     "scalars",
     "scan_checkpoint",
     "scan_run_checkpoints",
+    "summary",
     "tool_version",
 ]
 CONSTANTS = {"SCHEMA_VERSION"}
