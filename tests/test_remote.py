@@ -79,7 +79,7 @@ def test_discovery_of_a_bucket_finds_the_runs_of_the_folder(
     assert [r.name for r in remote] == [r.name for r in on_disk]
     assert [r.capture_dirs for r in remote] == [
         tuple(c.replace(str(local), url) for c in r.capture_dirs) for r in on_disk]
-    assert len(listed) == 2  # the look at the root, then one recursive listing
+    assert len(listed) == len(s3.requests) == 1  # one recursive listing, the root's look too
     assert not any(r.method == "GET" and r.key for r in s3.requests)  # nothing opened
 
 
@@ -125,7 +125,7 @@ def test_a_listing_of_thousands_of_keys_takes_a_request_per_thousand(
     listed = [r for r in s3.requests if r.is_list]
     keys = len(blobs)
     assert keys > 3000
-    assert len(listed) <= 1 + math.ceil(keys / 1000)  # the root's look, then pages of 1,000
+    assert len(listed) == len(s3.requests) == math.ceil(keys / 1000)  # pages of 1,000
     assert len(runs) == 200
     first = runs[0]
     assert first.path == f"s3://{BUCKET}/fleet/trial_000"
@@ -329,3 +329,17 @@ def test_a_bucket_named_alone_a_run_root_and_an_extra_log(s3: S3Server) -> None:
     assert forced.path == "s3://solo" and "run-root" in forced.layouts
     (single,) = discover(["s3://solo/train.log"], extra_logs=["s3://solo/README.md"]).runs
     assert single.log_files == ("s3://solo/train.log", "s3://solo/README.md")
+
+
+def test_an_object_opened_by_safeio_takes_an_io_wrapper(s3: S3Server) -> None:
+    """A remote handle is a raw binary stream: io.TextIOWrapper (and BufferedReader) take it."""
+    import io
+
+    from analyzer.ingest.safeio import open_regular
+
+    url = f"s3://{BUCKET}/wrapped/train.log"
+    filesystem().pipe_file(url, b"step 1 loss 1.0\nstep 2 loss nan\n")
+    handle, size = open_regular(url)
+    with io.TextIOWrapper(handle, encoding="utf-8", newline="\n") as text:
+        assert text.readlines() == ["step 1 loss 1.0\n", "step 2 loss nan\n"]
+    assert size == 32 and handle.closed

@@ -175,6 +175,9 @@ def discover(paths: list[str], extra_logs: Sequence[str] = (),
         for run in found:
             runs.setdefault(run.path, run)
         loose += issues
+    for root in folders:
+        if storage.is_url(root):
+            storage.forget(root)  # a folder named inside another, listed and not walked
     for log in extra_logs:
         folder = storage.parent(log) or "."
         key = next((k for k, r in runs.items()
@@ -196,12 +199,12 @@ def _check_exists(root: str) -> bool:
             raise UsageError(f"{root}: no such file or folder")
         return os.path.isdir(root)
     try:
-        found = storage.info(root)
+        kind = storage.look(root)
     except OSError as exc:
         raise UsageError(f"{root}: cannot be looked at: {exc.strerror or exc}") from None
-    if found is None:
+    if kind is None:
         raise UsageError(f"{root}: no such object or folder")
-    return found.get("type") == "directory"
+    return kind == "directory"
 
 
 def _same(a: str, b: str) -> bool:

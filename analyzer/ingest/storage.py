@@ -27,6 +27,7 @@ run's files, its issues and the report. :func:`parent`, :func:`name`, :func:`joi
 
 from __future__ import annotations
 
+import io
 import os
 import re
 from dataclasses import dataclass, field
@@ -249,15 +250,21 @@ def open_url(url: str, block_size: int = SMALL_BLOCK) -> tuple[BinaryIO, int]:
     return cast(BinaryIO, _Guarded(handle, url)), known
 
 
-class _Guarded:
-    """A remote file whose read errors are OSErrors, as a local file's are."""
+class _Guarded(io.RawIOBase):
+    """A remote file as a raw binary stream (so that any io wrapper takes it) whose read
+    errors are OSErrors, as a local file's are."""
 
     def __init__(self, handle: Any, url: str) -> None:
+        super().__init__()
         self._handle = handle
         self._url = url
 
-    def read(self, n: int = -1) -> bytes:
-        return cast(bytes, _call(self._url, "cannot read", self._handle.read, n))
+    def read(self, n: int | None = -1) -> bytes:
+        return cast(bytes, _call(self._url, "cannot read", self._handle.read,
+                                 -1 if n is None else n))
+
+    def readall(self) -> bytes:
+        return self.read(-1)
 
     def readinto(self, view: Any) -> int:
         return cast(int, _call(self._url, "cannot read", self._handle.readinto, view))
@@ -274,18 +281,10 @@ class _Guarded:
     def readable(self) -> bool:
         return True
 
-    @property
-    def closed(self) -> bool:
-        return bool(self._handle.closed)
-
     def close(self) -> None:
-        self._handle.close()
-
-    def __enter__(self) -> _Guarded:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        if not self.closed:
+            self._handle.close()
+        super().close()
 
 
 @dataclass
@@ -302,17 +301,52 @@ def _is_marker(name_: str, entry: dict[str, Any]) -> bool:
         not int(entry.get("size") or 0)
 
 
+_LOOKED: dict[str, dict[str, dict[str, Any]]] = {}
+"""The listing :func:`look` made of a folder, until :func:`list_tree` takes it."""
+
+
+def _find(url: str) -> tuple[AbstractFileSystem, str, dict[str, dict[str, Any]]]:
+    fs, key = filesystem(url)
+    fs.invalidate_cache(key)  # a listing of an earlier analysis may be stale
+    found = cast(dict[str, dict[str, Any]],
+                 _call(url, "cannot list", fs.find, key, withdirs=True, detail=True))
+    return fs, cast(str, fs._strip_protocol(key)).rstrip("/"), found
+
+
+def look(url: str) -> str | None:
+    """What the URL names: ``"directory"``, ``"file"`` or None (nothing there), from the
+    one recursive listing that :func:`list_tree` then uses (no look of its own: a store
+    answers each over the network). OSError when the store cannot be listed."""
+    fs, base, found = _find(url)
+    if not found:
+        return None
+    if len(found) == 1:
+        (name_, entry), = found.items()
+        if cast(str, fs._strip_protocol(name_)).rstrip("/") == base and \
+                entry.get("type") == "file" and not _is_marker(name_, entry):
+            return "file"
+    _LOOKED[url] = found
+    return "directory"
+
+
+def forget(url: str) -> None:
+    """Drop the listing :func:`look` kept of ``url`` (a folder named but not walked)."""
+    _LOOKED.pop(url, None)
+
+
 def list_tree(root: str) -> dict[str, Folder]:
-    """Every folder below the URL ``root`` (itself included), from one recursive listing.
+    """Every folder below the URL ``root`` (itself included), from one recursive listing
+    (the one :func:`look` made, when it looked at ``root``).
 
     Folders are the common prefixes of the keys (a store has no folders of its own);
     folder markers (empty ``a/`` or ``a_$folder$`` keys) are not files. Raises OSError when
     the store cannot be listed."""
-    fs, key = filesystem(root)
-    fs.invalidate_cache(key)  # a listing of an earlier analysis may be stale
-    found = cast(dict[str, dict[str, Any]],
-                 _call(root, "cannot list", fs.find, key, withdirs=True, detail=True))
-    base = cast(str, fs._strip_protocol(key)).rstrip("/")
+    kept = _LOOKED.pop(root, None)
+    if kept is None:
+        fs, base, found = _find(root)
+    else:
+        fs, key = filesystem(root)
+        base, found = cast(str, fs._strip_protocol(key)).rstrip("/"), kept
     tree: dict[str, Folder] = {base: Folder()}
     files: list[str] = []
     for path, entry in found.items():
