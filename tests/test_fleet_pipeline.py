@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -15,7 +15,8 @@ from analyzer import api
 from analyzer.cli import main
 from analyzer.errors import UsageError
 from analyzer.fleet.choose import make_executor
-from analyzer.fleet.executors import Pool, Serial, not_analysed
+from analyzer.fleet.executors import Pool, Serial, Status, Task, not_analysed
+from analyzer.fleet.stream import stream
 from analyzer.ingest.discover import RunFiles
 from analyzer.model import RunResult
 from analyzer.pipeline import (
@@ -331,3 +332,28 @@ def test_api_summary_gives_the_sweep_frames_of_a_report_or_of_paths(drift_fleet:
     assert {"runs", "causes", "steps", "separators"} <= set(frames)
     assert sorted(frames["runs"]["run"]) == sorted(r.run.name for r in done.results)
     assert list(api.summary(str(drift_fleet))["runs"]["run"]) == list(frames["runs"]["run"])
+
+
+class _Reversed(Serial):
+    """An executor whose runs finish last first, as a pool's or a cluster's may."""
+
+    def map(self, runs: Sequence[RunFiles], options: RunOptions, task: Task = analyze_run,
+            status: Status | None = None) -> Iterator[tuple[int, RunResult]]:
+        yield from reversed(list(super().map(runs, options, task, status)))
+
+
+def test_regression_sibling_evidence_follows_discovery_not_completion_order(
+        tmp_path: Path) -> None:
+    # A failed run beside two healthy runs of other environments: NF502's evidence lists
+    # them in discovery order whichever finishes first (a pool gave them as they finished).
+    nan = math.nan
+    for name, loss, torch in (("s/a_good", [1.0, 0.8], "2.1.0"), ("s/b_good", [1.0, 0.7], "2.2.0"),
+                              ("s/c_bad", [1.0, nan], "2.3.0")):
+        write_summary_run(str(tmp_path / name), {"train/loss": loss})
+        _env(tmp_path / name, torch)
+    runs = runs_of(discover(str(tmp_path)), str(tmp_path))
+    want = {r.run.name: r for r in _full(str(tmp_path))}
+    got = {r.run.name: r for _, r in stream(runs, NO_REPLAY, _Reversed())}
+    drift = [f for f in got["s/c_bad"].findings if f.code == "NF502"]
+    assert [e.subject for e in drift[0].evidence] == ["s/a_good", "s/b_good"]
+    assert got["s/c_bad"].findings == want["s/c_bad"].findings

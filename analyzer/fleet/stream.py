@@ -42,8 +42,10 @@ def stream(runs: Sequence[RunFiles], options: RunOptions, executor: Executor, *,
         if left[folder]:
             continue
         group = held.pop(folder)
-        facts = [(r.run.path, r.run.name, r.failed, r.run.env) for r in group.values()]
-        for index in sorted(group):
+        order = sorted(group)  # discovery's, not completion's: the siblings' evidence follows it
+        facts = [(group[k].run.path, group[k].run.name, group[k].failed, group[k].run.env)
+                 for k in order]
+        for index in order:
             r = group[index]
             if options.rules and (r.findings or r.skipped_rules):  # not a run left unanalysed
                 r = rank_siblings(r, healthy_siblings(r.run.path, facts))
