@@ -162,17 +162,29 @@ def root() -> str:
 
 
 def _stat_line(path: str) -> str:
-    """A file's change token: its size and modification time, or an object's signature
-    (size and ETag or time) from the store's listing of it, never its bytes."""
+    """A file's change token: its size and modification time, or an object's size and
+    ETag, never its bytes."""
     from analyzer.ingest import storage
 
     try:
         if storage.is_url(path):
-            return f"{path}\0{storage.signature(path)}"
+            return f"{path}\0{_object_token(path)}"
         info = os.stat(path)
     except OSError:
         return f"{path}\0missing"
     return f"{path}\0{info.st_size}\0{info.st_mtime_ns}"
+
+
+def _object_token(path: str) -> str:
+    """An object's size and ETag as the bucket's listing gave them, which the discovery
+    makes again once a :data:`REMOTE_LISTING_TTL_S`: a fingerprint made every few seconds
+    then costs no request per object (``storage.signature`` asks the store each time)."""
+    from analyzer.ingest import storage
+
+    found = storage.info(path)
+    if found is None:
+        return "missing"
+    return f"{found.get('size') or 0}:{found.get('ETag') or found.get('LastModified') or ''}"
 
 
 def _capture_files(folders: tuple[str, ...]) -> list[str]:
