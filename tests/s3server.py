@@ -6,8 +6,10 @@
         ...                              # forensics analyze s3://runs/sample_runs
         server.requests                  # what the server was asked: method, key, query, bytes
 
-The server keeps a log of every request it answered (:class:`Request`): tests count the
-listing calls and the bytes sent back from it, whatever client made them. Starting sets
+Each server starts with no bucket (moto keeps one state per process: it is emptied when a
+server starts and when it stops). The server keeps a log of every request it answered
+(:class:`Request`): tests count the listing calls and the bytes sent back from it,
+whatever client made them. Starting sets
 ``AWS_ENDPOINT_URL`` and dummy credentials in ``os.environ`` (restored by :meth:`stop`),
 so an s3fs made afterwards, in this process or a child, talks to this server.
 """
@@ -119,6 +121,7 @@ class S3Server:
         )
         from werkzeug.serving import make_server
 
+        _reset_moto()
         class Quiet(MotoRequestHandler):  # type: ignore[misc]
             def log_request(self, *args: Any, **kwargs: Any) -> None:
                 pass
@@ -142,6 +145,7 @@ class S3Server:
             self._server.server_close()
         if self._thread is not None:
             self._thread.join()
+        _reset_moto()
         for key, value in self._saved.items():
             if value is None:
                 os.environ.pop(key, None)
@@ -202,6 +206,14 @@ class S3Server:
             for item in page.get("Contents", []):
                 out[item["Key"]] = (int(item["Size"]), str(item["ETag"]))
         return out
+
+
+def _reset_moto() -> None:
+    """Empty moto's buckets: its state is one per process, shared by every server started
+    in it, so a module's objects would otherwise show in the next module's bucket."""
+    from moto.moto_api._internal.models import moto_api_backend
+
+    moto_api_backend.reset()
 
 
 def filesystem() -> Any:

@@ -33,15 +33,30 @@ def expand(paths: list[str], passed: list[IngestIssue] | None = None) -> list[st
 
     found: list[str] = []
     for path in map(storage.normalize, paths):
-        if storage.isdir(path):
+        kind = _kind(path)
+        if kind == "directory":
             found.extend(_below(path, passed if passed is not None else []))
-        elif storage.exists(path) if storage.is_url(path) else os.path.lexists(path):
+        elif kind == "file":
             found.append(path)
         else:
             raise UsageError(f"{path}: no such file or folder")
     if not found and not passed:
         raise UsageError("no checkpoint files found in " + ", ".join(paths))
     return found
+
+
+def _kind(path: str) -> str | None:
+    """"directory", "file" (anything else that is there, a FIFO included) or None; a URL
+    by the listing its walk then uses."""
+    from analyzer.ingest import storage
+
+    if not storage.is_url(path):
+        return "directory" if os.path.isdir(path) else "file" if os.path.lexists(path) \
+            else None
+    try:
+        return storage.look(path)
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot be looked at: {exc.strerror or exc}") from None
 
 
 def _below(root: str, passed: list[IngestIssue]) -> list[str]:
