@@ -14,6 +14,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -411,3 +412,26 @@ def test_fleet_page_in_chromium_names_the_separator(served_sweep: str,
     assert state["charts"] >= 3 and state["plotted"] == state["charts"], state["charts"]
     titles = json.loads(browser.evaluate(_AXIS_TITLES_JS))
     assert {"lr", "first non-finite step", "failed runs explained"} <= set(titles), titles
+    assert "20 run(s). Pick a row" in text
+    # A click on the causes chart's last (smallest) bar lists that cause's runs alone.
+    bar = json.loads(browser.evaluate(_LAST_BAR_JS))
+    for kind in ("mouseMoved", "mousePressed", "mouseReleased"):
+        browser.call("Input.dispatchMouseEvent", {"type": kind, "x": bar["x"], "y": bar["y"],
+                                                  "button": "left", "clickCount": 1})
+    deadline = time.monotonic() + PAGE_LOAD_S
+    shown = None
+    while time.monotonic() < deadline and shown is None:
+        time.sleep(0.5)
+        found = re.search(r"(\d+) run\(s\)\. Pick a row", browser.state()["text"])
+        shown = int(found[1]) if found and int(found[1]) < 20 else None
+    browser.screenshot(SHOTS / "fleet_cause_clicked.png")
+    assert shown is not None and 0 < shown < 20, (shown, bar)
+
+
+_LAST_BAR_JS = """JSON.stringify((() => {
+  const chart = document.querySelectorAll('[data-testid="stPlotlyChart"]')[0];
+  const bars = [...chart.querySelectorAll('g.point path')];
+  const r = bars[bars.length - 1].getBoundingClientRect();
+  return {x: r.x + r.width / 2, y: r.y + r.height / 2};
+})())"""
+"""The middle of the causes chart's last bar, in the page's coordinates."""
