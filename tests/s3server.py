@@ -7,9 +7,9 @@
         server.requests                  # what the server was asked: method, key, query, bytes
 
 Each server starts with no bucket (moto keeps one state per process: it is emptied when a
-server starts and when it stops). The server keeps a log of every request it answered
-(:class:`Request`): tests count the listing calls and the bytes sent back from it,
-whatever client made them. Starting sets
+server starts and when it stops), so run one at a time in a process. The server keeps a
+log of every request it answered (:class:`Request`): tests count the listing calls and
+the bytes sent back from it, whatever client made them. Starting sets
 ``AWS_ENDPOINT_URL`` and dummy credentials in ``os.environ`` (restored by :meth:`stop`),
 so an s3fs made afterwards, in this process or a child, talks to this server.
 """
