@@ -357,3 +357,30 @@ def test_regression_sibling_evidence_follows_discovery_not_completion_order(
     drift = [f for f in got["s/c_bad"].findings if f.code == "NF502"]
     assert [e.subject for e in drift[0].evidence] == ["s/a_good", "s/b_good"]
     assert got["s/c_bad"].findings == want["s/c_bad"].findings
+
+
+def _dies_in_a_worker_on_bad(found: RunFiles, options: RunOptions) -> RunResult:
+    """A run that kills the worker process reading it (a reader's crash, the OOM killer);
+    in the test's own process it is analysed, so that a run retried here shows."""
+    import multiprocessing
+    import signal
+
+    if found.name == "sweep/bad" and multiprocessing.parent_process() is not None:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return analyze_run(found, options)
+
+
+def test_regression_a_run_that_kills_its_worker_is_not_analysed_in_this_process(
+        drift_fleet: Path) -> None:
+    # A broken pool used to leave every run not yet done to this process, the one that
+    # killed its worker included: a crash there would end the whole analysis.
+    runs = runs_of(discover(str(drift_fleet)), str(drift_fleet))
+    with Pool(2) as pool:
+        results = dict(pool.map(runs, NO_REPLAY, _dies_in_a_worker_on_bad))
+    assert sorted(results) == list(range(len(runs)))
+    by_name = {r.run.name: r for r in results.values()}
+    bad = by_name["sweep/bad"]
+    assert bad.status == "unreadable"
+    assert bad.run.issues[-1].message.startswith("not analysed: the worker process")
+    assert [by_name[n].status for n in ("other/far", "sweep/good", "sweep/same")] == [
+        "finite", "finite", "failed"]

@@ -6,8 +6,10 @@ result)`` pairs out in the order the runs finish. Three kinds:
 - :class:`Serial`: in this process, one run after the other, each only when the caller
   asks for the next result (a folder's results can be used before the next folder is read).
 - :class:`Pool`: a local :class:`~concurrent.futures.ProcessPoolExecutor` (fork when nothing
-  that runs threads is loaded, else spawn); a pool whose workers cannot start or die
-  (``BrokenProcessPool``) leaves what is left to this process, one run at a time.
+  that runs threads is loaded, else a forkserver); a worker that dies has the runs it had
+  started analysed again alone, in a worker of their own, so that a run that kills its
+  worker is reported as not analysed rather than run in this process; a pool whose workers
+  cannot start leaves every run to this process, one at a time.
 - :class:`Dask`: a ``dask.distributed`` cluster, reached at a scheduler's address or started
   here as a ``LocalCluster`` on 127.0.0.1 (no dashboard) and closed at the end. dask is
   imported only then. A worker that dies while running a task has it retried elsewhere by
@@ -34,6 +36,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.context import BaseContext
 from types import TracebackType
+from typing import Any
 
 from analyzer.ingest.discover import RunFiles
 from analyzer.model import IngestIssue, Location, Run, RunResult
@@ -136,7 +139,16 @@ def _in_parent(runs: Sequence[RunFiles], options: RunOptions) -> set[int]:
 
 
 class Pool(Executor):
-    """A local process pool of ``workers`` processes."""
+    """A local process pool of ``workers`` processes.
+
+    A worker that dies (killed, out of memory, a crash in native code) breaks the whole
+    pool. The runs it had started are suspects: each is analysed again alone, in a pool of
+    one worker, and reported as not analysed if that worker dies too; the runs it had not
+    started go on in a fresh pool (at most :attr:`RESTARTS` times, then in this process).
+    A pool whose workers never started one run (they cannot start in this host) leaves
+    every run to this process, one at a time."""
+
+    RESTARTS = 4
 
     def __init__(self, workers: int) -> None:
         self.workers = workers
@@ -144,19 +156,62 @@ class Pool(Executor):
     def map(self, runs: Sequence[RunFiles], options: RunOptions, task: Task = analyze_run,
             status: Status | None = None) -> Iterator[tuple[int, RunResult]]:
         here = _in_parent(runs, options)
-        done: set[int] = set()
         serial = Serial(guard=True)
         # A replay in this process loads torch, which runs threads: workers started after
         # that must not be forked from it.
         context = pool_context(forking=not here)
-        pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=context)
+        started = context.Array("b", max(1, len(runs)), lock=False)
+        rounds: list[tuple[int, list[int]]] = [
+            (self.workers, [k for k in range(len(runs)) if k not in here])]
+        first, restarts = True, 0
+        while rounds:
+            workers, ks = rounds.pop(0)
+            done: set[int] = set()
+            try:
+                for k, result in self._round(context, started, workers, ks, runs, options,
+                                             task, sorted(here) if first else [], status):
+                    done.add(k)
+                    yield k, result
+            except BrokenProcessPool:
+                rest = [k for k in ks if k not in done]
+                suspects = [k for k in rest if started[k]]
+                others = [k for k in rest if not started[k]]
+                if first and not any(started[k] for k in ks) and restarts == 0:
+                    # Workers cannot start in some hosts (a script fed on stdin under spawn,
+                    # tight limits): what is left is analysed here.
+                    left = [k for k in range(len(runs)) if k not in done]
+                    for k in left:
+                        yield k, serial.one(runs[k], options, task, status)
+                    return
+                if workers == 1 and ks == suspects:  # died again, alone
+                    yield ks[0], not_analysed(runs[ks[0]], WORKER_DIED)
+                    continue
+                restarts += 1
+                if others and restarts > self.RESTARTS:
+                    for k in others:
+                        yield k, serial.one(runs[k], options, task, status)
+                    others = []
+                rounds[:0] = ([(workers, others)] if others else []) + [
+                    (1, [k]) for k in suspects]
+            finally:
+                first = False
+
+    @staticmethod
+    def _round(context: BaseContext, started: Any, workers: int, ks: list[int],
+               runs: Sequence[RunFiles], options: RunOptions, task: Task, here: list[int],
+               status: Status | None) -> Iterator[tuple[int, RunResult]]:
+        """The runs ``ks`` on a fresh pool, then ``here`` in this process while it works."""
+        for k in ks:
+            started[k] = 0
+        pool = ProcessPoolExecutor(max_workers=min(workers, max(1, len(ks))),
+                                   mp_context=context, initializer=_remember,
+                                   initargs=(started,))
         try:
             futures: dict[Future[RunResult], int] = {
-                pool.submit(guarded, task, found, options): k
-                for k, found in enumerate(runs) if k not in here}
-            for k in sorted(here):
+                pool.submit(_tracked, k, task, runs[k], options): k for k in ks}
+            serial = Serial(guard=True)
+            for k in here:
                 yield k, serial.one(runs[k], options, task, status)
-                done.add(k)
             pending = set(futures)
             while pending:
                 finished, pending = wait(pending, return_when=FIRST_COMPLETED)
@@ -166,17 +221,30 @@ class Pool(Executor):
                     k = futures.pop(future)
                     result = _outcome(future, runs[k])
                     del future
-                    done.add(k)
                     yield k, result
                 del finished
-        except BrokenProcessPool:
-            # Workers cannot start in some hosts (a script fed on stdin under spawn, tight
-            # limits), or one was killed: what is left is analysed here.
-            for k, found in enumerate(runs):
-                if k not in done:
-                    yield k, serial.one(found, options, task, status)
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
+
+
+WORKER_DIED = ("the worker process analysing it died, twice, the second time analysing it "
+               "alone (killed by a signal, out of memory, or a crash in native code)")
+
+_STARTED: Any = None
+"""In a pool's worker: the parent's flags of the runs that started (shared memory)."""
+
+
+def _remember(started: Any) -> None:
+    global _STARTED
+    _STARTED = started
+
+
+def _tracked(k: int, task: Task, found: RunFiles, options: RunOptions) -> RunResult:
+    """:func:`guarded` in a worker, the run marked as started first: if the worker dies,
+    the parent knows which runs it was analysing."""
+    if _STARTED is not None:
+        _STARTED[k] = 1
+    return guarded(task, found, options)
 
 
 def _outcome(future: Future[RunResult], found: RunFiles) -> RunResult:
