@@ -70,6 +70,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from analyzer.errors import ForensicsError, UsageError
+from analyzer.ingest import storage
 from analyzer.model import CodeRefusal
 
 CONFIG_ENV = "FORENSICS_CONFIG_DIR"
@@ -485,8 +486,8 @@ def _check_main(target: str, attr: str, policy: TrustPolicy, run_folder: str | N
     root = script.root if script.root and _inside(script.root, script.file) else None
     trusted_root = root if root and os.path.isdir(root) and not is_system(root) and \
         policy.trusts(root, run_folder) else None
-    saved = os.path.join(capture_folder, *SAVED_MAIN.split("/")) if capture_folder else None
-    if saved is not None and os.path.lexists(saved):
+    saved = storage.join(capture_folder, SAVED_MAIN) if capture_folder else None
+    if saved is not None and _present(saved):
         data = _read_code(saved)
         if data is not None and (sha256_of(data) in trusted_sources()
                                  or policy.trusts(os.path.dirname(saved), run_folder)):
@@ -505,7 +506,7 @@ def _check_main(target: str, attr: str, policy: TrustPolicy, run_folder: str | N
     offered = [f for f in (root, folder) if f and _untrustable(os.path.realpath(f)) is None]
     if present and offered:
         raise UntrustedCode(target, offered[0], "run")
-    if saved is not None and os.path.isfile(saved):
+    if saved is not None and not storage.is_url(saved) and os.path.isfile(saved):
         raise UntrustedCode(target, os.path.dirname(saved), "run")
     if present:
         raise RefusedCode(target, f"would run {script.file}, in a folder that cannot be "
@@ -513,6 +514,12 @@ def _check_main(target: str, attr: str, policy: TrustPolicy, run_folder: str | N
                                   "--trust-code for one call")
     raise ModelRebuildError(target, f"the training script {script.file} is gone and the "
                                     "capture holds no saved copy of it")
+
+
+def _present(path: str) -> bool:
+    """Whether the saved script is there: a capture read from a store keeps it as an object
+    (read like any of the capture's files; its hash still decides whether it runs)."""
+    return storage.exists(path) if storage.is_url(path) else os.path.lexists(path)
 
 
 def _is_library(module_name: str) -> bool:
