@@ -95,9 +95,9 @@ def test_a_numeric_threshold_is_named_with_its_direction_and_both_sides() -> Non
 def test_the_irrelevant_keys_are_not_separators_and_the_skipped_ones_are_counted() -> None:
     summary = summarize(_lr_sweep())
     tested = {s.key: s for s in summary.separators}
-    assert not tested["activation"].significant and not tested["seed"].significant
+    assert not tested["activation"].significant
     skipped = {k.key: k.reason for k in summary.skipped}
-    assert skipped == {"run_name": "identifier", "optimizer": "constant"}
+    assert skipped == {"run_name": "identifier", "seed": "identifier", "optimizer": "constant"}
     assert "not significant: activation" in format_summary(summary)
 
 
@@ -499,3 +499,29 @@ def test_a_key_named_like_a_fixed_column_gets_its_own_column() -> None:
     assert list(runs.columns) == ["run", "path", "status", "cause", "first_step", "hp.cause",
                                   "lr", "hp.status"]  # the keys in their sorted order
     assert set(runs["status"]) == {"failed", "finite"} and set(runs["hp.status"]) == {"draft"}
+
+
+def test_regression_a_seed_is_a_label_not_a_magnitude() -> None:
+    # The generated sweep's seed 2 drew its larger seeds for its larger rates by chance: a
+    # rank test on seeds named "seed >= 822068462" a separator. A seed's order means
+    # nothing: distinct seeds are identifiers, and repeated ones are compared as values.
+    rng = random.Random(2)
+    results = []
+    for i in range(40):
+        lr = 10 ** rng.uniform(-4, -1)
+        failed = lr > 3e-3
+        seed = int(lr * 1e9) + i  # ordered as the rates are
+        results.append(_result(i, failed, {"lr": lr, "seed": seed, "data_seed": seed + 1,
+                                           "trial.seed": seed}))
+    summary = summarize(results)
+    assert _separator_keys(summary) == ["lr"]
+    skipped = {k.key: k.reason for k in summary.skipped}
+    assert skipped == {"seed": "identifier", "data_seed": "identifier",
+                       "trial.seed": "identifier"}
+    assert "3 a different value in every run" in format_summary(summary)
+    # Three seeds, each over every rate: a seed's value is tested as a category.
+    repeated = [_result(i, r.failed, {"lr": r.run.metadata.files[0].fields["lr"],  # type: ignore[union-attr]
+                                      "seed": i % 3})
+                for i, r in enumerate(results)]
+    tested = {s.key: s for s in summarize(repeated).separators}
+    assert tested["seed"].test == "fisher" and not tested["seed"].significant

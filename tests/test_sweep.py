@@ -112,13 +112,14 @@ def test_the_irrelevant_key_is_not_named_and_the_clipping_is(
     _, summary = analysed
     tested = {s.key: s for s in summary.separators}
     assert not tested["activation"].significant
-    assert not tested["seed"].significant
+    assert "seed" not in tested  # distinct in every trial: a label, not tested
     clip = tested["clip_gradients"]
     assert clip.test == "fisher" and clip.significant
     assert clip.failing.value is False or clip.failing.value == "false"
     assert clip.other.failed == 0
     skipped = {k.key: k.reason for k in summary.skipped}
     assert skipped["optimizer"] == "constant" and skipped["max_steps"] == "constant"
+    assert skipped["seed"] == "identifier"
 
 
 def test_causes_are_ranked_and_account_for_every_failed_run(

@@ -8,14 +8,15 @@ hyperparameters`) for association with failure:
 - a number: the Mann-Whitney U test (the failed runs' values against the healthy ones',
   two sided), its effect the cut that best separates the outcomes (the largest Youden's J,
   ``lr >= 0.003: 41 of 44 failed; lr <= 0.001: 2 of 120``);
-- a category (text, a flag, or a key whose values mix types): Fisher's exact test of each
+- a category (text, a flag, a seed, or a key whose values mix types): Fisher's exact test of each
   value against the rest, two sided; the key's p is its values' smallest times the number
   of values tested (Bonferroni within the key; a two-valued key is one test).
 
 Across keys the p-values are adjusted by Holm's method, and a key is a separator only when
 its adjusted p is under ``alpha`` (0.01): the others are kept, marked not significant, so
 a reader sees what was tested on how many runs. Keys are not tested, and are counted as
-skipped, when they are constant, a different text in every run (an identifier), missing
+skipped, when they are constant, a different text in every run (an identifier: a name, a
+seed drawn per run), missing
 from half the judged runs or more, present in one outcome only, or held by fewer than
 ``min_runs`` runs of either outcome. Unreadable runs count, and are judged for nothing else.
 """
@@ -113,6 +114,13 @@ def _numbers(pairs: list[tuple[HyperValue, bool]]) -> list[tuple[HyperValue, boo
         return pairs
     read = [(v if _number(v) else float(v), f) for v, f in pairs]
     return read if all(math.isfinite(float(v)) for v, _ in read) else pairs  # "1e999"
+
+
+def _label(key: str) -> bool:
+    """A seed (``seed``, ``data_seed``, ``env.seed``): a number whose order means nothing,
+    compared as a category (distinct in every run, an identifier)."""
+    last = key.rsplit(".", 1)[-1].lower()
+    return last == "seed" or last.endswith("_seed")
 
 
 def _cut(values: list[float], failed: list[bool]) -> tuple[Side, Side]:
@@ -236,8 +244,9 @@ def _separators(rows: Sequence[RunRow], alpha: float, min_runs: int
     tested: list[Separator] = []
     skipped: list[SkippedKey] = []
     for key in keys:
-        pairs = _numbers([(r.hyperparameters[key], r.status == "failed") for r in judged
-                          if key in r.hyperparameters])
+        pairs = [(r.hyperparameters[key], r.status == "failed") for r in judged
+                 if key in r.hyperparameters]
+        pairs = [(_text(v), f) for v, f in pairs] if _label(key) else _numbers(pairs)
         reason = _skip_reason(pairs, len(judged), min_runs)
         if reason is not None:
             skipped.append(SkippedKey(key, reason, len(pairs)))

@@ -18,7 +18,7 @@ HyperValue = bool | int | float | str
 KeyKind = Literal["number", "category"]
 SkipReason = Literal["constant", "identifier", "missing", "one_outcome", "too_few"]
 """Why a key was not tested: ``constant`` (one value in every run that has it),
-``identifier`` (a different text in every run: a name, a path), ``missing`` (absent from
+``identifier`` (a different value in every run: a name, a path, a seed), ``missing`` (absent from
 half the judged runs or more), ``one_outcome`` (present only in failed runs, or only in
 healthy ones: a capture's meta, say), ``too_few`` (fewer than the minimum of either
 outcome among the runs that have it)."""

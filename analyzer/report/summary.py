@@ -11,7 +11,7 @@ from __future__ import annotations
 from analyzer.model.fleet import HyperValue, Separator, Side, SkippedKey, SweepSummary
 
 _REASONS = {
-    "constant": "constant", "identifier": "a different text in every run",
+    "constant": "constant", "identifier": "a different value in every run",
     "missing": "missing in half the runs or more", "one_outcome": "in one outcome's runs only",
     "too_few": "too few runs of one outcome",
 }  # fmt: skip
