@@ -384,3 +384,59 @@ def test_regression_a_run_that_kills_its_worker_is_not_analysed_in_this_process(
     assert bad.run.issues[-1].message.startswith("not analysed: the worker process")
     assert [by_name[n].status for n in ("other/far", "sweep/good", "sweep/same")] == [
         "finite", "finite", "failed"]
+
+
+def _hangs_on_bad(found: RunFiles, options: RunOptions) -> RunResult:
+    """A run whose reader never returns (a stalled mount or store): it says so in a file
+    named by the environment, then sleeps."""
+    import time
+
+    if found.name == "sweep/bad":
+        Path(os.environ["NF_TEST_HANGING"]).write_text("hanging")
+        time.sleep(600)
+    return analyze_run(found, options)
+
+
+_HANGING_POOL = """
+import sys
+from analyzer.fleet.executors import Pool
+from analyzer.pipeline import RunOptions, discover, runs_of
+from tests.test_fleet_pipeline import _hangs_on_bad
+
+runs = runs_of(discover(sys.argv[1]), sys.argv[1])
+with Pool(2) as pool:
+    for k, r in pool.map(runs, RunOptions(replay=False), _hangs_on_bad):
+        print(r.run.name, flush=True)
+"""
+
+
+def test_regression_an_interrupt_stops_a_pool_whose_worker_hangs(drift_fleet: Path,
+                                                                 tmp_path: Path) -> None:
+    # SIGINT to the analysing process alone (a notebook's interrupt, kill -INT): the pool
+    # used to wait for the hung worker to finish its run, forever.
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    marker = tmp_path / "hanging"
+    child = subprocess.Popen(
+        [sys.executable, "-c", _HANGING_POOL, str(drift_fleet)], stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL, text=True, start_new_session=True,
+        cwd=Path(__file__).resolve().parent.parent,
+        env={**os.environ, "NF_TEST_HANGING": str(marker)})
+    try:
+        assert child.stdout is not None
+        given = [child.stdout.readline().strip() for _ in range(3)]
+        assert sorted(given) == ["other/far", "sweep/good", "sweep/same"]
+        while not marker.exists():
+            time.sleep(0.05)
+        child.send_signal(signal.SIGINT)
+        assert child.wait(timeout=60) != 0  # interrupted, not waiting on the hung worker
+        left = subprocess.run(["ps", "-o", "pid=", "-g", str(child.pid)],
+                              capture_output=True, text=True).stdout.split()
+        assert left == []  # no worker outlives it
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()

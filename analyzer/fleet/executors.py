@@ -206,6 +206,7 @@ class Pool(Executor):
         pool = ProcessPoolExecutor(max_workers=min(workers, max(1, len(ks))),
                                    mp_context=context, initializer=_remember,
                                    initargs=(started,))
+        finished_all = False
         try:
             futures: dict[Future[RunResult], int] = {
                 pool.submit(_tracked, k, task, runs[k], options): k for k in ks}
@@ -223,8 +224,30 @@ class Pool(Executor):
                     del future
                     yield k, result
                 del finished
+            finished_all = True
         finally:
-            pool.shutdown(wait=True, cancel_futures=True)
+            if finished_all:
+                pool.shutdown(wait=True)
+            else:  # interrupted, stopped early or broken: not waiting on a worker that hangs
+                _stop(pool)
+
+
+def _stop(pool: ProcessPoolExecutor) -> None:
+    """Stop a pool's workers now: a run still in one (a read stalled on a mount or a store)
+    must not keep an interrupted analysis waiting, nor outlive it."""
+    # The workers are only reachable through the pool's own table before Python 3.14's
+    # terminate_workers().
+    table: dict[int, Any] = getattr(pool, "_processes", None) or {}
+    workers = list(table.values())
+    for process in workers:
+        if process.is_alive():
+            process.terminate()
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in workers:
+        process.join(timeout=5)
+        if process.is_alive():
+            process.kill()
+            process.join()
 
 
 WORKER_DIED = ("the worker process analysing it died, twice, the second time analysing it "
