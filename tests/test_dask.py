@@ -151,6 +151,45 @@ def test_a_scheduler_that_is_neither_an_address_nor_local_is_refused(
     assert "local:N" in capsys.readouterr().err
 
 
+def test_regression_a_local_cluster_is_closed_when_its_client_fails(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The LocalCluster was left running when its client could not start (an interrupt, a
+    # timeout) or when the client's close raised: its workers outlived the analysis.
+    from analyzer.fleet.cluster import Dask
+
+    closed: list[str] = []
+
+    class Cluster:
+        def __init__(self, **kwargs: object) -> None:
+            pass
+
+        def close(self) -> None:
+            closed.append("cluster")
+
+    class Failing:
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            raise OSError("the client could not start")
+
+    class Closing:
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            pass
+
+        def close(self) -> None:
+            closed.append("client")
+            raise OSError("the client could not close")
+
+    monkeypatch.setattr(distributed, "LocalCluster", Cluster)
+    monkeypatch.setattr(distributed, "Client", Failing)
+    with pytest.raises(OSError, match="could not start"):
+        Dask("local:2")
+    assert closed == ["cluster"]
+    closed.clear()
+    monkeypatch.setattr(distributed, "Client", Closing)
+    with pytest.raises(OSError, match="could not close"), Dask("local:2"):
+        pass
+    assert closed == ["client", "cluster"]
+
+
 def test_zz_a_worker_that_dies_leaves_its_run_not_analysed(cluster: Any, fleet: Path) -> None:
     # Last in the module: the dead workers' replacements take a moment to join. The run
     # goes alone: the scheduler suspects every task a dying worker held, not only its own.

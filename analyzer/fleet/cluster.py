@@ -83,7 +83,11 @@ class Dask(Executor):
         self.local = workers is not None
         if workers is not None:
             self.cluster = distributed.LocalCluster(**local_cluster(workers))
-            self.client: Any = distributed.Client(self.cluster)
+            try:
+                self.client: Any = distributed.Client(self.cluster)
+            except BaseException:  # an interrupt too: the cluster's workers must not outlive us
+                self.cluster.close()
+                raise
             return
         if "://" not in scheduler:
             raise UsageError(f"--scheduler {scheduler}: give a scheduler's address "
@@ -95,9 +99,11 @@ class Dask(Executor):
                              f"({type(exc).__name__}: {exc})") from None
 
     def close(self) -> None:
-        self.client.close()
-        if self.cluster is not None:
-            self.cluster.close()
+        try:
+            self.client.close()
+        finally:
+            if self.cluster is not None:
+                self.cluster.close()
 
     def gpu_workers(self) -> int:
         """The workers that declare a ``GPU`` resource."""
