@@ -448,6 +448,9 @@ class Fleet:
     summary: SweepSummary
     frames: Mapping[str, pd.DataFrame]
     unanalysed: tuple[tuple[str, str], ...] = ()
+    ties: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """A failed run's path: the codes of its top causes, where several tie (the summary's
+    rows keep the first; its cause counts count each)."""
 
 
 _FLEET_KEY = "_fleet"
@@ -459,6 +462,7 @@ def fleet(refs: list[RunRef],
     (no file is read again); the last one a session built is kept as the table is."""
     from analyzer.fleet.summary import summarize
     from analyzer.frames import summary_frames
+    from analyzer.model import top_tie
 
     runs_table(refs, progress)  # analyses what no cache holds yet
     key = _table_key(refs)
@@ -474,8 +478,10 @@ def fleet(refs: list[RunRef],
             unanalysed.append((ref.name, kept.error or "not analysed"))
         else:
             results.append(kept.result)
+    ties = {r.run.path: codes for r in results if r.failed
+            and len(codes := tuple(f.code for f in top_tie(r.findings) if f.role == "cause")) > 1}
     summary = summarize(results)
-    out = Fleet(summary, summary_frames(summary), tuple(unanalysed))
+    out = Fleet(summary, summary_frames(summary), tuple(unanalysed), ties)
     st.session_state[_FLEET_KEY] = (key, out)
     return out
 

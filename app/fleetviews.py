@@ -114,18 +114,25 @@ def strip(summary: SweepSummary, separator: Separator) -> Strip:
 
 
 def fleet_runs(runs: pd.DataFrame, summary: SweepSummary, keys: Sequence[str],
-               cause: str | None = EVERY_CAUSE) -> pd.DataFrame:
+               cause: str | None = EVERY_CAUSE,
+               ties: Mapping[str, tuple[str, ...]] | None = None) -> pd.DataFrame:
     """The runs table: run, status, cause (labelled as the causes table labels it), first
     step and each separating key, keeping only the failed runs of ``cause`` when one is
-    chosen (a rule code, or None for the failed runs without a named cause)."""
+    chosen (a rule code, or None for the failed runs without a named cause).
+
+    ``ties`` (a run's path: the codes of its top causes, when several tie) lets a run count
+    under each cause it ties on, as the causes table counts it; without it a run is under
+    its first cause only."""
     labels = {c.code: cause_label(c) for c in summary.causes if c.code}
     unnamed = next((cause_label(c) for c in summary.causes if c.code is None), None)
+    codes = [ties[p] if ties and p in ties else ((c,) if isinstance(c, str) else ())
+             for p, c in zip(runs["path"], runs["cause"], strict=True)]
     out = pd.DataFrame({
         "run": runs["run"],
         "status": runs["status"],
-        "cause": [labels.get(c, c) if isinstance(c, str) else
+        "cause": [", ".join(labels.get(c, c) for c in mine) if mine else
                   (unnamed if status == "failed" else None)
-                  for c, status in zip(runs["cause"], runs["status"], strict=True)],
+                  for mine, status in zip(codes, runs["status"], strict=True)],
         "first_step": runs["first_step"],
     })
     for key in keys:
@@ -133,9 +140,7 @@ def fleet_runs(runs: pd.DataFrame, summary: SweepSummary, keys: Sequence[str],
         if column in runs.columns:
             out[key] = runs[column]
     if cause != EVERY_CAUSE:
-        failed = out["status"] == "failed"
-        if cause is None:
-            out = out[failed & runs["cause"].isna()]
-        else:
-            out = out[failed & (runs["cause"] == cause)]
+        keep = [status == "failed" and (cause in mine if cause is not None else not mine)
+                for mine, status in zip(codes, runs["status"], strict=True)]
+        out = out[keep]
     return out.reset_index(drop=True)

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 
 from tests.test_app import (
@@ -251,3 +252,23 @@ def test_strip_cut_lies_between_the_sides_on_the_axis_drawn() -> None:
     assert drawn.cut is not None and abs(drawn.cut - (0.1 * 0.01) ** 0.5) < 1e-12
     linear = strip(summary, weak)
     assert not linear.log and linear.cut is not None and abs(linear.cut - 0.025) < 1e-12
+
+
+def test_regression_a_run_tied_between_two_causes_is_listed_under_each() -> None:
+    # The causes table counts a run under every cause its top findings tie on; the runs
+    # table kept it under the first alone, so choosing the second listed one run fewer.
+    from analyzer.model.fleet import CauseCount, SweepSummary
+    from app.fleetviews import fleet_runs
+
+    summary = SweepSummary(3, 2, 1, 0, causes=(
+        CauseCount("NF101", "log-of-zero", 2, 1), CauseCount("NF102", "division-by-zero", 1, 1)))
+    runs = pd.DataFrame({"run": ["a", "b", "c"], "path": ["/r/a", "/r/b", "/r/c"],
+                         "status": ["failed", "failed", "finite"],
+                         "cause": ["NF101", "NF101", None], "first_step": [3, 4, None]})
+    ties = {"/r/a": ("NF101", "NF102")}
+    for cause in summary.causes:
+        shown = fleet_runs(runs, summary, [], cause.code, ties)
+        assert len(shown) == cause.runs, cause
+    assert list(fleet_runs(runs, summary, [], "NF102", ties)["cause"]) == [
+        "NF101 log-of-zero, NF102 division-by-zero"]
+    assert list(fleet_runs(runs, summary, [], "every cause", ties)["run"]) == ["a", "b", "c"]

@@ -107,7 +107,7 @@ if st.session_state.get(CAUSE_KEY) not in [fleetviews.EVERY_CAUSE, *labels]:
     st.session_state.pop(CAUSE_KEY, None)  # a cause gone since the files changed
 choice = st.selectbox("Cause", [fleetviews.EVERY_CAUSE, *labels], key=CAUSE_KEY)
 cause = choice if choice == fleetviews.EVERY_CAUSE else fleetviews.cause_code(summary, choice)
-table = fleetviews.fleet_runs(fleet.frames["runs"], summary, keys, cause)
+table = fleetviews.fleet_runs(fleet.frames["runs"], summary, keys, cause, fleet.ties)
 st.caption(f"{len(table)} run(s). Pick a row to open the run.")
 event = st.dataframe(table, hide_index=True, on_select="rerun", selection_mode="single-row",
                      key="fleet_runs", column_config={
