@@ -61,6 +61,7 @@ __all__ = [
     "report",
     "runs_of",
     "same_folder",
+    "sibling_facts",
     "siblings",
     "tool_version",
     "with_replay",
@@ -197,18 +198,26 @@ def same_folder(path: str) -> str:
 
 def siblings(result: RunResult, others: Sequence[RunResult]) -> dict[str, Mapping[str, Any]]:
     """The environments of the healthy runs beside ``result``'s run (same parent folder),
-    by run name: the rules compare a failed run's environment with them."""
-    return healthy_siblings(result.run.path,
-                            [(r.run.path, r.run.name, r.failed, r.run.env) for r in others])
+    by run name: the rules compare a failed run's environment with them. Healthy is finite:
+    a run of which nothing could be read is no baseline, whatever its env.json says."""
+    return healthy_siblings(result.run.path, [sibling_facts(r) for r in others])
 
 
-def healthy_siblings(path: str, runs: Sequence[tuple[str, str, bool, Mapping[str, Any] | None]]
-                     ) -> dict[str, Mapping[str, Any]]:
-    """:func:`siblings` from (path, name, failed, env) of each run, for callers that keep
-    those facts and not whole results (the dashboard's caches)."""
+SiblingFacts = tuple[str, str, bool, Mapping[str, Any] | None]
+"""(path, name, not healthy, env) of a run: what :func:`healthy_siblings` needs of it."""
+
+
+def sibling_facts(result: RunResult) -> SiblingFacts:
+    """What :func:`healthy_siblings` needs of a result; not healthy: failed or unreadable."""
+    return result.run.path, result.run.name, result.status != "finite", result.run.env
+
+
+def healthy_siblings(path: str, runs: Sequence[SiblingFacts]) -> dict[str, Mapping[str, Any]]:
+    """:func:`siblings` from :func:`sibling_facts` of each run, for callers that keep those
+    facts and not whole results (the dashboard's caches)."""
     parent, here = same_folder(path), storage.absolute(path)
-    return {name: env for other, name, failed, env in runs
-            if env is not None and not failed and storage.absolute(other) != here
+    return {name: env for other, name, unhealthy, env in runs
+            if env is not None and not unhealthy and storage.absolute(other) != here
             and same_folder(other) == parent}
 
 

@@ -31,6 +31,7 @@ from analyzer.pipeline import (
     read_runs,
     report,
     runs_of,
+    sibling_facts,
 )
 from analyzer.report.json import to_json
 from tests.conftest import SAMPLE_RUNS, scenarios, write_summary_run
@@ -66,7 +67,7 @@ def _full(paths: str | Sequence[str]) -> list[RunResult]:
 def _streamed(paths: str, slim: list[RunResult] | None = None) -> list[RunResult]:
     """Each run analysed alone (slim), then the sibling pass over its folder."""
     slim = _slim_alone(paths) if slim is None else slim
-    facts = [(r.run.path, r.run.name, r.failed, r.run.env) for r in slim]
+    facts = [sibling_facts(r) for r in slim]
     return [rank_siblings(r, healthy_siblings(r.run.path, facts)) for r in slim]
 
 
@@ -440,3 +441,18 @@ def test_regression_an_interrupt_stops_a_pool_whose_worker_hangs(drift_fleet: Pa
         if child.poll() is None:
             os.killpg(child.pid, signal.SIGKILL)
             child.wait()
+
+
+def test_regression_an_unreadable_run_is_not_a_healthy_sibling(drift_fleet: Path) -> None:
+    # A run of which nothing could be read (its event file is not one) but whose env.json
+    # is there: NF502 said the failed run "differs from healthy run sweep/unread".
+    unread = drift_fleet / "sweep" / "unread"
+    unread.mkdir()
+    (unread / "events.out.tfevents.1.host").write_bytes(b"not an event file at all")
+    _env(unread, "1.0.0")
+    streamed = {r.run.name: r for r in api.iter_analyze(str(drift_fleet), replay=False,
+                                                        jobs=1)}
+    assert streamed["sweep/unread"].status == "unreadable"
+    for results in (streamed, {r.run.name: r for r in _full(str(drift_fleet))}):
+        (drift,) = [f for f in results["sweep/bad"].findings if f.code == "NF502"]
+        assert [e.subject for e in drift.evidence] == ["sweep/good"]

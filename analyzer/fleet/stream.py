@@ -13,7 +13,14 @@ from collections.abc import Callable, Iterator, Sequence
 from analyzer.fleet.executors import Executor, Status, Task
 from analyzer.ingest.discover import RunFiles
 from analyzer.model import RunResult
-from analyzer.pipeline import RunOptions, analyze_run, healthy_siblings, rank_siblings, same_folder
+from analyzer.pipeline import (
+    RunOptions,
+    analyze_run,
+    healthy_siblings,
+    rank_siblings,
+    same_folder,
+    sibling_facts,
+)
 
 RunProgress = Callable[[int, int], None]
 """Called with (runs done, runs in all) as each run finishes."""
@@ -43,8 +50,7 @@ def stream(runs: Sequence[RunFiles], options: RunOptions, executor: Executor, *,
             continue
         group = held.pop(folder)
         order = sorted(group)  # discovery's, not completion's: the siblings' evidence follows it
-        facts = [(group[k].run.path, group[k].run.name, group[k].failed, group[k].run.env)
-                 for k in order]
+        facts = [sibling_facts(group[k]) for k in order]
         for index in order:
             r = group[index]
             if options.rules and (r.findings or r.skipped_rules):  # not a run left unanalysed
