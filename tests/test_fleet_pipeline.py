@@ -8,6 +8,7 @@ import math
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -456,3 +457,43 @@ def test_regression_an_unreadable_run_is_not_a_healthy_sibling(drift_fleet: Path
     for results in (streamed, {r.run.name: r for r in _full(str(drift_fleet))}):
         (drift,) = [f for f in results["sweep/bad"].findings if f.code == "NF502"]
         assert [e.subject for e in drift.evidence] == ["sweep/good"]
+
+
+def test_regression_runs_kept_here_survive_a_pool_that_breaks_while_submitting(
+        drift_fleet: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A CUDA replay is run in this process while the pool works; when a worker died before
+    # every run was submitted, that run was never analysed (its folder never given).
+    from concurrent.futures import Future
+    from concurrent.futures.process import BrokenProcessPool
+    from dataclasses import replace
+
+    import analyzer.fleet.executors as executors
+
+    real = executors.ProcessPoolExecutor
+
+    class BreaksWhileSubmitting:
+        made = 0
+
+        def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+            cls.made += 1
+            return real(*args, **kwargs) if cls.made > 1 else super().__new__(cls)
+
+        def __init__(self, *args: Any, initargs: tuple[Any, ...] = (), **kwargs: Any) -> None:
+            self.started, self.calls = initargs[0], 0
+
+        def submit(self, fn: Any, k: int, *args: Any) -> Future[RunResult]:
+            self.calls += 1
+            if self.calls > 1:
+                raise BrokenProcessPool("a worker died")
+            self.started[k] = 1  # the first run had started in the worker that died
+            return Future()
+
+        def shutdown(self, *args: object, **kwargs: object) -> None:
+            pass
+
+    monkeypatch.setattr(executors, "ProcessPoolExecutor", BreaksWhileSubmitting)
+    runs = runs_of(discover(str(drift_fleet)), str(drift_fleet))
+    runs[1] = replace(runs[1], capture_dirs=(str(drift_fleet / "capture" / "step_2"),))
+    results = dict(Pool(2).map(runs, RunOptions(device="cuda:0"), _pid))
+    assert sorted(results) == [0, 1, 2, 3]
+    assert results[1].run.issues[-1].message == f"not analysed: {os.getpid()}"

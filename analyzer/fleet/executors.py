@@ -164,6 +164,7 @@ class Pool(Executor):
         rounds: list[tuple[int, list[int]]] = [
             (self.workers, [k for k in range(len(runs)) if k not in here])]
         first, restarts = True, 0
+        given: set[int] = set()
         while rounds:
             workers, ks = rounds.pop(0)
             done: set[int] = set()
@@ -195,6 +196,10 @@ class Pool(Executor):
                     (1, [k]) for k in suspects]
             finally:
                 first = False
+                given |= done
+        # A pool that broke while its runs were being submitted had not yet run these.
+        for k in sorted(here - given):
+            yield k, serial.one(runs[k], options, task, status)
 
     @staticmethod
     def _round(context: BaseContext, started: Any, workers: int, ks: list[int],
