@@ -36,6 +36,7 @@ import random
 import shutil
 import sys
 from dataclasses import asdict, dataclass
+from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
@@ -91,11 +92,15 @@ def train(folder: str, spec: Training, seed: int) -> bool:
     targets = inputs @ torch.randn(16, 1) + 0.1 * torch.randn(512, 1)
     model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
     opt = torch.optim.SGD(model.parameters(), lr=spec.lr, momentum=0.9)
+    writer: Any
     if spec.writer == "torch":
         from torch.utils.tensorboard import SummaryWriter
+
+        writer = SummaryWriter(folder)
     else:
-        from tensorboardX import SummaryWriter
-    writer = SummaryWriter(folder)
+        import tensorboardX
+
+        writer = tensorboardX.SummaryWriter(folder)
     log_file = open(os.path.join(folder, "train.log"), "w")  # noqa: SIM115
     log = STYLES[spec.log_style](log_file, STEPS, 16)
     log.begin(f"training {spec.name}")
@@ -107,7 +112,7 @@ def train(folder: str, spec: Training, seed: int) -> bool:
         rows = torch.randint(0, 512, (32,))
         loss = torch.nn.functional.mse_loss(model(inputs[rows]), targets[rows])
         opt.zero_grad()
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf")))
         opt.step()
         wall = WALL_TIME0 + step
