@@ -52,7 +52,7 @@ def incidents_frame(report: Report) -> pd.DataFrame:
     return frame.astype({"step": "Int64", "last_finite_step": "Int64"})
 
 
-RUN_COLUMNS = ["run", "path", "status", "cause", "first_step"]
+RUN_COLUMNS = ["run", "path", "status", "cause", "causes", "first_step"]
 CAUSE_COLUMNS = ["code", "name", "runs", "tied"]
 STEP_COLUMNS = ["low", "high", "runs"]
 SEPARATOR_COLUMNS = ["key", "kind", "test", "runs", "failed", "p_value", "p_adjusted",
@@ -61,14 +61,15 @@ SEPARATOR_COLUMNS = ["key", "kind", "test", "runs", "failed", "p_value", "p_adju
 
 def summary_frames(summary: SweepSummary) -> dict[str, pd.DataFrame]:
     """A sweep summary as frames: ``runs`` (one row per run, its hyperparameters as
-    columns after the fixed ones), ``causes``, ``steps`` (the histogram's bins) and
+    columns after the fixed ones; ``causes`` the tuple of its tied top causes, ``cause``
+    the first), ``causes``, ``steps`` (the histogram's bins) and
     ``separators`` (every key tested, the effect's two sides as text)."""
     from analyzer.report.summary import side_text
 
     keys = sorted({k for r in summary.rows for k in r.hyperparameters})
     fixed = [k for k in keys if k in RUN_COLUMNS]  # a key named like a fixed column
     runs = pd.DataFrame([{"run": r.name, "path": r.path, "status": r.status, "cause": r.cause,
-                          "first_step": r.first_step,
+                          "causes": r.causes, "first_step": r.first_step,
                           **{(f"hp.{k}" if k in fixed else k): r.hyperparameters.get(k)
                              for k in keys}}
                          for r in summary.rows],

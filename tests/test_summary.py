@@ -230,7 +230,8 @@ def test_no_hyperparameters_at_all() -> None:
     assert summary.separators == () and summary.skipped == ()
     assert "none tested" in format_summary(summary)
     frames = summary_frames(summary)
-    assert list(frames["runs"].columns) == ["run", "path", "status", "cause", "first_step"]
+    assert list(frames["runs"].columns) == ["run", "path", "status", "cause", "causes",
+                                            "first_step"]
     assert frames["separators"].empty
 
 
@@ -496,8 +497,8 @@ def test_a_key_named_like_a_fixed_column_gets_its_own_column() -> None:
     results = [_result(i, i % 2 == 0, {"status": "draft", "cause": i, "lr": 0.1})
                for i in range(6)]
     runs = summary_frames(summarize(results))["runs"]
-    assert list(runs.columns) == ["run", "path", "status", "cause", "first_step", "hp.cause",
-                                  "lr", "hp.status"]  # the keys in their sorted order
+    assert list(runs.columns) == ["run", "path", "status", "cause", "causes", "first_step",
+                                  "hp.cause", "lr", "hp.status"]  # the keys in their sorted order
     assert set(runs["status"]) == {"failed", "finite"} and set(runs["hp.status"]) == {"draft"}
 
 
@@ -525,3 +526,21 @@ def test_regression_a_seed_is_a_label_not_a_magnitude() -> None:
                 for i, r in enumerate(results)]
     tested = {s.key: s for s in summarize(repeated).separators}
     assert tested["seed"].test == "fisher" and not tested["seed"].significant
+
+
+def test_regression_a_run_tied_on_two_causes_is_a_run_of_each() -> None:
+    # The causes table counts a run once for each cause tied at its top, but the run's row
+    # kept only the first: the runs of the second cause, looked up by row, missed it.
+    results = [_result(0, True, findings=[_finding("NF101"), _finding("NF202")]),
+               _result(1, True, findings=[_finding("NF202")]),
+               _result(2, True, findings=[_finding("NF202"), _finding("NF101", 0.5)]),
+               _result(3, False)]
+    summary = summarize(results)
+    assert [r.causes for r in summary.rows] == [("NF101", "NF202"), ("NF202",), ("NF202",), ()]
+    assert [r.cause for r in summary.rows] == ["NF101", "NF202", "NF202", None]
+    runs = summary_frames(summary)["runs"]
+    for c in summary.causes:
+        of_cause = [row for row in summary.rows if c.code in row.causes]
+        assert len(of_cause) == c.runs
+        assert int(runs["causes"].map(lambda codes, code=c.code: code in codes).sum()) == c.runs
+    assert summary_json(summary)["rows"][0]["causes"] == ["NF101", "NF202"]  # type: ignore[index]

@@ -57,6 +57,7 @@ def _row(result: RunResult) -> RunRow:
     incident = result.incident
     return RunRow(path=result.run.path, name=result.run.name, status=result.status,
                   cause=causes[0].code if causes else None,
+                  causes=tuple(f.code for f in causes),
                   first_step=incident.step if incident is not None and incident.aligned
                   else None,
                   hyperparameters=hyperparameters(result))

@@ -34,6 +34,9 @@ class RunRow:
     status: Literal["failed", "finite", "unreadable"]
     cause: str | None = None
     """The top cause's rule code; None when the run did not fail or no cause was named."""
+    causes: tuple[str, ...] = ()
+    """Every cause tied at the top, ``cause`` first: the run is one of each one's runs in
+    the causes' counts (:class:`CauseCount`)."""
     first_step: int | None = None
     """The global step of the run's first non-finite value; None when the failure names no
     step, or only one of a source left off the global step (its own count, which no other
