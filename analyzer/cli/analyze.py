@@ -8,9 +8,10 @@ local process pool sized to the machine by default, or on a Dask cluster with
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from functools import partial
+from itertools import chain
 from typing import TYPE_CHECKING
 
 from analyzer.cli.exit import status
@@ -46,7 +47,7 @@ def analyze_command(
     process per CPU; ``summary``: the sweep summary after the report (or alone, ``quiet``)
     and in the JSON."""
     from analyzer.api import analyze
-    from analyzer.report.json import to_json
+    from analyzer.report.json import json_chunks
     from analyzer.report.text import format_text
 
     if jobs is not None and jobs < 1:
@@ -65,7 +66,7 @@ def analyze_command(
     finally:
         if progress is not None:
             progress.close()
-    sweep, document = None, to_json
+    sweep, document = None, json_chunks
     if summary:
         from analyzer.fleet.summary import summarize
         from analyzer.report.summary import format_summary
@@ -74,7 +75,7 @@ def analyze_command(
         sweep = format_summary(digest).rstrip("\n") + "\n"
         document = partial(_json_with_summary, digest=digest)
     if json_file == "-":
-        write_stdout(document(report) + "\n")
+        write_stdout(chain(document(report), ["\n"]))
     else:
         text = format_text(report)
         if quiet:  # the summary table is the last block
@@ -90,8 +91,8 @@ def analyze_command(
     return status(nonfinite=report.failed, unreadable=not report.readable)
 
 
-def _json_with_summary(report: Report, *, digest: SweepSummary) -> str:
+def _json_with_summary(report: Report, *, digest: SweepSummary) -> Iterator[str]:
     """The JSON report with the sweep summary under its top-level ``summary`` key."""
-    from analyzer.report.json import to_json
+    from analyzer.report.json import json_chunks
 
-    return to_json(replace(report, summary=digest))
+    return json_chunks(replace(report, summary=digest))
