@@ -58,6 +58,7 @@ bench: setup
 	$(BIN)/python bench/align.py
 	$(BIN)/python bench/checkpoints.py
 	$(BIN)/python bench/replay.py
+	$(BIN)/python bench/fleet.py
 	$(BIN)/python bench/capture.py
 	$(BIN)/python bench/capture_frameworks.py
 
