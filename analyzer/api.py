@@ -84,6 +84,14 @@ def _start(paths: str | Sequence[str], logs: Sequence[str], run_roots: Sequence[
                                                              Executor]:
     from analyzer.fleet.choose import make_executor
 
+    if scheduler is not None and "://" in scheduler:
+        # A cluster's workers run elsewhere (another machine, another directory): a path
+        # relative to this directory means nothing there.
+        from analyzer.ingest import storage
+
+        paths = [storage.absolute(p) for p in ([paths] if isinstance(paths, str) else paths)]
+        logs = [storage.absolute(p) for p in logs]
+        run_roots = [storage.absolute(p) for p in run_roots]
     found = discover(paths, logs, run_roots)
     runs = runs_of(found, paths)
     return found, runs, make_executor(scheduler, jobs, len(runs))

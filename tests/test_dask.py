@@ -68,6 +68,18 @@ def test_a_tcp_scheduler_gives_the_same_report_as_this_process(cluster: Any,
 
 
 @pytest.mark.skipif(not scenarios(), reason="sample_runs/ holds no scenario runs")
+def test_regression_relative_paths_reach_a_cluster_started_elsewhere(
+        cluster: Any, fleet: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The cluster's workers started in another directory (as 'dask worker' on another
+    # machine does): a run named relative to this one was looked for in theirs, and every
+    # run came back unreadable.
+    monkeypatch.chdir(fleet)
+    there = api.analyze("sweep_a", scheduler=cluster.scheduler_address, keep_series=False)
+    assert [r.status for r in there.results] == ["finite", "failed"]
+    assert [r.run.name for r in there.results] == ["run_0", "run_1"]
+    assert all(os.path.isabs(r.run.path) for r in there.results)
+
+
 def test_the_sample_runs_replayed_on_the_cluster_give_the_same_report(
         cluster: Any, sample_report: Any) -> None:
     there = api.analyze(SAMPLE_RUNS, scheduler=cluster.scheduler_address)
