@@ -23,7 +23,9 @@ The walk is iterative and bounded, and says what it passed over, each an
                    name its target to analyse it
     too_deep       a folder more than MAX_DEPTH levels below the path named: not walked
     not_regular    a FIFO, device or socket with a run file's name: never opened
-    unreadable     a folder that cannot be listed (permissions), a broken symlink
+    unreadable     a folder that cannot be listed (permissions), a broken symlink; in a
+                   bucket, a key with an empty, ``.`` or ``..`` part (``a//b``, ``a/../b``):
+                   not read, on the discovery (as a path it names another object)
 
 A path may be a URL (:mod:`analyzer.ingest.storage`): its tree is listed with one recursive
 listing, turned into the same folder listings a local walk makes, so that the layouts are
@@ -318,6 +320,9 @@ def _skipped_dir(name: str) -> bool:
     return name in _SKIP_DIRS or name.startswith(".")
 
 
+_ODD_KEY = "a key with an empty, '.' or '..' part: not read (as a path it names another object)"
+
+
 def _remote_lister(root: str) -> Callable[[str], Listing]:
     """Listings of the folders below the URL ``root``, all from one listing of the tree."""
     try:
@@ -331,7 +336,8 @@ def _remote_lister(root: str) -> Callable[[str], Listing]:
         if got is None:
             return Listing(folder, issues=[_issue(folder, "unreadable",
                                                   "folder not in the store's listing")])
-        return Listing(folder, list(got.dirs), list(got.files))
+        odd = [_issue(url, "unreadable", _ODD_KEY) for url in got.odd]
+        return Listing(folder, list(got.dirs), list(got.files), odd)
 
     return lister
 
@@ -363,6 +369,9 @@ def _walk(root: str, forced: set[str]) -> tuple[list[RunFiles], list[IngestIssue
     in its training (:func:`analyzer.ingest.layouts.place`)."""
     tree = {listing.folder: listing for listing in
             walk_tree(root, lambda d: not is_capture_container(storage.name(d)))}
+    odd = [i for i in tree[root].issues if i.message == _ODD_KEY] if root in tree else []
+    if odd:  # passed over outside every run, as the store's keys, not the root's damage
+        tree[root].issues = [i for i in tree[root].issues if i.message != _ODD_KEY]
     roots = {f for f in tree if storage.absolute(f) in forced} if forced else set()
     placements = place(tree, root, roots)
     groups: dict[str, list[str]] = {}
@@ -376,7 +385,7 @@ def _walk(root: str, forced: set[str]) -> tuple[list[RunFiles], list[IngestIssue
             runs[owner] = run
         elif run.issues:
             leftover.append((owner, run.issues))
-    loose: list[IngestIssue] = []
+    loose: list[IngestIssue] = odd
     for owner, issues in leftover:
         holder = _enclosing(runs, owner)
         if holder is None:

@@ -293,6 +293,9 @@ class Folder:
 
     dirs: list[str] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
+    odd: list[str] = field(default_factory=list)
+    """On the root's folder only: the URLs of the objects whose keys have an empty, ``.``
+    or ``..`` part below the root (``a//b``, ``a/../b``), not placed in the tree."""
 
 
 def _is_marker(name_: str, entry: dict[str, Any]) -> bool:
@@ -349,8 +352,13 @@ def list_tree(root: str) -> dict[str, Folder]:
         base, found = cast(str, fs._strip_protocol(key)).rstrip("/"), kept
     tree: dict[str, Folder] = {base: Folder()}
     files: list[str] = []
+    odd: list[str] = []
     for path, entry in found.items():
         path = cast(str, fs._strip_protocol(path))
+        if _odd_key(path, base, entry):
+            if entry.get("type") != "directory" and not _is_marker(path, entry):
+                odd.append(_url_of(fs, root, path))
+            continue
         if _is_marker(path, entry):
             path = path.removesuffix(_MARKER_SUFFIX).rstrip("/")
             if path and path != base:
@@ -367,7 +375,21 @@ def list_tree(root: str) -> dict[str, Folder]:
     for folder in tree.values():
         folder.dirs = sorted(set(folder.dirs))
         folder.files = sorted(set(folder.files) - set(folder.dirs))
+    tree[base].odd = sorted(odd)
     return {_url_of(fs, root, path): folder for path, folder in tree.items()}
+
+
+def _odd_key(path: str, base: str, entry: dict[str, Any]) -> bool:
+    """Whether the key ``path`` has an empty, ``.`` or ``..`` part below ``base``: as a path
+    it would name another object (``a/../b`` is ``b``, ``a//b`` lists as a folder ``a/``
+    that the URL ``a`` names too), so it is not walked but reported."""
+    if not path.startswith(base + "/"):
+        return False
+    rest = path[len(base) + 1:]
+    if _is_marker(path, entry) or entry.get("type") == "directory":
+        rest = rest.removesuffix(_MARKER_SUFFIX)
+        rest = rest[:-1] if rest.endswith("/") else rest
+    return any(part in ("", ".", "..") for part in rest.split("/"))
 
 
 def _folder_of(tree: dict[str, Folder], base: str, path: str) -> Folder:

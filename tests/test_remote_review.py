@@ -1,0 +1,36 @@
+"""A review of reading runs from a bucket: keys that are odd as paths, URLs that chain
+filesystems, and credentials that must stay out of every message."""
+
+from __future__ import annotations
+
+from analyzer import api
+from tests.s3server import BUCKET, S3Server
+
+pytest_plugins = ("tests.remote_fixtures",)  # the s3 fixture
+
+NAN_LOG = b"step 1 loss 1.0\nstep 2 loss nan\n"
+
+
+def _put(server: S3Server, blobs: dict[str, bytes]) -> None:
+    client = server.client()
+    for key, body in blobs.items():
+        client.put_object(Bucket=BUCKET, Key=key, Body=body)
+
+
+def test_regression_a_key_with_an_empty_or_dot_part_hides_no_run_and_is_reported(
+        s3: S3Server) -> None:
+    # "odd/a//x/..." listed as a folder "odd/a/" that the URL "odd/a" also names: the
+    # real run odd/a/real was lost and a folder odd/a/x reported missing from the listing
+    _put(s3, {"odd/a/real/train.log": NAN_LOG, "odd/a//x/train.log": NAN_LOG,
+              "odd/a/../b/train.log": NAN_LOG, "odd/c/./d/train.log": NAN_LOG})
+    before = s3.snapshot(BUCKET)
+    report = api.analyze([f"s3://{BUCKET}/odd"])
+    assert [r.run.path for r in report.results] == [f"s3://{BUCKET}/odd/a/real"]
+    assert report.results[0].status == "failed"
+    messages = {(i.location.file, i.kind, i.message) for i in report.issues}
+    assert all("not in the store's listing" not in m for _, _, m in messages)
+    named = sorted(f for f, _, _ in messages)
+    assert named == [f"s3://{BUCKET}/odd/a/../b/train.log", f"s3://{BUCKET}/odd/a//x/train.log",
+                     f"s3://{BUCKET}/odd/c/./d/train.log"]
+    assert all(k == "unreadable" and "empty, '.' or '..' part" in m for _, k, m in messages)
+    assert s3.snapshot(BUCKET) == before
