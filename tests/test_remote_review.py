@@ -3,7 +3,10 @@ filesystems, and credentials that must stay out of every message."""
 
 from __future__ import annotations
 
+import pytest
+
 from analyzer import api
+from analyzer.errors import UsageError
 from tests.s3server import BUCKET, S3Server
 
 pytest_plugins = ("tests.remote_fixtures",)  # the s3 fixture
@@ -34,3 +37,24 @@ def test_regression_a_key_with_an_empty_or_dot_part_hides_no_run_and_is_reported
                      f"s3://{BUCKET}/odd/c/./d/train.log"]
     assert all(k == "unreadable" and "empty, '.' or '..' part" in m for _, k, m in messages)
     assert s3.snapshot(BUCKET) == before
+
+
+@pytest.mark.parametrize("url", [f"simplecache::s3://{BUCKET}/chain",
+                                 f"zip://train.log::s3://{BUCKET}/chain/a.zip",
+                                 f"blockcache::s3://{BUCKET}/chain/train.log"])
+def test_regression_a_chained_url_is_refused_naming_the_chain(s3: S3Server, url: str) -> None:
+    # simplecache:: was taken for a local path ("no such file or folder") and zip://...::
+    # said "cannot be looked at: chain/a.zip"
+    _put(s3, {"chain/train.log": NAN_LOG, "chain/a.zip": b"PK"})
+    with pytest.raises(UsageError, match="chained") as caught:
+        api.analyze([url])
+    assert "s3://" in str(caught.value)
+
+
+def test_regression_a_key_with_two_colons_is_read_as_itself(s3: S3Server) -> None:
+    # fsspec's parser cut "s3://runs/colon/a::b/train.log" at "::" and read "colon/a"
+    _put(s3, {"colon/a::b/train.log": NAN_LOG, "colon/a": b"not a run\n"})
+    report = api.analyze([f"s3://{BUCKET}/colon/a::b"])
+    assert [r.run.path for r in report.results] == [f"s3://{BUCKET}/colon/a::b"]
+    assert report.results[0].status == "failed"
+    assert report.results[0].run.logs[0].path == f"s3://{BUCKET}/colon/a::b/train.log"

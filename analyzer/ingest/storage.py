@@ -47,6 +47,8 @@ STREAM_BLOCK = 4 << 20
 """Read-ahead for readers that stream a file from start to end (event files, logs)."""
 
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
+_CHAIN = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*::|::[A-Za-z][A-Za-z0-9+.-]*://")
+"""fsspec's chaining of filesystems: ``simplecache::s3://...``, ``zip://m::s3://...``."""
 _MARKER_SUFFIX = "_$folder$"  # the zero-byte key some tools write for a folder
 
 
@@ -55,7 +57,9 @@ def is_url(path: str) -> bool:
     if "://" not in path:  # a local path, as most are: no pattern to match
         return False
     match = _SCHEME.match(path)
-    return match is not None and match[1].lower() != "file"
+    if match is None:  # a chain (refused by filesystem, with its reason) is no local path
+        return _CHAIN.search(path) is not None
+    return match[1].lower() != "file"
 
 
 def normalize(path: str) -> str:
@@ -127,18 +131,28 @@ def filesystem(url: str) -> tuple[AbstractFileSystem, str]:
     """The fsspec filesystem serving ``url`` and the path it knows the object by.
 
     Raises UsageError, naming what to install, when fsspec (or the filesystem of that
-    scheme, such as s3fs or gcsfs) is missing."""
+    scheme, such as s3fs or gcsfs) is missing, and for fsspec's chained URLs: a chain
+    may copy objects to a local cache (``simplecache::``, ``blockcache::``) or fetch an
+    archive to read a member (``zip://m::s3://...``), so its reads are neither bounded
+    nor write-free as this module promises. A ``::`` inside a key is part of the key
+    (fsspec's own parser would cut the key there and read another object)."""
+    if _CHAIN.search(url):
+        raise UsageError(f"{url}: fsspec's chained URLs are not read (a chain may cache "
+                         "objects on local disk or fetch an archive whole): name the "
+                         "folder or object by its own URL, such as s3://bucket/key")
     try:
-        import fsspec.core
+        import fsspec
     except ImportError:
         raise UsageError(f"{url}: reading a URL needs fsspec: {REMOTE_EXTRA}") from None
+    match = _SCHEME.match(url)
     try:
-        fs, path = fsspec.core.url_to_fs(url)
+        cls = fsspec.get_filesystem_class(match[1] if match else "file")
     except ImportError as exc:
         raise UsageError(f"{url}: {exc}; for s3:// {REMOTE_EXTRA}") from None
     except ValueError as exc:  # a scheme no filesystem is registered for
         raise UsageError(f"{url}: {exc}") from None
-    return fs, cast(str, path)
+    fs = cls(**cls._get_kwargs_from_urls(url))
+    return fs, cast(str, cls._strip_protocol(url))
 
 
 def _url_of(fs: AbstractFileSystem, url: str, path: str) -> str:
