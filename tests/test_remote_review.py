@@ -3,10 +3,13 @@ filesystems, and credentials that must stay out of every message."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from analyzer import api
 from analyzer.errors import UsageError
+from analyzer.ingest import storage
 from tests.s3server import BUCKET, S3Server
 
 pytest_plugins = ("tests.remote_fixtures",)  # the s3 fixture
@@ -49,6 +52,39 @@ def test_regression_a_chained_url_is_refused_naming_the_chain(s3: S3Server, url:
     with pytest.raises(UsageError, match="chained") as caught:
         api.analyze([url])
     assert "s3://" in str(caught.value)
+
+
+class _Leaky:
+    """A filesystem whose every call fails with botocore's words for an endpoint that
+    cannot be reached: the endpoint, credentials and all."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("find", "info", "open", "ls"):
+            def fail(*args: Any, **kwargs: Any) -> Any:
+                raise RuntimeError('Could not connect to the endpoint URL: '
+                                   '"http://AKIAIOSFODNN7EXAMPLE:wJalrXUtnFEMI@10.0.0.1:9000'
+                                   '/runs?list-type=2" (key AKIAIOSFODNN7EXAMPLE)')
+            return fail
+        return getattr(self.real, name)
+
+
+def test_regression_credentials_in_a_store_error_are_not_printed(
+        s3: S3Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = storage.filesystem
+
+    def leaky(url: str) -> tuple[Any, str]:
+        fs, key = real(url)
+        return _Leaky(fs), key
+
+    monkeypatch.setattr(storage, "filesystem", leaky)
+    with pytest.raises(UsageError) as caught:
+        api.analyze([f"s3://{BUCKET}/chain"])
+    text = str(caught.value)
+    assert "wJalrXUtnFEMI" not in text and "AKIAIOSFODNN7EXAMPLE" not in text
+    assert "10.0.0.1:9000" in text  # the endpoint itself still said
 
 
 def test_regression_a_key_with_two_colons_is_read_as_itself(s3: S3Server) -> None:

@@ -162,18 +162,37 @@ def _url_of(fs: AbstractFileSystem, url: str, path: str) -> str:
     return scheme + stripped.lstrip("/") if scheme else str(fs.unstrip_protocol(stripped))
 
 
+_USERINFO = re.compile(r"(?<=://)[^/\s@\"'<>]+@")
+_KEY_ID = re.compile(r"\b(?:AKIA|ASIA|AIDA|AROA)[A-Z0-9]{16}\b")
+
+
+def redact(text: str) -> str:
+    """``text`` without the credentials a client's message may hold: the ``user:pass@`` of
+    an endpoint's URL and AWS access key ids."""
+    return _KEY_ID.sub("***", _USERINFO.sub("***@", text))
+
+
 def _call(url: str, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
     """``fn(*args, **kwargs)`` with whatever the store or its client raises as an OSError
     (a refused connection, a denied request), so that readers report it as they would a
-    local file's."""
+    local file's; its words never carry credentials (:func:`redact`)."""
     try:
         return fn(*args, **kwargs)
-    except OSError:
-        raise
+    except OSError as exc:
+        said = str(exc)
+        if redact(said) == said:
+            raise
+        clean = redact(exc.strerror or said)
+        try:
+            raised: OSError = type(exc)(exc.errno, clean) if exc.errno is not None else \
+                type(exc)(clean)
+        except Exception:
+            raised = OSError(clean)
+        raise raised from None
     except UsageError:
         raise
     except Exception as exc:
-        raise OSError(f"{type(exc).__name__}: {exc}") from exc
+        raise OSError(redact(f"{type(exc).__name__}: {exc}")) from None
 
 
 def info(path: str, *, fresh: bool = False) -> dict[str, Any] | None:
