@@ -81,7 +81,8 @@ class Siblings:
 
 @dataclass(frozen=True)
 class _Facts:
-    failed: bool
+    unhealthy: bool
+    """Failed or unreadable: not a healthy sibling (pipeline.sibling_facts)."""
     env: Mapping[str, Any] | None
 
 
@@ -342,7 +343,10 @@ def _facts(path: str, digest: str) -> _Facts | None:
     result = _located(path, digest).result
     if result is None:
         return None
-    return _Facts(result.failed, result.run.env)
+    from analyzer import pipeline
+
+    _, _, unhealthy, env = pipeline.sibling_facts(result)
+    return _Facts(unhealthy, env)
 
 
 def siblings_of(ref: RunRef, refs: list[RunRef]) -> Siblings:
@@ -365,7 +369,7 @@ def _siblings_by_run(wanted: list[RunRef], refs: list[RunRef]) -> dict[str, Sibl
                     continue
                 known = _facts(r.path, r.digest)
                 if known is not None:
-                    facts[parent].append((r.path, r.name, known.failed, known.env))
+                    facts[parent].append((r.path, r.name, known.unhealthy, known.env))
         envs = healthy_siblings(ref.path, facts[parent])
         key = _digest([f"{n}\0{by_name[n].digest}" for n in sorted(envs)])
         out[ref.path] = Siblings(key, envs)

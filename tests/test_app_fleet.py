@@ -272,3 +272,25 @@ def test_regression_a_run_tied_between_two_causes_is_listed_under_each() -> None
     assert list(fleet_runs(runs, summary, [], "NF102", ties)["cause"]) == [
         "NF101 log-of-zero, NF102 division-by-zero"]
     assert list(fleet_runs(runs, summary, [], "every cause", ties)["run"]) == ["a", "b", "c"]
+
+
+def test_regression_the_dashboard_takes_no_unreadable_run_for_a_healthy_sibling(
+        tmp_path: Path) -> None:
+    # The dashboard's NF502 compared a failed run with an unreadable one that had an
+    # env.json, as the command line did before pipeline.sibling_facts.
+    from app import data
+    from tests.test_fleet_pipeline import _env, write_summary_run
+
+    nan = float("nan")
+    for name, loss, torch in (("bad", [1.0, 0.9, nan], "2.3.0"),
+                              ("good", [1.0, 0.9, 0.8], "2.1.0")):
+        write_summary_run(str(tmp_path / "sweep" / name), {"train/loss": loss})
+        _env(tmp_path / "sweep" / name, torch)
+    unread = tmp_path / "sweep" / "unread"
+    unread.mkdir()
+    (unread / "events.out.tfevents.1.host").write_bytes(b"not an event file at all")
+    _env(unread, "1.0.0")
+    refs = data.list_runs(str(tmp_path))
+    assert not isinstance(refs, str)
+    (bad,) = [r for r in refs if r.name.endswith("bad")]
+    assert sorted(data.siblings_of(bad, refs).envs) == ["sweep/good"]

@@ -228,6 +228,12 @@ APP_MAY_IMPORT = {
     "analyzer.ingest.discover": "walk_tree, to fingerprint a capture's files",
     "analyzer.ingest.tb": "is_event_file, to count a run's event files",
     "analyzer.capture.folder": "the name of env.json, a file of a run's fingerprint",
+    "analyzer.ingest.storage": "a URL told from a local path, its parent, join and relative "
+                               "path, and an object's listing: a root on object storage",
+    "analyzer.fleet.summary": "summarize: the sweep summary of the results the runs table "
+                              "keeps, the Fleet page's stage",
+    "analyzer.frames": "summary_frames and its column names: the sweep summary's frames, as "
+                       "the API gives them",
 }
 """What the dashboard may import of the analyzer, and why: the stages and their records, the
 shared vocabulary and wording, and the safe readers it needs to show a file."""
