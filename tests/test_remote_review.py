@@ -94,3 +94,15 @@ def test_regression_a_key_with_two_colons_is_read_as_itself(s3: S3Server) -> Non
     assert [r.run.path for r in report.results] == [f"s3://{BUCKET}/colon/a::b"]
     assert report.results[0].status == "failed"
     assert report.results[0].run.logs[0].path == f"s3://{BUCKET}/colon/a::b/train.log"
+
+
+def test_regression_an_object_that_is_also_a_folder_of_keys_is_reported(s3: S3Server) -> None:
+    # the object shadow/run/train.log, also the folder of shadow/run/train.log/x, was
+    # dropped without a word: the run was not found and nothing said why
+    _put(s3, {"shadow/run/train.log": NAN_LOG, "shadow/run/train.log/x": b"hello\n",
+              "shadow/ok/train.log": NAN_LOG})
+    report = api.analyze([f"s3://{BUCKET}/shadow"])
+    assert [r.run.path for r in report.results] == [f"s3://{BUCKET}/shadow/ok"]
+    assert [(i.location.file, i.kind) for i in report.issues] == [
+        (f"s3://{BUCKET}/shadow/run/train.log", "unreadable")]
+    assert "also the folder of other keys" in report.issues[0].message

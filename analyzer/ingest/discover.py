@@ -25,7 +25,8 @@ The walk is iterative and bounded, and says what it passed over, each an
     not_regular    a FIFO, device or socket with a run file's name: never opened
     unreadable     a folder that cannot be listed (permissions), a broken symlink; in a
                    bucket, a key with an empty, ``.`` or ``..`` part (``a//b``, ``a/../b``):
-                   not read, on the discovery (as a path it names another object)
+                   not read, on the discovery (as a path it names another object); an
+                   object whose key is also the folder of others: its folder is walked
 
 A path may be a URL (:mod:`analyzer.ingest.storage`): its tree is listed with one recursive
 listing, turned into the same folder listings a local walk makes, so that the layouts are
@@ -320,9 +321,6 @@ def _skipped_dir(name: str) -> bool:
     return name in _SKIP_DIRS or name.startswith(".")
 
 
-_ODD_KEY = "a key with an empty, '.' or '..' part: not read (as a path it names another object)"
-
-
 def _remote_lister(root: str) -> Callable[[str], Listing]:
     """Listings of the folders below the URL ``root``, all from one listing of the tree."""
     try:
@@ -336,7 +334,7 @@ def _remote_lister(root: str) -> Callable[[str], Listing]:
         if got is None:
             return Listing(folder, issues=[_issue(folder, "unreadable",
                                                   "folder not in the store's listing")])
-        odd = [_issue(url, "unreadable", _ODD_KEY) for url in got.odd]
+        odd = [_issue(url, "unreadable", why) for url, why in got.odd]
         return Listing(folder, list(got.dirs), list(got.files), odd)
 
     return lister
@@ -369,9 +367,10 @@ def _walk(root: str, forced: set[str]) -> tuple[list[RunFiles], list[IngestIssue
     in its training (:func:`analyzer.ingest.layouts.place`)."""
     tree = {listing.folder: listing for listing in
             walk_tree(root, lambda d: not is_capture_container(storage.name(d)))}
-    odd = [i for i in tree[root].issues if i.message == _ODD_KEY] if root in tree else []
+    said = (storage.ODD_PART, storage.SHADOWED)
+    odd = [i for i in tree[root].issues if i.message in said] if root in tree else []
     if odd:  # passed over outside every run, as the store's keys, not the root's damage
-        tree[root].issues = [i for i in tree[root].issues if i.message != _ODD_KEY]
+        tree[root].issues = [i for i in tree[root].issues if i.message not in said]
     roots = {f for f in tree if storage.absolute(f) in forced} if forced else set()
     placements = place(tree, root, roots)
     groups: dict[str, list[str]] = {}

@@ -326,9 +326,9 @@ class Folder:
 
     dirs: list[str] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
-    odd: list[str] = field(default_factory=list)
-    """On the root's folder only: the URLs of the objects whose keys have an empty, ``.``
-    or ``..`` part below the root (``a//b``, ``a/../b``), not placed in the tree."""
+    odd: list[tuple[str, str]] = field(default_factory=list)
+    """On the root's folder only: the objects not placed in the tree, each a URL and why
+    (:data:`ODD_PART`, :data:`SHADOWED`)."""
 
 
 def _is_marker(name_: str, entry: dict[str, Any]) -> bool:
@@ -345,7 +345,7 @@ def _find(url: str) -> tuple[AbstractFileSystem, str, dict[str, dict[str, Any]]]
     fs, key = filesystem(url)
     fs.invalidate_cache(key)  # a listing of an earlier analysis may be stale
     found = cast(dict[str, dict[str, Any]],
-                 _call(url, "cannot list", fs.find, key, withdirs=True, detail=True))
+                 _call(url, "cannot list", fs.find, key, detail=True))
     return fs, cast(str, fs._strip_protocol(key)).rstrip("/"), found
 
 
@@ -400,16 +400,27 @@ def list_tree(root: str) -> dict[str, Folder]:
             tree.setdefault(path.rstrip("/"), Folder())
         elif path != base:
             files.append(path)
+    shadowed: list[str] = []
+    above = {p[:i] for p in files for i in range(len(p)) if p[i] == "/"}
     for path in files:
-        if path not in tree:  # an object also a prefix of others is a folder
+        if path not in tree and path not in above:
             _folder_of(tree, base, path).files.append(path.rsplit("/", 1)[-1])
+        else:  # an object also a prefix of others is a folder; the object is said
+            shadowed.append(_url_of(fs, root, path))
     for path in [p for p in tree if p != base]:
         _folder_of(tree, base, path).dirs.append(path.rsplit("/", 1)[-1])
     for folder in tree.values():
         folder.dirs = sorted(set(folder.dirs))
         folder.files = sorted(set(folder.files) - set(folder.dirs))
-    tree[base].odd = sorted(odd)
+    tree[base].odd = sorted([(url, ODD_PART) for url in odd] +
+                            [(url, SHADOWED) for url in shadowed])
     return {_url_of(fs, root, path): folder for path, folder in tree.items()}
+
+
+ODD_PART = "a key with an empty, '.' or '..' part: not read (as a path it names another " \
+    "object)"
+SHADOWED = "an object whose key is also the folder of other keys: not read (a path cannot " \
+    "be both; its folder is walked)"
 
 
 def _odd_key(path: str, base: str, entry: dict[str, Any]) -> bool:
