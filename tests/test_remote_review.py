@@ -106,3 +106,57 @@ def test_regression_an_object_that_is_also_a_folder_of_keys_is_reported(s3: S3Se
     assert [(i.location.file, i.kind) for i in report.issues] == [
         (f"s3://{BUCKET}/shadow/run/train.log", "unreadable")]
     assert "also the folder of other keys" in report.issues[0].message
+
+
+class _Timing:
+    """An object's handle that gives ``piece`` bytes a read and times out once ``after``
+    bytes came, as a store that stops answering mid-object."""
+
+    def __init__(self, handle: Any, after: int, piece: int = 16384) -> None:
+        self.handle, self.after, self.piece, self.came = handle, after, piece, 0
+
+    def readinto(self, view: Any) -> int:
+        if self.came >= self.after:
+            raise TimeoutError("Read timeout on endpoint URL")
+        n = int(self.handle.readinto(memoryview(view)[: self.piece]))
+        self.came += n
+        return n
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.handle, name)
+
+
+def test_regression_an_event_file_read_that_times_out_keeps_the_records_before_it(
+        s3: S3Server, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the window (32 MB) that a read failed in was dropped whole: an event file smaller
+    # than a window kept no point, and the issue said offset 0
+    from analyzer.ingest.tb import read_event_file
+    from tests.conftest import write_summary_run
+
+    write_summary_run(str(tmp_path), {"loss": [float(i) for i in range(4000)]})
+    (local,) = tmp_path.glob("events.out.tfevents.*")
+    s3.upload(str(tmp_path), f"s3://{BUCKET}/slow")
+    url = f"s3://{BUCKET}/slow/{local.name}"
+    whole = read_event_file(url)
+    real = storage.filesystem
+
+    class Slow:
+        def __init__(self, fs: Any) -> None:
+            self.fs = fs
+
+        def open(self, *args: Any, **kwargs: Any) -> Any:
+            return _Timing(self.fs.open(*args, **kwargs), after=local.stat().st_size // 2)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.fs, name)
+
+    monkeypatch.setattr(storage, "filesystem", lambda u: (Slow(real(u)[0]), real(u)[1]))
+    cut = read_event_file(url)
+    (issue,) = [i for i in cut.issues if i.kind == "unreadable"]
+    assert issue.location.file == url and "Read timeout" in issue.message
+    offset = issue.location.offset or 0
+    assert local.stat().st_size // 3 < offset <= local.stat().st_size // 2 + 16384
+    (full,), (kept,) = whole.series, cut.series
+    assert 0.3 * len(full.steps) < len(kept.steps) < 0.6 * len(full.steps)
+    assert list(kept.steps) == list(full.steps[: len(kept.steps)])
+    assert not [i for i in cut.issues if i.kind == "truncated"]

@@ -65,6 +65,7 @@ class RecordReader:
         self._at = 0  # where the handle is
         self._backing: Bytes = np.zeros(0, dtype=np.uint8)
         self._shrunk = False
+        self._failed: OSError | None = None  # a read that failed after some bytes came
 
     def __iter__(self) -> Iterator[Window]:
         framer = self.framer
@@ -81,6 +82,8 @@ class RecordReader:
                 if not first and self.deadline.expired():
                     raise _OutOfTime(framer.pos)
                 first = False
+                if self._failed is not None:  # the bytes before it were framed first
+                    raise self._failed
                 buf, base, final = self._next(buf, base)
             except _OutOfTime as stop:
                 framer.out_of_time(stop.at)
@@ -110,6 +113,8 @@ class RecordReader:
         elif keep:
             self._backing[:keep] = buf[buf.shape[0] - keep:]
         got = self._read_into(self._backing.data[keep: keep + want], at) if want else 0
+        if self._failed is not None:  # not the end: the window's records are kept
+            return self._backing[: keep + got], start, False
         if got < want:
             self._shrank(at + got)
         return self._backing[: keep + got], start, got < want or at + got >= self.size
@@ -119,7 +124,13 @@ class RecordReader:
             self.handle.seek(at)
         got = 0
         while got < len(view):
-            n = self.handle.readinto(view[got:])  # type: ignore[attr-defined]
+            try:
+                n = self.handle.readinto(view[got:])  # type: ignore[attr-defined]
+            except OSError as exc:  # a store's read that fails mid-window (a timeout)
+                if not got:
+                    raise
+                self._failed = exc
+                break
             if not n:
                 break
             got += n
@@ -135,6 +146,8 @@ class RecordReader:
                 raise _OutOfTime(off)
             view = piece.data[: min(piece.shape[0], end - at)]
             got = self._read_into(view, at)
+            if self._failed is not None:
+                raise self._failed
             if got < len(view):
                 self._shrank(at + got)
                 return False
@@ -142,6 +155,8 @@ class RecordReader:
             at += got
         stored = np.zeros(4, dtype=np.uint8)
         got = self._read_into(stored.data, end)
+        if self._failed is not None:
+            raise self._failed
         if got < 4:
             self._shrank(end + got)
             return False
