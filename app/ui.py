@@ -7,7 +7,9 @@ that step, and the address bar can be shared.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 import streamlit as st
@@ -71,6 +73,17 @@ def sidebar() -> None:
     st.sidebar.selectbox("Run", names, key=RUN_KEY,
                          on_change=_keep_run_in_url)
     st.query_params[RUN_KEY] = st.session_state[RUN_KEY]
+
+
+def analysing_bar(count: int) -> tuple[Any, Callable[[int, int], None]]:
+    """A progress bar over ``count`` runs and the callback that moves it (runs done of
+    all), for the pages that analyse every run; ``.empty()`` the bar when done."""
+    bar = st.progress(0.0, text=f"Analysing {count} runs")
+
+    def moved(done: int, total: int) -> None:
+        bar.progress(done / total, text=f"Analysed {done} of {total} runs")
+
+    return bar, moved
 
 
 def all_refs() -> list[data.RunRef]:

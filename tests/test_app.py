@@ -43,15 +43,20 @@ def tree(root: Path) -> dict[str, tuple[int, int]]:
             for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+def served_samples(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[Path]:
+    """A copy of sample_runs/ as the dashboard's root while the generator is held open."""
     if not any(SAMPLES.glob("*/scenario.json")):
         pytest.skip("sample_runs/ holds no scenario (make samples)")
-    root = tmp_path_factory.mktemp("app") / "runs"
+    root = tmp_path_factory.mktemp(name) / "runs"
     shutil.copytree(SAMPLES, root, ignore=shutil.ignore_patterns("__pycache__"))
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("FORENSICS_RUNS", str(root))
         yield root
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    yield from served_samples(tmp_path_factory, "app")
 
 
 def texts(at: AppTest) -> str:

@@ -24,6 +24,7 @@ from tests.test_app import (
     frame_with,
     no_error,
     scenarios,
+    served_samples,
     texts,
     tree,
 )
@@ -54,13 +55,7 @@ def runs_frame(at: AppTest) -> Any:
 
 @pytest.fixture(scope="module")
 def samples(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    if not any(SAMPLES.glob("*/scenario.json")):
-        pytest.skip("sample_runs/ holds no scenario (make samples)")
-    root = tmp_path_factory.mktemp("fleet") / "runs"
-    shutil.copytree(SAMPLES, root, ignore=shutil.ignore_patterns("__pycache__"))
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("FORENSICS_RUNS", str(root))
-        yield root
+    yield from served_samples(tmp_path_factory, "fleet")
 
 
 def test_fleet_counts_the_sample_runs_as_their_scenarios_say(samples: Path) -> None:

@@ -14,14 +14,8 @@ _CLICKED = "_fleet_cause_clicked"
 
 st.title("Fleet")
 refs = ui.all_refs()
-bar = st.progress(0.0, text=f"Analysing {len(refs)} runs")
-
-
-def _progress(done: int, total: int) -> None:
-    bar.progress(done / total, text=f"Analysed {done} of {total} runs")
-
-
-fleet = data.fleet(refs, _progress)
+bar, moved = ui.analysing_bar(len(refs))
+fleet = data.fleet(refs, moved)
 bar.empty()
 summary = fleet.summary
 

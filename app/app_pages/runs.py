@@ -10,14 +10,8 @@ from app import data, ui
 
 st.title("Runs")
 refs = ui.all_refs()
-bar = st.progress(0.0, text=f"Analysing {len(refs)} runs")
-
-
-def _progress(done: int, total: int) -> None:
-    bar.progress(done / total, text=f"Analysed {done} of {total} runs")
-
-
-table = data.runs_table(refs, _progress)
+bar, moved = ui.analysing_bar(len(refs))
+table = data.runs_table(refs, moved)
 bar.empty()
 
 failed = int((table["status"] == "failed").sum())
