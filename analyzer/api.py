@@ -18,19 +18,16 @@ from analyzer.align import align
 from analyzer.ingest.discover import Discovery, RunFiles
 from analyzer.ingest.runs import Progress, read_runs
 from analyzer.model import Report, Run, RunResult
-from analyzer.pipeline import RunOptions, discover, report, runs_of, tool_version
+from analyzer.pipeline import RunOptions, discover, read_run, report, runs_of, tool_version
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from analyzer.fleet.executors import Executor
+    from analyzer.fleet.stream import RunProgress
 
 __all__ = ["analyze", "incidents", "iter_analyze", "iter_runs", "read", "scalars",
            "summary", "tool_version"]
-
-RunProgress = Callable[[int, int], None]
-"""Called with (runs done, runs in all) as each run finishes."""
-
 
 def read(paths: str | Sequence[str], *, verify: bool = True, jobs: int = 1,
          progress: Progress | None = None, checkpoints: bool = True,
@@ -56,9 +53,8 @@ def iter_runs(paths: str | Sequence[str], *, verify: bool = True, checkpoints: b
     """The runs of :func:`read`, fully read and aligned, one at a time in discovery order:
     each is read only when the next is asked for, and nothing keeps the ones before it."""
     for found in runs_of(discover(paths, logs, run_roots), paths):
-        (run,) = read_runs([found], verify=verify, checkpoints=checkpoints,
-                           trust_pickle=trust_pickle)
-        yield align(run)
+        yield align(read_run(found, verify=verify, checkpoints=checkpoints,
+                             trust_pickle=trust_pickle))
 
 
 def _options(verify: bool, checkpoints: bool, trust_pickle: bool, replay: bool, device: str,
