@@ -207,32 +207,32 @@ def info(path: str, *, fresh: bool = False) -> dict[str, Any] | None:
         return None
 
 
+def _seen(path: str) -> dict[str, Any] | None:
+    """:func:`info`, with a store that cannot be asked taken as nothing there (what
+    ``os.path.exists`` does with a path it cannot stat)."""
+    try:
+        return info(path)
+    except OSError:
+        return None
+
+
 def exists(path: str) -> bool:
     if not is_url(path):
         return os.path.exists(normalize(path))
-    try:
-        return info(path) is not None
-    except OSError:
-        return False
+    return _seen(path) is not None
 
 
 def isdir(path: str) -> bool:
     if not is_url(path):
         return os.path.isdir(normalize(path))
-    try:
-        found = info(path)
-    except OSError:
-        return False
+    found = _seen(path)
     return found is not None and found.get("type") == "directory"
 
 
 def isfile(path: str) -> bool:
     if not is_url(path):
         return os.path.isfile(normalize(path))
-    try:
-        found = info(path)
-    except OSError:
-        return False
+    found = _seen(path)
     return found is not None and found.get("type") == "file" and not _is_marker(path, found)
 
 
