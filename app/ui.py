@@ -39,6 +39,11 @@ PAGE = {title.lower(): path for path, title, _ in PAGES}
 RUN_PAGES = [title for _, title, _ in PAGES[2:]]
 """The pages about one run (the first two are about every run below the root)."""
 RUN_KEY = "run"
+"""The URL's query parameter that names the chosen run."""
+CHOSEN = "chosen_run"
+"""The session's chosen run: the one place every page and the sidebar read it from."""
+_PICKER = "run_picker"
+"""The sidebar selectbox's own key, set from :data:`CHOSEN` before it is drawn."""
 
 
 @dataclass(frozen=True)
@@ -51,8 +56,28 @@ def _refs() -> list[data.RunRef] | str:
     return data.list_runs(data.root())
 
 
-def _keep_run_in_url() -> None:
-    st.query_params[RUN_KEY] = st.session_state[RUN_KEY]
+def open_run(name: str) -> None:
+    """Make ``name`` the chosen run for every page, the sidebar and the address bar.
+
+    A page that picks a run (a row of the Runs table, a point of the Fleet page) calls this
+    and then ``st.rerun()``, so that the sidebar, drawn before the page, shows it too."""
+    st.session_state[CHOSEN] = name
+    st.query_params[RUN_KEY] = name
+
+
+def _picked() -> None:
+    open_run(st.session_state[_PICKER])
+
+
+def chosen(names: list[str]) -> str:
+    """The chosen run among ``names``: a run named in the URL wins when it differs from the
+    session's (a shared link, a page link), else the session's, else the first."""
+    wanted = st.query_params.get(RUN_KEY)
+    if wanted in names and wanted != st.session_state.get(CHOSEN):
+        st.session_state[CHOSEN] = wanted
+    if st.session_state.get(CHOSEN) not in names:
+        st.session_state[CHOSEN] = names[0]
+    return str(st.session_state[CHOSEN])
 
 
 def sidebar() -> None:
@@ -65,14 +90,10 @@ def sidebar() -> None:
         return
     names = [r.name for r in refs]
     st.sidebar.caption(f"{len(names)} run{'' if len(names) == 1 else 's'} below `{root}`")
-    wanted = st.query_params.get(RUN_KEY)
-    if wanted in names and wanted != st.session_state.get(RUN_KEY):
-        st.session_state[RUN_KEY] = wanted
-    if st.session_state.get(RUN_KEY) not in names:
-        st.session_state[RUN_KEY] = names[0]
-    st.sidebar.selectbox("Run", names, key=RUN_KEY,
-                         on_change=_keep_run_in_url)
-    st.query_params[RUN_KEY] = st.session_state[RUN_KEY]
+    name = chosen(names)
+    st.session_state[_PICKER] = name  # before the widget is drawn: it shows the chosen run
+    st.sidebar.selectbox("Run", names, key=_PICKER, on_change=_picked)
+    st.query_params[RUN_KEY] = name
 
 
 def analysing_bar(count: int) -> tuple[Any, Callable[[int, int], None]]:
@@ -96,7 +117,7 @@ def all_refs() -> list[data.RunRef]:
 
 def selected() -> Selected:
     refs = all_refs()
-    name = st.session_state.get(RUN_KEY)
+    name = chosen([r.name for r in refs])
     ref = next((r for r in refs if r.name == name), refs[0])
     return Selected(ref, refs)
 

@@ -161,7 +161,7 @@ def _check_page(at: AppTest, page: str, name: str, sc: dict[str, Any]) -> None:
 def test_page_for_every_run(runs: Path, page: str) -> None:
     at = open_app()
     for name, sc in scenarios(runs).items():
-        at.selectbox(key="run").set_value(name)  # the sidebar's run picker
+        at.selectbox(key="run_picker").set_value(name)  # the sidebar's run picker
         at.switch_page(f"app_pages/{page}.py").run()
         no_error(at)
         _check_page(at, page, name, sc)
@@ -171,7 +171,7 @@ def test_growth_onset_is_where_the_exploding_gradients_finding_dates_it(runs: Pa
     at = open_app()
     checked = 0
     for name in scenarios(runs):
-        at.selectbox(key="run").set_value(name)
+        at.selectbox(key="run_picker").set_value(name)
         at.switch_page("app_pages/findings.py").run()
         cards = [m.value for m in at.markdown if "**exploding-gradients**" in m.value]
         at.switch_page("app_pages/timeline.py").run()
@@ -406,7 +406,7 @@ def test_log_only_runs_on_every_page(tmp_path: Path, monkeypatch: pytest.MonkeyP
         no_error(at)
         assert expected[name] in texts(at), name
     for name, verdict in expected.items():
-        at.selectbox(key="run").set_value(name)
+        at.selectbox(key="run_picker").set_value(name)
         for page in PAGES:
             at.switch_page(f"app_pages/{page}.py").run()
             no_error(at)
@@ -484,7 +484,7 @@ def test_log_and_event_file_curves_share_their_steps(runs: Path) -> None:
     for name in scenarios(runs):
         if not (runs / name / "train.log").exists():
             continue
-        at.selectbox(key="run").set_value(name)
+        at.selectbox(key="run_picker").set_value(name)
         at.switch_page("app_pages/timeline.py").run()
         no_error(at)
         traces = _traces(_figure(at, "timeline_chart"))
@@ -545,7 +545,7 @@ def test_runs_and_timeline_pages_say_how_a_log_was_placed(runs: Path) -> None:
     at.run()
     no_error(at)
     assert "Steps placed: train.log: inferred: step = record - 1" in texts(at)
-    at.selectbox(key="run").set_value("nan_in_batch")
+    at.selectbox(key="run_picker").set_value("nan_in_batch")
     at.switch_page("app_pages/timeline.py").run()
     (placed,) = [e for e in at.expander if "steps were placed" in e.label]
     assert any("`train.log`: inferred: step = record - 1, by matching loss" in m.value
@@ -630,7 +630,7 @@ def test_an_unaligned_first_incident_is_worded_in_records_everywhere(unaligned: 
     at.run()
     no_error(at)
     assert "First non-finite at **record 13** in `loss`" in texts(at)
-    at.selectbox(key="run").set_value("records_only")
+    at.selectbox(key="run_picker").set_value("records_only")
     for page in PAGES:
         at.switch_page(f"app_pages/{page}.py").run()
         no_error(at)
@@ -882,3 +882,26 @@ def test_a_damaged_metadata_file_is_listed_with_its_issue(
         os.path.join("lightning_logs", "version_0", "hparams.yaml"), "failed")
     assert row["issues"].startswith("line 3: bad_record: not valid YAML")
     assert tree(tmp_path / "runs") == before
+
+
+def test_a_row_picked_on_runs_is_the_run_of_every_page_and_of_the_sidebar(runs: Path) -> None:
+    at = open_app()
+    names = list(at.dataframe[0].value["run"])
+    first, picked = names[0], names[-1]
+    assert first != picked
+    assert at.selectbox(key="run_picker").value == first
+    at.session_state["runs_table"] = {"selection": {"rows": [len(names) - 1], "columns": []}}
+    at.run()
+    no_error(at)
+    assert at.selectbox(key="run_picker").value == picked
+    assert at.query_params["run"] in (picked, [picked])
+    at.switch_page("app_pages/timeline.py").run()  # the sidebar's navigation, no link
+    no_error(at)
+    assert f"**{picked}**" in texts(at)
+    # A run picked in the sidebar afterwards is not taken back by the row still selected.
+    at.selectbox(key="run_picker").set_value(first)
+    at.switch_page("app_pages/runs.py").run()
+    no_error(at)
+    assert at.selectbox(key="run_picker").value == first
+    at.switch_page("app_pages/layers.py").run()
+    assert f"**{first}**" in texts(at)

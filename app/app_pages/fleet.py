@@ -108,9 +108,15 @@ event = st.dataframe(table, hide_index=True, on_select="rerun", selection_mode="
                          "run": st.column_config.TextColumn("run", pinned=True),
                          "first_step": st.column_config.NumberColumn("first non-finite step",
                                                                      format="%d")})
-rows = event.selection.rows if event is not None else []
-if rows:
-    name = str(table.iloc[rows[0]]["run"])
+rows = list(event.selection.rows) if event is not None else []
+picked = [str(table.iloc[r]["run"]) for r in rows if r < len(table)]
+if picked != st.session_state.get("_fleet_picked"):
+    st.session_state["_fleet_picked"] = picked  # a change of selection only, as on Runs
+    if picked and picked[0] != st.session_state.get(ui.CHOSEN):
+        ui.open_run(picked[0])
+        st.rerun()
+if picked:
+    name = picked[0]
     pages = [title.lower() for title in ui.RUN_PAGES]
     for col, page in zip(st.columns(len(pages)), pages, strict=True):
         with col:

@@ -71,9 +71,18 @@ order = ["run", "status", "first_when", "tag", "kind", "last_when", "layer", "ca
          "confidence", "replay", "sources", "grouping", "placement", "issues", "first_issue"]
 event = st.dataframe(shown, hide_index=True, column_config=columns, column_order=order,
                      on_select="rerun", selection_mode="single-row", key="runs_table")
-rows = event.selection.rows if event is not None else []
-if rows:
-    name = str(shown.iloc[rows[0]]["run"])
+rows = list(event.selection.rows) if event is not None else []
+picked = [str(shown.iloc[r]["run"]) for r in rows if r < len(shown)]
+if picked != st.session_state.get("_runs_picked"):
+    # A row picked just now: it becomes the run of every page and of the sidebar. Only a
+    # change of the table's selection counts, so that a run picked later in the sidebar is
+    # not taken back by a row still selected here.
+    st.session_state["_runs_picked"] = picked
+    if picked and picked[0] != st.session_state.get(ui.CHOSEN):
+        ui.open_run(picked[0])
+        st.rerun()
+if picked:
+    name = picked[0]
     st.subheader(name)
     row = shown.iloc[rows[0]]
     if row["status"] == "failed":
