@@ -46,7 +46,8 @@ from analyzer.errors import ForensicsError
 from analyzer.model import CodeRefusal, RunResult
 from analyzer.model.fleet import SweepSummary
 from app import views
-from app.views import Growth, RunRow, TagRoles, run_row
+from app.rows import RunRow, run_row
+from app.views import Growth, TagRoles
 
 ENV_ROOT = "FORENSICS_RUNS"
 DEFAULT_ROOT = "sample_runs"

@@ -30,6 +30,7 @@ PAGES: list[tuple[str, str, str]] = [
     ("app_pages/fleet.py", "Fleet", ":material/query_stats:"),
     ("app_pages/run.py", "Run", ":material/folder_open:"),
     ("app_pages/timeline.py", "Timeline", ":material/timeline:"),
+    ("app_pages/compare.py", "Compare", ":material/compare_arrows:"),
     ("app_pages/layers.py", "Layers", ":material/stacks:"),
     ("app_pages/findings.py", "Findings", ":material/fact_check:"),
     ("app_pages/replay.py", "Replay", ":material/replay:"),

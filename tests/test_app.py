@@ -21,7 +21,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 ENTRY = ROOT / "app" / "streamlit_app.py"
 SAMPLES = ROOT / "sample_runs"
-PAGES = ["run", "timeline", "layers", "findings", "replay", "logs"]
+PAGES = ["run", "timeline", "compare", "layers", "findings", "replay", "logs"]
 TIMEOUT = 300.0
 
 pytest.importorskip("streamlit")

@@ -65,7 +65,7 @@ def test_regression_a_bucket_root_is_browsed_as_its_url(
     # The root was made absolute as a local path: s3://runs/x became <cwd>/s3:/runs/x,
     # "no such file or folder".
     from analyzer import api
-    from app.views import RunRow, run_row
+    from app.rows import RunRow, run_row
 
     server, url = bucket
     before = server.snapshot(BUCKET)
@@ -101,7 +101,7 @@ def test_every_run_page_reads_a_bucket(bucket: tuple[S3Server, str], page: str,
     server, url = bucket
     before = server.snapshot(BUCKET)
     at = _open(url, monkeypatch)
-    at.selectbox(key="run").set_value("sgd_lr_too_high")
+    at.selectbox(key="run_picker").set_value("sgd_lr_too_high")
     at.switch_page(f"app_pages/{page}.py").run()
     no_error(at)
     assert "**sgd_lr_too_high**" in texts(at)

@@ -25,7 +25,7 @@ from analyzer.onset import locate
 from analyzer.report.replay import brief_replay, format_replay
 from analyzer.report.text import format_text
 from analyzer.wording import Place, failing_place, place_words, replay_place, step_words
-from app.views import run_row
+from app.rows import run_row
 
 
 @pytest.mark.parametrize(("step", "after", "form", "words"), [
