@@ -11,7 +11,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import pandas as pd
 import streamlit as st
 
 from analyzer.model import Run, RunResult
@@ -23,7 +22,7 @@ from analyzer.wording import (
     place_words,
     step_words,
 )
-from app import data, views
+from app import data, tables, views
 
 PAGES: list[tuple[str, str, str]] = [
     ("app_pages/runs.py", "Runs", ":material/table_rows:"),
@@ -90,7 +89,7 @@ def sidebar() -> None:
         st.sidebar.warning(refs)
         return
     names = [r.name for r in refs]
-    st.sidebar.caption(f"{len(names)} run{'' if len(names) == 1 else 's'} below `{root}`")
+    st.sidebar.caption(f"{tables.plural(len(names), 'run')} below `{root}`")
     name = chosen(names)
     st.session_state[_PICKER] = name  # before the widget is drawn: it shows the chosen run
     st.sidebar.selectbox("Run", names, key=_PICKER, on_change=_picked)
@@ -100,10 +99,10 @@ def sidebar() -> None:
 def analysing_bar(count: int) -> tuple[Any, Callable[[int, int], None]]:
     """A progress bar over ``count`` runs and the callback that moves it (runs done of
     all), for the pages that analyse every run; ``.empty()`` the bar when done."""
-    bar = st.progress(0.0, text=f"Analysing {count} runs")
+    bar = st.progress(0.0, text=f"Analysing {tables.plural(count, 'run')}")
 
     def moved(done: int, total: int) -> None:
-        bar.progress(done / total, text=f"Analysed {done} of {total} runs")
+        bar.progress(done / total, text=f"Analysed {done} of {tables.plural(total, 'run')}")
 
     return bar, moved
 
@@ -174,7 +173,7 @@ def headline(sel: Selected, result: RunResult) -> None:
     elif inc is not None:
         parts.append("no ranked cause")
     if result.run.issues:
-        parts.append(f"{len(result.run.issues)} read issues")
+        parts.append(tables.plural(len(result.run.issues), "read issue"))
     st.markdown(" · ".join(parts))
 
 
@@ -200,7 +199,6 @@ def step_views(run: Run, step: int, key: str) -> None:
     """A table of every source's value at ``step``, or a line saying there is none."""
     seen = views.views_at(run, step)
     if seen:
-        st.dataframe(pd.DataFrame(views.view_rows(seen, run.path, step)), hide_index=True,
-                     key=key)
+        tables.show(tables.frame(views.view_rows(seen, run.path, step)), key=key)
     else:
         st.caption(f"No source logged a value at step {step}.")

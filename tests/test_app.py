@@ -905,3 +905,37 @@ def test_a_row_picked_on_runs_is_the_run_of_every_page_and_of_the_sidebar(runs: 
     assert at.selectbox(key="run_picker").value == first
     at.switch_page("app_pages/layers.py").run()
     assert f"**{first}**" in texts(at)
+
+
+def test_regression_table_cells_show_no_none_and_no_float_digits_run_on() -> None:
+    import pandas as pd
+
+    from app import tables
+
+    # pandas makes a missing count NaN in a float column; st.dataframe drew "None" or "nan"
+    # for it and printed 9.640987946362755e+37 whole.
+    raw = pd.DataFrame([{"step": 4, "norm": 9.640987946362755e+37, "layer": "fc1"},
+                        {"step": None, "norm": float("inf"), "layer": None}])
+    shown, numbers = tables.display(raw)
+    assert list(shown["step"]) == ["4", ""]
+    assert list(shown["norm"]) == ["9.641e+37", "+inf"]
+    assert list(shown["layer"]) == ["fc1", ""]
+    assert numbers == {"step", "norm"}
+    # In a frame of objects None is missing and a NaN is a logged value.
+    kept, _ = tables.display(tables.frame([{"value": None}, {"value": float("nan")},
+                                           {"value": 0.123456789}]))
+    assert list(kept["value"]) == ["", "nan", "0.12346"]
+    # Whole numbers with nothing missing stay numbers (they sort as numbers).
+    ints, _ = tables.display(pd.DataFrame({"step": [1.0, 20.0]}))
+    assert ints["step"].tolist() == [1, 20] and ints["step"].dtype.kind == "i"
+
+
+def test_regression_an_ordinary_table_has_no_inner_scroll_and_counts_read_right() -> None:
+    from app import tables
+
+    # st.dataframe's own height shows 10 rows, then scrolls inside the page.
+    assert tables.height(20) == tables.ROW_PX * 21 + 3
+    assert tables.height(3) < tables.height(20) < tables.height(200) == tables.height(25)
+    assert tables.plural(1, "run") == "1 run" and tables.plural(2, "run") == "2 runs"
+    assert tables.plural(1, "read issue") == "1 read issue"
+    assert tables.plural(0, "read issue") == "0 read issues"

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import os
 
-import pandas as pd
 import streamlit as st
 
 from analyzer.model import Evidence, Finding
-from app import data, ui, views
+from app import data, tables, ui, views
 
 sel, result = ui.run_page("Findings")
 
@@ -82,7 +81,6 @@ else:
 
 if result.skipped_rules:
     n = len(result.skipped_rules)
-    with st.expander(f"{n} rule{'' if n == 1 else 's'} could not run on this run"):
-        st.dataframe(pd.DataFrame([{"rule": s.code, "name": s.name, "why": s.reason}
-                                   for s in result.skipped_rules]), hide_index=True,
-                     key="skipped_rules")
+    with st.expander(f"{tables.plural(n, 'rule')} could not run on this run"):
+        tables.show(tables.frame([{"rule": s.code, "name": s.name, "why": s.reason}
+                                  for s in result.skipped_rules]), key="skipped_rules")

@@ -4,10 +4,9 @@ files read with their status."""
 
 from __future__ import annotations
 
-import pandas as pd
 import streamlit as st
 
-from app import runinfo, ui
+from app import runinfo, tables, ui
 
 sel, result = ui.run_page("Run")
 run = result.run
@@ -15,19 +14,20 @@ run = result.run
 st.header("Folders and files")
 layout = run.layout
 if layout is None:
-    st.caption(f"{len(run.files)} files; discovery recorded no layout for this run.")
+    st.caption(f"{tables.plural(len(run.files), 'file')}; discovery recorded no layout for "
+               "this run.")
 else:
     kinds = ", ".join(f"**{k}**" for k in layout.layouts) or "no framework's"
-    st.markdown(f"Layout recognised: {kinds}; {len(layout.files)} files below the "
+    st.markdown(f"Layout recognised: {kinds}; {tables.plural(len(layout.files), 'file')} below the "
                 f"training's folder `{layout.root}`.")
     segments = runinfo.segment_rows(run)
     if segments:
         st.subheader("Segments")
         st.caption("The folders the framework made for parts of this training (one per "
                    "restart, or written side by side), in the order they were written.")
-        st.dataframe(pd.DataFrame(segments), hide_index=True, key="run_segments")
+        tables.show(tables.frame(segments), key="run_segments")
 st.subheader("Files by role")
-st.dataframe(pd.DataFrame(runinfo.file_rows(run)), hide_index=True, key="run_files")
+tables.show(tables.frame(runinfo.file_rows(run)), key="run_files")
 
 st.header("Training settings")
 settings = runinfo.setting_rows(run)
@@ -37,7 +37,7 @@ if not settings:
             "hyperparameters) that gives one" + (", see the files below." if run.metadata
                                                   and run.metadata.files else "."))
 else:
-    st.dataframe(pd.DataFrame(settings), hide_index=True, key="run_settings")
+    tables.show(tables.frame(settings), key="run_settings")
     missing = runinfo.missing_settings(run)
     if missing:
         st.caption(f"Not given by any metadata file: {', '.join(missing)}.")
@@ -46,4 +46,4 @@ if files:
     st.subheader("Metadata files read")
     st.caption("read: every field looked for was taken; partial: damaged, what came before "
                "is kept; listed: not opened on purpose; failed: nothing could be read.")
-    st.dataframe(pd.DataFrame(files), hide_index=True, key="run_metadata_files")
+    tables.show(tables.frame(files), key="run_metadata_files")
