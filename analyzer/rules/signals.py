@@ -45,7 +45,8 @@ def growth(steps: npt.NDArray[np.int64], values: npt.NDArray[np.float64]) -> Gro
     log10(values) is fitted with two straight lines, one before a breakpoint and one after
     it, the breakpoint chosen to minimise the total squared error (prefix sums make every
     candidate O(1)); a single line is kept when splitting gains little. The final segment is
-    fitted with scipy's linregress and counts as growth when it rises with R^2 >= 0.8.
+    fitted by least squares (:func:`line_fit`) and counts as growth when it rises with
+    R^2 >= 0.8.
     """
     keep = np.isfinite(values) & (values > 0)
     x = steps[keep].astype(np.float64)
@@ -53,18 +54,31 @@ def growth(steps: npt.NDArray[np.int64], values: npt.NDArray[np.float64]) -> Gro
     n = x.shape[0]
     if n < MIN_POINTS:
         return None
-    from scipy.stats import linregress
-
     start = _breakpoint(x, y)
     xs, ys = x[start:], y[start:]
     if np.ptp(xs) == 0:
         return None
-    fit = linregress(xs, ys)
-    slope, r2 = float(fit.slope), float(fit.rvalue) ** 2
+    slope, r2 = line_fit(xs, ys)
     if slope <= 0 or r2 < 0.8:
         return None
     return Growth(onset_step=int(xs[0]), end_step=int(xs[-1]), slope=slope, r2=r2,
                   decades=float(ys[-1] - ys.min()), points=n - start)
+
+
+def line_fit(x: npt.NDArray[np.float64], y: npt.NDArray[np.float64]) -> tuple[float, float]:
+    """The least-squares line through (x, y): its slope and R^2 (0 when x or y is
+    constant), from centred sums, as scipy.stats.linregress gives them, without importing
+    scipy (about a second per process)."""
+    dx = x - x.mean()
+    dy = y - y.mean()
+    sxx, syy, sxy = float(dx @ dx), float(dy @ dy), float(dx @ dy)
+    if sxx == 0.0:
+        return 0.0, 0.0
+    slope = sxy / sxx
+    if syy == 0.0:
+        return slope, 0.0
+    r = max(-1.0, min(1.0, sxy / math.sqrt(sxx * syy)))
+    return slope, r * r
 
 
 def _breakpoint(x: npt.NDArray[np.float64], y: npt.NDArray[np.float64]) -> int:
