@@ -197,9 +197,9 @@ def test_every_module_of_analyzer_is_in_the_graph() -> None:
     assert len(edges) == len(list((ROOT / "analyzer").rglob("*.py")))
 
 
-def _heavy_after(code: str) -> list[str]:
+def _heavy_after(code: str, heavy: tuple[str, ...] = ("torch", "streamlit")) -> list[str]:
     probe = (f"import sys\n{code}\n"
-             "print([m for m in ('torch', 'streamlit') if m in sys.modules])")
+             f"print([m for m in {heavy!r} if m in sys.modules])")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           check=False, cwd=ROOT)
     assert done.returncode == 0, done.stderr
@@ -212,6 +212,16 @@ def test_help_imports_neither_torch_nor_streamlit() -> None:
                 f"try:\n    main({argv!r})\nexcept SystemExit as exc:\n"
                 "    assert exc.code == 0, exc.code")
         assert _heavy_after(code) == ["[]"], argv
+
+
+def test_help_imports_neither_numpy_nor_protobuf() -> None:
+    # The parser lists the replay's dtypes from a leaf module: importing the replayer's
+    # package for them pulled in the records, numpy with them (0.4 s of a 0.5 s --help).
+    for argv in (["--help"], ["analyze", "--help"], ["replay", "--help"]):
+        code = ("from analyzer.cli import main\n"
+                f"try:\n    main({argv!r})\nexcept SystemExit as exc:\n"
+                "    assert exc.code == 0, exc.code")
+        assert _heavy_after(code, ("numpy", "google.protobuf", "pandas")) == ["[]"], argv
 
 
 APP_MAY_IMPORT = {
@@ -232,6 +242,8 @@ APP_MAY_IMPORT = {
                                "path, and an object's listing: a root on object storage",
     "analyzer.fleet.summary": "summarize: the sweep summary of the results the runs table "
                               "keeps, the Fleet page's stage",
+    "analyzer.fleet.hyperparams": "a run's hyperparameters as the sweep summary reads them: "
+                                  "the Compare page's table of differing settings",
     "analyzer.frames": "summary_frames and its column names: the sweep summary's frames, as "
                        "the API gives them",
 }

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from analyzer.replayer.dtypes import DTYPE_CHOICES
+from analyzer.dtypes import DTYPE_CHOICES
 
 _RUN_ROOT_HELP = ("take DIR and everything below it as one training run, whatever layout "
                   "its folders have (see docs/discovery.md); may be repeated")

@@ -1,6 +1,8 @@
-"""The dtypes a replay can run in, by name, without importing torch (the CLI lists them)."""
+"""The dtypes a replay can run in, by name, without importing torch (the CLI lists them
+from :mod:`analyzer.dtypes`, which this re-exports)."""
 
 from __future__ import annotations
 
-DTYPE_CHOICES = ("as-run", "float64", "float32", "bfloat16", "float16")
-"""Values of ``--dtype``: ``as-run`` keeps the captured step's own dtype."""
+from analyzer.dtypes import DTYPE_CHOICES
+
+__all__ = ["DTYPE_CHOICES"]
