@@ -1,0 +1,228 @@
+"""The Compare page and its plain logic (app/compare.py), on a real small sweep.
+
+The sweep is trained for real by :mod:`analyzer.scenarios.sweep`'s trainer (Lightning's
+TensorBoard logger, an hparams.yaml, a checkpoint for trial_000): four trials in one folder
+that differ only in the learning rate, two that train and two that diverge at steps the
+trainer reports, and one more healthy trial in another folder below the same root. Each
+trial folder gets the env.json the flight recorder writes, so that every trial has the same
+environment keys.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.test_app import ENTRY, TIMEOUT, no_error, served_samples, texts, tree
+
+pytest.importorskip("streamlit")
+pytest.importorskip("plotly")
+pytest.importorskip("lightning")
+
+from streamlit.testing.v1 import AppTest
+
+from analyzer.model import RunResult
+from app import compare, views
+
+COMPARE = "app_pages/compare.py"
+TRIALS = {"sweep/trial_000": 0.1, "sweep/trial_001": 0.2, "sweep/trial_002": 20.0,
+          "sweep/trial_004": 1.0, "other/trial_009": 0.1}
+"""Where each trial is trained, and its learning rate: the only key that differs."""
+
+
+@dataclass(frozen=True)
+class Sweep:
+    root: Path
+    truth: dict[str, int | None]
+    """Each trial's first non-finite step, as its trainer saw it (None: it trained)."""
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sweep]:
+    import torch
+
+    from analyzer.capture.env import write_env
+    from analyzer.scenarios import sweep as trainer
+
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("compare") / "runs"
+    ratings = trainer._ratings()
+    truth = {}
+    for where, lr in TRIALS.items():
+        folder, name = where.split("/")
+        done = trainer.train(trainer.Trial(name, lr, False, "relu", 7), str(root / folder),
+                             ratings)
+        write_env(root / folder / name, seed=7)
+        truth[name] = done.first_nonfinite_step
+    assert truth["trial_002"] is not None and truth["trial_004"] is not None
+    assert truth["trial_002"] != truth["trial_004"]
+    assert truth["trial_000"] is None and truth["trial_001"] is None
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FORENSICS_RUNS", str(root))
+        yield Sweep(root, truth)
+
+
+@pytest.fixture(scope="module")
+def results(sweep: Sweep) -> dict[str, RunResult]:
+    """The sweep analysed as ``forensics analyze`` does, by trial name."""
+    from analyzer import pipeline
+
+    found = pipeline.discover(str(sweep.root)).runs
+    ranked = pipeline.rank_all([pipeline.locate(pipeline.align(pipeline.read_run(f)))
+                                for f in found])
+    return {r.run.path.rsplit("/", 1)[-1]: r for r in ranked}
+
+
+def test_defaults_are_the_siblings_healthy_first(results: dict[str, RunResult]) -> None:
+    cands = [compare.Candidate(r.run.name, r.run.path, r.status == "finite")
+             for r in results.values()]
+    chosen = next(c for c in cands if c.path.endswith("trial_002"))
+    names = {c.path.rsplit("/", 1)[-1]: c.name for c in cands}
+    assert compare.default_picks(chosen, cands) == [names["trial_000"], names["trial_001"],
+                                                    names["trial_004"]]
+    assert compare.default_picks(chosen, cands, cap=1) == [names["trial_000"]]
+    # The run in another folder is offered, after the siblings.
+    assert [c.name for c in compare.ordered(chosen, cands)][-1] == names["trial_009"]
+
+
+def test_the_learning_rate_row_differs_and_equal_keys_are_hidden(
+        results: dict[str, RunResult]) -> None:
+    runs = {n: results[n] for n in ("trial_002", "trial_000", "trial_001")}
+    diff = compare.key_diff(runs)
+    assert diff.columns == ["group", "key", *runs]
+    rows = {(r["group"], r["key"]): r for r in diff.rows}
+    lr = rows[("setting", "learning_rate")]
+    assert [lr[n] for n in runs] == ["20", "0.1", "0.2"]
+    # Only trial_000 saved a checkpoint: its dtype is a difference.
+    saved = rows[("checkpoint", "checkpoint.weights dtype")]
+    assert [saved[n] for n in runs] == [None, "float32", None]
+    shown = {key for _, key in rows}
+    for equal in ("seed", "optimizer", "max_steps", "env.torch", "env.default_dtype",
+                  "activation", "model.dim"):
+        assert equal not in shown, equal
+    # The file's own key for the rate is the setting already shown, not a second row.
+    assert "lr" not in shown
+    assert set(shown) == {"learning_rate", "checkpoint.weights dtype"}, shown
+    every = compare.key_diff(runs, show_all=True)
+    assert len(every.rows) == len(diff.rows) + diff.same
+    assert {r["key"] for r in every.rows} >= {"seed", "env.torch", "optimizer"}
+    assert diff.same == len(every.rows) - 2
+
+
+def test_aligned_at_the_failure_each_failed_run_counts_from_its_own(
+        sweep: Sweep, results: dict[str, RunResult]) -> None:
+    runs = {n: results[n] for n in ("trial_002", "trial_000", "trial_004")}
+    roles = {n: views.tag_roles(r.run.tags()) for n, r in runs.items()}
+    start = compare.panels(runs, roles, compare.ALIGN_START)
+    aligned = compare.panels(runs, roles, compare.ALIGN_FAILURE)
+    assert list(aligned) == ["loss", "grad norm", "learning rate"]
+    shift = {"trial_002": sweep.truth["trial_002"], "trial_004": sweep.truth["trial_004"],
+             "trial_000": sweep.truth["trial_002"]}  # a healthy run: the chosen run's
+    for run, by in shift.items():
+        before = [ln.curve for ln in start["loss"] if ln.run == run]
+        after = [ln.curve for ln in aligned["loss"] if ln.run == run]
+        assert len(before) == len(after) == 1
+        assert before[0].steps[0] == 0
+        assert np.array_equal(after[0].steps, before[0].steps - by)
+    for run in ("trial_002", "trial_004"):  # every failed run's first non-finite at 0
+        lines = [ln.curve for p in aligned.values() for ln in p if ln.run == run]
+        first = min(int(c.steps[c.bad].min()) for c in lines if c.bad.any())
+        assert first == 0
+    assert [ln.chosen for ln in aligned["loss"]] == [True, False, False]
+    fig: Any = compare.figure(aligned, list(runs), compare.ALIGN_FAILURE,
+                              {n: compare.failure_step(r) for n, r in runs.items()})
+    crosses = [t for t in fig.data if t.name == "non-finite value"]
+    assert crosses and all(t.marker.color == "#d62728" for t in crosses)
+    lines = [t for t in fig.data if t.name != "non-finite value"]
+    assert "#d62728" not in {t.line.color for t in lines}  # red is for the failure only
+    assert {t.line.width for t in lines if t.name == "trial_002"} == {compare.CHOSEN_WIDTH}
+    assert {t.line.width for t in lines if t.name != "trial_002"} == {compare.OTHER_WIDTH}
+
+
+def test_findings_the_failed_run_has_and_the_healthy_ones_have_not(
+        results: dict[str, RunResult]) -> None:
+    failed = results["trial_002"]
+    healthy = {n: results[n] for n in ("trial_000", "trial_001")}
+    codes = {f.code for f in failed.findings}
+    assert "NF202" in codes  # learning-rate-too-high
+    only_mine, only_theirs, shared = compare.finding_diff(failed, healthy)
+    assert {r["code"] for r in only_mine} == codes
+    row = next(r for r in only_mine if r["code"] == "NF202")
+    assert row["rule"] == "learning-rate-too-high" and row["confidence"] in (
+        "low", "medium", "high")
+    assert only_theirs == [] and shared == 0
+    # The reverse: the healthy run set beside the failed one.
+    mine, theirs, _ = compare.finding_diff(results["trial_000"], {"trial_002": failed})
+    assert mine == []
+    assert "NF202" in {r["code"] for r in theirs}
+    assert "trial_002 (" in next(r for r in theirs if r["code"] == "NF202")["runs"]
+
+
+def xs(trace: dict[str, Any]) -> list[float]:
+    """A trace's x values as the page sent them (plotly packs arrays as base64)."""
+    raw = trace["x"]
+    if isinstance(raw, dict):
+        return list(np.frombuffer(base64.b64decode(raw["bdata"]), dtype=np.dtype(raw["dtype"])))
+    return list(raw)
+
+
+def open_compare(run: str) -> AppTest:
+    at = AppTest.from_file(str(ENTRY), default_timeout=TIMEOUT)
+    at.query_params["run"] = run
+    at.run()
+    at.switch_page(COMPARE).run()
+    no_error(at)
+    return at
+
+
+def frame_keys(at: AppTest) -> list[str]:
+    frame = next(f.value for f in at.dataframe if "group" in f.value.columns)
+    return list(frame["key"])
+
+
+def test_page_on_the_sweep(sweep: Sweep, results: dict[str, RunResult]) -> None:
+    before = tree(sweep.root)
+    name = {k: r.run.name for k, r in results.items()}
+    at = open_compare(name["trial_002"])
+    picked = at.multiselect(key="compare_with")
+    assert picked.value == [name["trial_000"], name["trial_001"], name["trial_004"]]
+    assert picked.options[-1] == name["trial_009"]
+    assert frame_keys(at) == ["learning_rate", "checkpoint.weights dtype"]
+    mine = next(f.value for f in at.dataframe if "title" in f.value.columns)
+    assert list(mine["code"]) == ["NF202"] and list(mine["rule"]) == ["learning-rate-too-high"]
+    assert not any("runs" in f.value.columns for f in at.dataframe)  # nothing the other way
+    assert f"0 rules fired on {name['trial_002']} and on some run beside it" in texts(at)
+    at.radio(key="compare_align").set_value(compare.ALIGN_FAILURE).run()
+    no_error(at)
+    figure = json.loads(at.get("plotly_chart")[0].proto.spec)
+    for trial, by in (("trial_002", "trial_002"), ("trial_004", "trial_004"),
+                      ("trial_000", "trial_002")):
+        drawn = next(t for t in figure["data"] if t["name"] == name[trial])
+        assert xs(drawn)[0] == -sweep.truth[by]  # type: ignore[operator]
+    at.toggle(key="compare_all_keys").set_value(True).run()
+    assert "seed" in frame_keys(at)
+    at.multiselect(key="compare_with").set_value([name["trial_009"]]).run()  # elsewhere
+    no_error(at)
+    assert frame_keys(at)  # every key shown: the toggle is on
+    assert tree(sweep.root) == before
+
+
+@pytest.fixture(scope="module")
+def samples(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    yield from served_samples(tmp_path_factory, "compare_samples")
+
+
+def test_page_on_the_sample_runs(samples: Path) -> None:
+    at = open_compare("adam_eps_fp16")
+    picked = at.multiselect(key="compare_with")
+    # Finite siblings first (by name), then the failed ones.
+    assert picked.value == ["amp_benign_skips", "healthy_control", "amp_scale_collapse"]
+    assert at.get("plotly_chart")
+    assert "On adam_eps_fp16 and on none of the others" in texts(at)
