@@ -33,8 +33,10 @@ import argparse
 import hashlib
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -307,13 +309,10 @@ def list_runs(root: str) -> list[RunRef] | str:
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
-def _located(path: str, digest: str) -> Loaded:
-    """Read and locate one run, with the replay of its capture: the pipeline's stages but
-    the rules.
-
-    Reading is cheap next to a replay, so the replays are cached apart, without a bound
-    (they hold no tensors), and a run evicted from here is read again but not replayed.
-    """
+def _read(path: str, digest: str) -> Loaded:
+    """Read, align and locate one run: the pipeline's stages before the replay and the
+    rules, which ``forensics analyze --no-replay`` makes too. Bounded: a run evicted from
+    here is read again when a page needs its series."""
     from analyzer import pipeline
 
     try:
@@ -321,33 +320,58 @@ def _located(path: str, digest: str) -> Loaded:
                       if f.path == path), None)
         if found is None:
             return Loaded(None, f"{path}: the analysis found no run in this folder")
-        result = pipeline.locate(pipeline.align(pipeline.read_run(found)))
+        return Loaded(pipeline.locate(pipeline.align(pipeline.read_run(found))))
     except ForensicsError as exc:
         return Loaded(None, str(exc))
     except Exception as exc:  # one damaged run must not take the whole dashboard down
         return Loaded(None, f"the analysis of {path} failed: {type(exc).__name__}: {exc}")
-    capture = capture_of(result)
-    if capture is None:
-        return Loaded(result)
-    done = _analysis_replay(capture, digest)
+
+
+def _located(path: str, digest: str) -> Loaded:
+    """The located run with the replay of its capture, waiting for the replay when it is
+    not done yet."""
+    from analyzer import pipeline
+
+    loaded = _read(path, digest)
+    result = loaded.result
+    capture = None if result is None else capture_of(result)
+    if result is None or capture is None:
+        return loaded
+    done = replays.wait(capture, digest, import_paths())
     return Loaded(pipeline.with_replay(result, (done.result, done.error, done.refused)))
 
 
-@st.cache_data(max_entries=100_000, show_spinner=False)
-def _analysis_replay(capture: str, digest: str) -> ReplayOutcome:
-    """The replay ``forensics analyze`` makes: on the CPU, in the dtype the run used."""
-    return replay(capture, digest, "cpu", "as-run")
+@dataclass(frozen=True)
+class _Alone:
+    """What the table keeps of a run read once: its result ranked without siblings and
+    slim (series and histograms dropped, as a fleet's executor keeps it), and what the
+    siblings' comparison needs of it. The rules that compare it with its siblings are added
+    to the slim result afterwards (``pipeline.rank_siblings``), so no run is read twice."""
+
+    slim: Loaded
+    facts: _Facts | None
 
 
 @st.cache_data(max_entries=100_000, show_spinner=False)
-def _facts(path: str, digest: str) -> _Facts | None:
-    result = _located(path, digest).result
-    if result is None:
-        return None
+def _alone(path: str, digest: str) -> _Alone:
     from analyzer import pipeline
 
+    loaded = _read(path, digest)
+    result = loaded.result
+    if result is None:
+        return _Alone(loaded, None)
     _, _, unhealthy, env = pipeline.sibling_facts(result)
-    return _Facts(unhealthy, env)
+    facts = _Facts(unhealthy, env)
+    try:
+        ranked = pipeline.rank(result, {})
+    except Exception as exc:  # the rest of the analysis is still worth showing
+        return _Alone(Loaded(replace(result, run=result.run.slim()),
+                             f"the rules failed: {type(exc).__name__}: {exc}"), facts)
+    return _Alone(Loaded(replace(ranked, run=ranked.run.slim())), facts)
+
+
+def _facts(path: str, digest: str) -> _Facts | None:
+    return _alone(path, digest).facts
 
 
 def siblings_of(ref: RunRef, refs: list[RunRef]) -> Siblings:
@@ -377,12 +401,9 @@ def _siblings_by_run(wanted: list[RunRef], refs: list[RunRef]) -> dict[str, Sibl
     return out
 
 
-@st.cache_data(max_entries=48, show_spinner=False, hash_funcs=_BY_DIGEST)
-def _full(path: str, digest: str, siblings: Siblings) -> Loaded:
-    """The located run with the rules' ranked findings and skipped rules."""
+def _ranked(loaded: Loaded, siblings: Siblings) -> Loaded:
     from analyzer import pipeline
 
-    loaded = _located(path, digest)
     if loaded.result is None:
         return loaded
     try:
@@ -391,9 +412,71 @@ def _full(path: str, digest: str, siblings: Siblings) -> Loaded:
         return Loaded(loaded.result, f"the rules failed: {type(exc).__name__}: {exc}")
 
 
+@st.cache_data(max_entries=48, show_spinner=False, hash_funcs=_BY_DIGEST)
+def _full(path: str, digest: str, siblings: Siblings) -> Loaded:
+    """The located run, its capture replayed, with the rules' ranked findings."""
+    return _ranked(_located(path, digest), siblings)
+
+
+@st.cache_data(max_entries=48, show_spinner=False, hash_funcs=_BY_DIGEST)
+def _fast(path: str, digest: str, siblings: Siblings) -> Loaded:
+    """The located run with the rules' ranked findings, without its replay."""
+    return _ranked(_read(path, digest), siblings)
+
+
 def load(ref: RunRef, refs: list[RunRef]) -> Loaded:
-    """The full analysis of one run, cached by its files' and its siblings' fingerprints."""
+    """The full analysis of one run, cached by its files' and its siblings' fingerprints;
+    waits for the replay of its capture when it is not done yet."""
     return _full(ref.path, ref.digest, siblings_of(ref, refs))
+
+
+def load_fast(ref: RunRef, refs: list[RunRef]) -> Loaded:
+    """The analysis of one run as far as it goes without waiting for a replay: the full one
+    (:func:`load`) once its replay is done, else the run read, located and ranked without
+    it, as ``forensics analyze --no-replay`` gives it. A page shows this first, asks for
+    the replay with :func:`start_replay` and polls :func:`replay_state`."""
+    if replay_state(ref) == "done":
+        return load(ref, refs)
+    return _fast(ref.path, ref.digest, siblings_of(ref, refs))
+
+
+def replay_state(ref: RunRef) -> str:
+    """Where the replay of ``ref``'s capture stands: ``"none"``, nothing to replay (no
+    capture, or the run could not be read); ``"pending"``, not done yet (queued, running,
+    or not asked for: :func:`start_replay` asks); ``"done"``, :func:`load` gives the
+    replayed analysis without waiting."""
+    capture = _capture(ref)
+    if capture is None:
+        return "none"
+    return "done" if replays.done(capture, ref.digest) is not None else "pending"
+
+
+def start_replay(ref: RunRef) -> str:
+    """Queue the replay of ``ref``'s capture in the background (one replay at a time, for
+    every session), unless it is done or queued already; its :func:`replay_state` then."""
+    capture = _capture(ref)
+    if capture is None:
+        return "none"
+    if replays.done(capture, ref.digest) is not None:
+        return "done"
+    replays.submit(capture, ref.digest, import_paths())
+    return "pending"
+
+
+def replay_all(refs: list[RunRef]) -> int:
+    """Queue the replay of every run of ``refs`` with a capture and wait for them all; how
+    many were not done before."""
+    waiting = [r for r in refs if start_replay(r) == "pending"]
+    for ref in waiting:
+        capture = _capture(ref)
+        if capture is not None:
+            replays.wait(capture, ref.digest, import_paths())
+    return len(waiting)
+
+
+def _capture(ref: RunRef) -> str | None:
+    result = _alone(ref.path, ref.digest).slim.result
+    return None if result is None else capture_of(result)
 
 
 @dataclass(frozen=True)
@@ -406,42 +489,87 @@ class _Brief:
 
 
 @st.cache_data(max_entries=100_000, show_spinner=False, hash_funcs=_BY_DIGEST)
-def _brief(path: str, name: str, digest: str, siblings: Siblings) -> _Brief:
-    loaded = _full(path, digest, siblings)
-    done = loaded.result
-    kept = loaded if done is None else Loaded(replace(done, run=done.run.slim()), loaded.error)
-    return _Brief(run_row(name, loaded.result, loaded.error), kept)
+def _brief(path: str, name: str, digest: str, siblings: Siblings, replayed: bool) -> _Brief:
+    """A run's row and slim result: with its replay when ``replayed`` (the replay is done),
+    else ranked beside its siblings without it, from what :func:`_alone` kept (no read)."""
+    from analyzer import pipeline
+
+    if replayed:
+        loaded = _full(path, digest, siblings)
+        done = loaded.result
+        kept = loaded if done is None else Loaded(replace(done, run=done.run.slim()),
+                                                  loaded.error)
+        return _Brief(run_row(name, kept.result, kept.error), kept)
+    kept = _alone(path, digest).slim
+    if kept.result is not None and kept.error is None and siblings.envs:
+        try:
+            kept = Loaded(pipeline.rank_siblings(kept.result, siblings.envs))
+        except Exception as exc:  # the rest of the analysis is still worth showing
+            kept = Loaded(kept.result, f"the rules failed: {type(exc).__name__}: {exc}")
+    return _Brief(_row(name, kept), kept)
+
+
+NOT_REPLAYED = "not replayed yet: opening the run replays it"
+"""The replay cell of a run with a capture whose replay is not done."""
+
+
+def _row(name: str, kept: Loaded) -> RunRow:
+    row = run_row(name, kept.result, kept.error)
+    if kept.result is not None and capture_of(kept.result) is not None and row.replay is None:
+        row = replace(row, replay=NOT_REPLAYED)
+    return row
 
 
 _TABLE_KEY = "_runs_table"
+PARTIAL_EVERY_S = 0.5
+"""How often a table being filled is shown again, at most."""
 
 
 def runs_table(refs: list[RunRef],
-               progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:
-    """One row per run, from small cached summaries.
+               progress: Callable[[int, int], None] | None = None,
+               partial: Callable[[pd.DataFrame, int], None] | None = None) -> pd.DataFrame:
+    """One row per run, from small cached summaries, in the order the discovery lists them.
 
-    The last table a session built is kept with a digest of every run's fingerprint, so a
-    rerun with unchanged files costs nothing; otherwise each run is a cache lookup, and
-    only changed runs are analysed again.
+    ``progress`` is told (runs read, runs in all) after each run; ``partial`` is given the
+    table of the runs read so far (each ranked without its siblings yet), after the first
+    run and then every :data:`PARTIAL_EVERY_S` at most, so that a page can show rows as
+    they come. The last table a session built is kept with a digest of every run's
+    fingerprint and of the replays done, so a rerun with unchanged files costs nothing;
+    otherwise each run is a cache lookup, and only changed runs are analysed again.
     """
     key = _table_key(refs)
     held = st.session_state.get(_TABLE_KEY)
     if held is not None and held[0] == key:
         return held[1]
+    rows: list[dict[str, object]] = []
+    shown = 0.0
     for i, ref in enumerate(refs):  # the expensive part, once per run and fingerprint
-        _facts(ref.path, ref.digest)
+        alone = _alone(ref.path, ref.digest)
         if progress is not None:
             progress(i + 1, len(refs))
+        if partial is None:
+            continue
+        rows.append(_row(ref.name, alone.slim).as_dict())
+        if i + 1 < len(refs) and time.monotonic() - shown >= PARTIAL_EVERY_S:
+            partial(pd.DataFrame(rows, columns=RunRow.columns()), i + 1)
+            shown = time.monotonic()
     siblings = _siblings_by_run(refs, refs)
-    # Backwards: the runs read last are still in the cache of located runs.
-    rows = [_brief(r.path, r.name, r.digest, siblings[r.path]).row for r in reversed(refs)]
-    table = pd.DataFrame([r.as_dict() for r in reversed(rows)], columns=RunRow.columns())
+    done = _replayed(refs)
+    table = pd.DataFrame([_brief(r.path, r.name, r.digest, siblings[r.path],
+                                 r.path in done).row.as_dict() for r in refs],
+                         columns=RunRow.columns())
     st.session_state[_TABLE_KEY] = (key, table)
     return table
 
 
+def _replayed(refs: list[RunRef]) -> set[str]:
+    """The paths of the runs among ``refs`` whose replay is done."""
+    return {r.path for r in refs if replay_state(r) == "done"}
+
+
 def _table_key(refs: list[RunRef]) -> str:
-    return _digest([f"{r.name}\0{r.path}\0{r.digest}" for r in refs])
+    return _digest([f"{r.name}\0{r.path}\0{r.digest}" for r in refs]
+                   + [f"replays {replays.finished}"])
 
 
 @dataclass(frozen=True)
@@ -464,21 +592,26 @@ _FLEET_KEY = "_fleet"
 def fleet(refs: list[RunRef],
           progress: Callable[[int, int], None] | None = None) -> Fleet:
     """The sweep summary of ``refs``, from the results the runs table analysed and keeps
-    (no file is read again); the last one a session built is kept as the table is."""
+    (no file is read again), each with its replay, as ``forensics analyze --summary`` makes
+    it (a replay can settle which cause comes first); the last one a session built is kept
+    as the table is."""
     from analyzer.fleet.summary import summarize
     from analyzer.frames import summary_frames
     from analyzer.model import top_tie
 
     runs_table(refs, progress)  # analyses what no cache holds yet
+    replay_all(refs)
     key = _table_key(refs)
     held = st.session_state.get(_FLEET_KEY)
     if held is not None and held[0] == key:
         return held[1]
     siblings = _siblings_by_run(refs, refs)
+    done = _replayed(refs)
     results = []
     unanalysed = []
     for ref in refs:
-        kept = _brief(ref.path, ref.name, ref.digest, siblings[ref.path]).slim
+        kept = _brief(ref.path, ref.name, ref.digest, siblings[ref.path],
+                      ref.path in done).slim
         if kept.result is None:
             unanalysed.append((ref.name, kept.error or "not analysed"))
         else:
@@ -575,6 +708,81 @@ def dtype_choices() -> tuple[str, ...]:
 def capture_of(result: RunResult) -> str | None:
     """The capture a replay reads: the run's earliest, as ``forensics analyze`` takes it."""
     return result.run.captures[0] if result.run.captures else None
+
+
+class _Replays:
+    """The replays the analysis makes (on the CPU, in the dtype the run used), one at a time
+    on a background thread, kept for the process as the caches are (every session shares
+    them) under the capture and the run's fingerprint, which holds the trust in force.
+
+    A page that needs the replayed analysis no longer waits for it before its first paint:
+    it shows the analysis without the replay, queues the replay (:func:`start_replay`) and
+    polls :func:`replay_state`. One at a time: a replay is CPU-bound, and two would slow
+    the pages being drawn meanwhile twice as much. A replay holds no tensors; the oldest
+    are forgotten past :attr:`KEEP`.
+    """
+
+    KEEP = 4096
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._done: dict[tuple[str, str], ReplayOutcome] = {}
+        self._pending: dict[tuple[str, str], Future[ReplayOutcome]] = {}
+        self._pool: ThreadPoolExecutor | None = None
+        self.finished = 0
+        """Replays done so far: a table made before one more is made again."""
+
+    def done(self, capture: str, digest: str) -> ReplayOutcome | None:
+        with self._lock:
+            return self._done.get((capture, digest))
+
+    def submit(self, capture: str, digest: str,
+               paths: tuple[str, ...]) -> Future[ReplayOutcome]:
+        key = (capture, digest)
+        with self._lock:
+            if key in self._done:  # finished meanwhile: never replayed twice
+                ready: Future[ReplayOutcome] = Future()
+                ready.set_result(self._done[key])
+                return ready
+            queued = self._pending.get(key)
+            if queued is not None:
+                return queued
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="forensics-replay")
+            future = self._pool.submit(self._run, key, paths)
+            self._pending[key] = future
+            return future
+
+    def wait(self, capture: str, digest: str, paths: tuple[str, ...]) -> ReplayOutcome:
+        return self.done(capture, digest) or self.submit(capture, digest, paths).result()
+
+    def drain(self, timeout: float | None = None) -> None:
+        """Wait until every replay queued so far is done (for tests and benchmarks)."""
+        with self._lock:
+            queued = list(self._pending.values())
+        for future in queued:
+            future.result(timeout=timeout)
+
+    def _run(self, key: tuple[str, str], paths: tuple[str, ...]) -> ReplayOutcome:
+        from analyzer.pipeline import attempt_replay
+
+        start = time.monotonic()
+        try:
+            result, error, refused = attempt_replay(key[0], device="cpu", dtype="as-run",
+                                                    import_paths=paths)
+            outcome = ReplayOutcome(result, error, time.monotonic() - start, refused)
+        except Exception as exc:  # attempt_replay reports what it foresees; not this
+            outcome = ReplayOutcome(None, f"the replay failed: {type(exc).__name__}: {exc}")
+        with self._lock:
+            self._done[key] = outcome
+            self._pending.pop(key, None)
+            self.finished += 1
+            while len(self._done) > self.KEEP:
+                del self._done[next(iter(self._done))]
+        return outcome
+
+
+replays = _Replays()
 
 
 @st.cache_data(max_entries=32, show_spinner=False)

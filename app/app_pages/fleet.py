@@ -15,8 +15,11 @@ _CLICKED = "_fleet_cause_clicked"
 st.title("Fleet")
 refs = ui.all_refs()
 bar, moved = ui.analysing_bar(len(refs))
-fleet = data.fleet(refs, moved)
+data.runs_table(refs, moved)
 bar.empty()
+with st.spinner("Replaying the runs' captured steps: a replay can settle which cause "
+                "comes first", show_time=True):
+    fleet = data.fleet(refs)
 summary = fleet.summary
 
 failed, finite, unreadable = st.columns(3)

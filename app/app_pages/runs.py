@@ -8,39 +8,7 @@ import streamlit as st
 from analyzer.wording import step_words
 from app import data, ui
 
-st.title("Runs")
-refs = ui.all_refs()
-bar, moved = ui.analysing_bar(len(refs))
-table = data.runs_table(refs, moved)
-bar.empty()
-
-failed = int((table["status"] == "failed").sum())
-st.caption(f"{len(table)} runs: {failed} failed, {int((table['status'] == 'finite').sum())} "
-           f"finite, {int((table['status'] == 'unreadable').sum())} unreadable; "
-           f"{int(table['issues'].sum())} read issues. Pick a row to open the run.")
-
-skipped = data.passed_over(data.root())
-if skipped:
-    with st.expander(f"{len(skipped)} folder(s) passed over while looking for runs"):
-        st.code("\n".join(skipped), language=None)
-
-left, mid, right, far = st.columns([3, 2, 3, 2])
-needle = left.text_input("Run name contains", key="runs_filter_name")
-statuses = mid.multiselect("Status", ["failed", "finite", "unreadable"],
-                           default=["failed", "finite", "unreadable"], key="runs_filter_status")
-causes = sorted(c for c in table["cause"].dropna().unique())
-picked_causes = right.multiselect("Top cause", causes, key="runs_filter_cause")
-only_issues = far.toggle("Only runs with read issues", key="runs_filter_issues")
-
-shown = table[table["status"].isin(statuses)]
-if needle:
-    shown = shown[shown["run"].str.contains(needle, case=False, regex=False)]
-if picked_causes:
-    shown = shown[shown["cause"].isin(picked_causes)]
-if only_issues:
-    shown = shown[shown["issues"] > 0]
-
-columns = {
+COLUMNS = {
     "run": st.column_config.TextColumn("run", pinned=True),
     "status": st.column_config.TextColumn("status"),
     "first_step": None,
@@ -67,9 +35,58 @@ columns = {
         "layout", help="the framework layout that made these folders one training, and its "
                        "segments (one per restart)"),
 }
-order = ["run", "status", "first_when", "tag", "kind", "last_when", "layer", "cause",
+ORDER = ["run", "status", "first_when", "tag", "kind", "last_when", "layer", "cause",
          "confidence", "replay", "sources", "grouping", "placement", "issues", "first_issue"]
-event = st.dataframe(shown, hide_index=True, column_config=columns, column_order=order,
+
+STATUSES = ["failed", "damaged", "finite", "unreadable"]
+"""Each status a run can have, in the filter's order (rows.run_row sets them)."""
+
+st.title("Runs")
+refs = ui.all_refs()
+bar, moved = ui.analysing_bar(len(refs))
+filling = st.empty()
+
+
+def _partial(rows: pd.DataFrame, done: int) -> None:
+    """The rows of the runs read so far, while the others are read: filters and row picks
+    come once the table is complete."""
+    with filling.container():
+        st.caption(f"The first {done} of {len(refs)} runs, as they are read; a top cause may "
+                   "change once the runs beside it are read too.")
+        st.dataframe(rows, hide_index=True, column_config=COLUMNS, column_order=ORDER)
+
+
+table = data.runs_table(refs, moved, _partial)
+bar.empty()
+filling.empty()
+
+counts = {s: int((table["status"] == s).sum()) for s in STATUSES}
+st.caption(f"{len(table)} runs: {counts['failed']} failed, {counts['finite']} finite, "
+           f"{counts['damaged']} damaged, {counts['unreadable']} unreadable; "
+           f"{int(table['issues'].sum())} read issues. Pick a row to open the run.")
+
+skipped = data.passed_over(data.root())
+if skipped:
+    with st.expander(f"{len(skipped)} folder(s) passed over while looking for runs"):
+        st.code("\n".join(skipped), language=None)
+
+left, mid, right, far = st.columns([3, 2, 3, 2])
+needle = left.text_input("Run name contains", key="runs_filter_name")
+known = [s for s in STATUSES if s in set(table["status"])] or STATUSES[:2]
+statuses = mid.multiselect("Status", known, default=known, key="runs_filter_status")
+causes = sorted(c for c in table["cause"].dropna().unique())
+picked_causes = right.multiselect("Top cause", causes, key="runs_filter_cause")
+only_issues = far.toggle("Only runs with read issues", key="runs_filter_issues")
+
+shown = table[table["status"].isin(statuses)]
+if needle:
+    shown = shown[shown["run"].str.contains(needle, case=False, regex=False)]
+if picked_causes:
+    shown = shown[shown["cause"].isin(picked_causes)]
+if only_issues:
+    shown = shown[shown["issues"] > 0]
+
+event = st.dataframe(shown, hide_index=True, column_config=COLUMNS, column_order=ORDER,
                      on_select="rerun", selection_mode="single-row", key="runs_table")
 rows = list(event.selection.rows) if event is not None else []
 picked = [str(shown.iloc[r]["run"]) for r in rows if r < len(shown)]
