@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
+from pathlib import Path
 
-from analyzer.model.replays import OpFault, PassOutcome, Phase, TensorStat
-from analyzer.replayer.verdict import decide
+import pytest
+
+from analyzer.model.replays import OpFault, PassOutcome, Phase, ReplayResult, TensorStat
+from analyzer.replayer.verdict import decide, wider
 
 F16 = TensorStat((2,), "float16", 2)
 
@@ -24,7 +28,7 @@ def test_the_op_in_float64_decides_math_against_range() -> None:
     own = [_pass("forward"), _pass("forward")]
     math = decide(own, "forward", "forward", _pass(None), _op(False), "float32", [], True)
     assert math.kind == "math-fault"
-    assert "limited range of float16" in math.summary  # the op's dtype; float64 step finite
+    assert "limited range of float16 made" in math.summary  # the op's dtype; step finite
     assert "log of 0" in math.hypothesis
     rng = decide(own, "forward", "forward", _pass(None), _op(True, name="addmm.default"),
                  "float16", [], True)
@@ -79,3 +83,76 @@ def test_the_public_api_is_pinned() -> None:
         "DTYPE_CHOICES", "CaptureError", "ModelRebuildError", "ReplayError",
         "capture_folder", "load_capture", "replay", "replay_step"])
     assert all(hasattr(api, name) for name in api.__all__)
+
+
+# Real replays of the sample runs' captures: the verdict as a replay really makes it.
+SAMPLES = Path(__file__).resolve().parent.parent / "sample_runs"
+
+
+@functools.cache
+def _replayed(run: str, dtype: str = "as-run") -> ReplayResult:
+    from analyzer.replayer import replay
+
+    folder = SAMPLES / run
+    if not (folder / "capture").is_dir():
+        pytest.skip(f"sample_runs/{run} has no capture")
+    return replay(str(folder), dtype=dtype)
+
+
+def test_regression_an_underflow_fed_math_fault_says_one_consistent_thing() -> None:
+    # log_softmax_underflow: float32's softmax underflows to 0 and log(0) is -inf; the log
+    # is non-finite on those values in float64 too, yet the step run in float64 from the
+    # start is finite. Both were said as "non-finite even in float64" and "the whole step
+    # stays finite in float64", which read as a contradiction.
+    result = _replayed("log_softmax_underflow")
+    v = result.verdict
+    assert v.kind == "math-fault", v
+    assert "even in float64" not in v.summary
+    assert "on those very values it is non-finite in float64 as well" in v.summary
+    assert "run in float64 from the start, the whole step stays finite" in v.summary
+    assert "the limited range of float32 made those values" in v.summary
+    assert "float32's range" in v.next_check
+    f64 = result.passes[-1]
+    assert (f64.label, f64.dtype, f64.phase) == ("float64 (cpu)", "float64", None)
+
+
+def test_regression_a_float64_replay_of_a_float32_underflow_is_a_range_verdict() -> None:
+    # The same capture replayed with --dtype float64 stays finite: that is the run's dtype
+    # failing, not "not-reproducible ... check the GPU" (a verdict about the same
+    # configuration repeated), and its passes are not the run's ("as-run").
+    result = _replayed("log_softmax_underflow", "float64")
+    v = result.verdict
+    assert v.kind == "range-overflow", v
+    assert "GPU" not in v.next_check and "GPU" not in v.hypothesis
+    assert "finite in float64 where the run went non-finite in float32" in v.summary
+    assert "replay as-run" in v.next_check
+    assert [p.label for p in result.passes] == ["float64 #1", "float64 #2", "float64 (cpu)"]
+    assert all(p.dtype == "float64" and p.autocast is None and p.phase is None
+               for p in result.passes)
+
+
+def test_a_float32_replay_of_an_autocast_float16_run_is_judged_against_float16() -> None:
+    # amp_scale_collapse computes under autocast float16 with float32 parameters: the dtype
+    # it computed in is the autocast one, so a float32 cast is the wider one.
+    as_run = _replayed("amp_scale_collapse")
+    assert [(p.label, p.dtype, p.autocast) for p in as_run.passes] == [
+        ("as-run #1", "float32", "float16"), ("as-run #2", "float32", "float16"),
+        ("float64 (cpu)", "float64", None)]
+    result = _replayed("amp_scale_collapse", "float32")
+    assert [p.label for p in result.passes][:2] == ["float32 #1", "float32 #2"]
+    assert all(p.autocast is None for p in result.passes)
+    assert result.phase is None, result.verdict  # without float16's range it stays finite
+    assert result.verdict.kind == "range-overflow", result.verdict
+    assert "finite in float32 where the run went non-finite in float16" in result.verdict.summary
+
+
+def test_a_cast_no_wider_than_the_run_that_stays_finite_is_undecided() -> None:
+    # The passes of the log_softmax_underflow float64 replay, presented as a float16 cast
+    # of a float64 run: a narrower cast that stays finite says nothing about the failure.
+    own = [p for p in _replayed("log_softmax_underflow", "float64").passes]
+    verdict = decide(own[:2], None, None, own[2], None, "float16", [], True,
+                     cast="float16", run_dtype="float64")
+    assert verdict.kind == "undecided" and "no wider" in verdict.summary
+    assert wider("float64", "float32") and wider("float32", "bfloat16+float32")
+    assert not wider("bfloat16", "float16") and not wider("float64", None)
+    assert wider("float32", "float16") and not wider("float16", "float16")

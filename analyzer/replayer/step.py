@@ -62,6 +62,15 @@ def _first_phase(inst: Instrumented) -> Phase | None:
     return next(p for p in PHASES if faults[p] is not None or p == observed)
 
 
+def _computes_in(model: nn.Module, autocast: torch.dtype | None) -> str | None:
+    """The dtype the run computed in: its autocast dtype, else its parameters' ("a+b")."""
+    if autocast is not None:
+        return dtype_name(autocast)
+    names = sorted({dtype_name(p.dtype) or "" for p in model.parameters()
+                    if p.is_floating_point()} - {""})
+    return "+".join(names) or None
+
+
 def replay_step(model: nn.Module, inputs: Any, targets: Any, loss_fn: Any,
                 optimizer: torch.optim.Optimizer, *, scaler: Any = None,
                 autocast_dtype: torch.dtype | str | None = None, device: str = "cpu",
@@ -104,6 +113,7 @@ def replay_call(model: nn.Module, batch: StepBatch, call: StepCall,
         autocast_forward_only=autocast_scope == "forward")
     first, *extra = optimizers
     pristine = TrainState(model, first, scaler, tuple(extra))
+    own_dtype = _computes_in(model, _as_dtype(autocast_dtype))
     saved = RngState.now()
     restorer: Restorable = rng or saved
     # The step's own code warns as it runs outside its framework (a LightningModule's
@@ -120,10 +130,12 @@ def replay_call(model: nn.Module, batch: StepBatch, call: StepCall,
             restorer.restore()
             inst = instrumented_pass(start, on_device, call, config)
             own = []
+            # a pass cast to another dtype is not the run's configuration: its label says so
+            label = "as-run" if cast is None else dtype_name(cast)
             for i in range(repeats):
                 restorer.restore()
-                own.append(plain_pass(f"as-run #{i + 1}", clone_state(pristine, config), on_device,
-                                      call, config))
+                own.append(plain_pass(f"{label} #{i + 1}", clone_state(pristine, config),
+                                      on_device, call, config))
             wide = StepConfig(device="cpu", dtype=torch.float64, grad_clip=grad_clip)
             restorer.restore()
             f64 = plain_pass("float64 (cpu)", clone_state(pristine, wide), batch.on(wide),
@@ -133,7 +145,8 @@ def replay_call(model: nn.Module, batch: StepBatch, call: StepCall,
     phase = _first_phase(inst)
     run_dtype = own[0].dtype if own else dtype_name(cast) or "?"
     op = _faults(inst)[phase] if phase else None
-    verdict = decide(own, inst.observed, phase, f64, op, run_dtype, bad_start, expected)
+    verdict = decide(own, inst.observed, phase, f64, op, run_dtype, bad_start, expected,
+                     cast=dtype_name(cast), run_dtype=own_dtype)
     return ReplayResult(
         source=source, step=step, device=device, dtype=run_dtype,
         autocast=dtype_name(config.autocast_dtype), phase=phase, forward=inst.forward,

@@ -2,20 +2,31 @@
 
     bad-input         the batch, the parameters or the optimizer state were already
                       non-finite when the step began: the fault lies upstream
-    not-reproducible  the run's own configuration does not go non-finite every time
-    math-fault        float64 goes non-finite too: log(0), x/0, sqrt(<0), 0*inf
-    range-overflow    only the run's dtype goes non-finite: overflow or underflow
+    not-reproducible  the same configuration, run again, does not fail the same way
+                      (the repeated passes disagree, or the run's own configuration stays
+                      finite in replay although the run failed there)
+    math-fault        the producing op is non-finite on its inputs in float64 too:
+                      log(0), x/0, sqrt(<0), 0*inf
+    range-overflow    only the run's dtype goes non-finite: overflow or underflow; also a
+                      replay cast to a wider dtype (``--dtype float64``) that stays finite
     finite            nothing went non-finite and the run did not say it should
-    undecided         the run's configuration fails but the float64 pass could not run
+    undecided         the run's configuration fails but the float64 pass could not run, or
+                      a replay cast to a dtype no wider than the run's stays finite
 
 The first judge is the producing op itself, run again on its very inputs
 widened to float64: an op that is still non-finite is undefined there (a math
-fault, even when an earlier underflow made the 0 it fails on); one that turns
-finite overflowed the dtype. Without such an op (the first non-finite value came
-from a non-finite constant), the whole step in float64 decides: non-finite in
-the same or an earlier phase is a math fault, otherwise a range overflow. A mask's -inf
+fault, even when an earlier underflow made the 0 it fails on: the verdict then says
+both, the op undefined at the values it received and the step that, run in float64
+from the start, never makes them); one that turns finite overflowed the dtype.
+Without such an op (the first non-finite value came from a non-finite constant), the
+whole step in float64 decides: non-finite in the same or an earlier phase is a math
+fault, otherwise a range overflow. A mask's -inf
 is no fault (:mod:`analyzer.replayer.ops`): the op judged is the one that made NaN of it,
 a softmax over a row masked entirely, which float64 cannot rescue.
+
+A replay cast to another dtype (``cast``) is not the run's configuration: a step that
+stays finite there did not fail to reproduce; if the cast dtype is wider than the run's,
+the run's failure is one of its dtype's range.
 """
 
 from __future__ import annotations
@@ -69,9 +80,27 @@ def _hint(op: OpFault | None) -> str:
     return f"{op.op} is undefined for the values it received"
 
 
+# Bits of exponent decide the range; bfloat16 has float32's range but float16's width
+# for the purpose here (a wider cast means more mantissa and at least as much range).
+_WIDTH = {"float16": 16, "bfloat16": 16, "float32": 32, "float64": 64}
+
+
+def _narrowest(dtype: str | None) -> int | None:
+    widths = [_WIDTH[d] for d in (dtype or "").split("+") if d in _WIDTH]
+    return min(widths) if widths else None
+
+
+def wider(cast: str, than: str | None) -> bool:
+    """Whether ``cast`` holds every value of ``than`` (the run's dtype, "a+b" for a mix)
+    with more precision: float64 over float32, float32 over float16."""
+    mine, theirs = _narrowest(cast), _narrowest(than)
+    return mine is not None and theirs is not None and mine > theirs
+
+
 def decide(own: Sequence[PassOutcome], instrumented: Phase | None, phase: Phase | None,
            float64: PassOutcome | None, op: OpFault | None, dtype: str,
-           bad_start: Sequence[str], expected: bool) -> Verdict:
+           bad_start: Sequence[str], expected: bool, *, cast: str | None = None,
+           run_dtype: str | None = None) -> Verdict:
     """Judge one replay.
 
     ``own``: the plain passes in the run's configuration; ``instrumented``: the
@@ -79,7 +108,9 @@ def decide(own: Sequence[PassOutcome], instrumented: Phase | None, phase: Phase 
     non-finite (comparable with ``own``); ``phase``: the first phase in which an
     op made a non-finite value (may be earlier, when the value was masked);
     ``op``: that op; ``expected``: whether the run is known to have gone
-    non-finite at this step (a capture always is).
+    non-finite at this step (a capture always is); ``cast``: the dtype the replay
+    cast the step to, None for the run's own configuration; ``run_dtype``: the dtype
+    the run computed in (its autocast dtype, else its parameters').
     """
     if bad_start:
         return Verdict(
@@ -94,11 +125,12 @@ def decide(own: Sequence[PassOutcome], instrumented: Phase | None, phase: Phase 
     # loss) failed where it says; only an error with no non-finite value before it is noise.
     errors = [p.error for p in own if p.error and p.phase is None]
     where = ", ".join(f"{p.label}: {p.phase or 'finite'}" for p in own)
+    config = f"{cast} (cast)" if cast is not None else "the run's own"
     if errors or len(set(phases)) > 1:
         return Verdict(
             "not-reproducible",
-            f"the step does not fail the same way each time ({where}"
-            f", instrumented: {instrumented or 'finite'})",
+            f"the same configuration ({config}) run again does not fail the same way "
+            f"({where}, instrumented: {instrumented or 'finite'})",
             "non-determinism (atomic adds, cuDNN autotuning, thread scheduling) or a "
             "hardware fault flipping bits",
             "replay again with torch.use_deterministic_algorithms(True) and "
@@ -107,6 +139,8 @@ def decide(own: Sequence[PassOutcome], instrumented: Phase | None, phase: Phase 
     if phases[0] is None or phase is None:
         if not expected:
             return Verdict("finite", "the step stays finite in every pass", "", "")
+        if cast is not None:
+            return _cast_finite(cast, run_dtype)
         return Verdict(
             "not-reproducible",
             "the step stays finite in replay although the run went non-finite here",
@@ -121,6 +155,29 @@ def decide(own: Sequence[PassOutcome], instrumented: Phase | None, phase: Phase 
             "; the repeated passes agree on where but differ bit for bit, so some kernel "
             "is not deterministic"))
     return verdict
+
+
+def _cast_finite(cast: str, run_dtype: str | None) -> Verdict:
+    """A replay in another dtype stays finite where the run failed: not the same
+    configuration, so nothing about reproducibility; a wider one points at the range."""
+    run = run_dtype or "the run's dtype"
+    if wider(cast, run_dtype):
+        return Verdict(
+            "range-overflow",
+            f"the step stays finite in {cast} where the run went non-finite in {run}: the "
+            f"failure is one of {run}'s range or precision, which {cast} does not share",
+            "overflow past the dtype's maximum, or underflow to 0 that a later op divides by "
+            "or takes the log of",
+            f"replay as-run (the run's own dtype) to name the op that leaves the range of "
+            f"{run}; keep the values inside it (autocast with a GradScaler or bfloat16, "
+            "scaled inputs, an eps representable in the dtype, a stable formulation)")
+    return Verdict(
+        "undecided",
+        f"the step stays finite in {cast}, which is not the run's configuration ({run}) "
+        "and no wider than it: this replay says nothing about the failure",
+        "the run failed in its own configuration, which this replay did not run",
+        "replay as-run to reproduce the failure, and with --dtype float64 to tell a "
+        "mathematical fault from a range overflow")
 
 
 def _judge(phase: Phase, dtype: str, float64: PassOutcome | None, op: OpFault | None
@@ -139,20 +196,32 @@ def _by_op(op: OpFault, phase: Phase, dtype: str, whole: str) -> Verdict:
     # Under autocast the op's own dtype (float16) is the one whose range failed.
     dtype = op.outputs[0].dtype if op.outputs else dtype
     if not op.float64_finite:
-        upstream = ""
+        check = "guard the operation named above (clamp, epsilon, a stable formulation)"
         if whole == "finite":
-            upstream = (f"; the whole step stays finite in float64, so the value it fails on "
-                        f"(a 0, a negative) came from the limited range of {dtype} upstream")
-        return Verdict(
-            "math-fault",
-            f"{name} in {phase} gives a non-finite result on its inputs even in float64: "
-            f"it is undefined there{upstream}",
-            _hint(op),
-            "guard the operation named above (clamp, epsilon, a stable formulation)")
+            # Both hold and must not read as a contradiction: the op is undefined at the
+            # values it was given, and a step run in float64 from the start never makes them.
+            summary = (f"{name} in {phase} is undefined at the values {dtype} gave it (on "
+                       f"those very values it is non-finite in float64 as well), but the "
+                       f"limited range of {dtype} made those values: run in float64 from the "
+                       f"start, the whole step stays finite. An underflow of {dtype} "
+                       f"upstream fed an op that cannot take its result")
+            check += f", or keep the values upstream inside {dtype}'s range"
+        else:
+            summary = (f"{name} in {phase} is undefined at the values it received: on those "
+                       f"very values it is non-finite in float64 as well, and the whole step "
+                       f"run in float64 from the start is {whole} too")
+        return Verdict("math-fault", summary, _hint(op), check)
+    if whole == "finite":
+        step = "the whole step run in float64 stays finite"
+    elif whole == "not run":
+        step = "the whole step in float64 could not be run"
+    else:
+        step = (f"float64 holds this op's result but not the rest of the step: run in "
+                f"float64 from the start, the whole step is {whole} as well")
     return Verdict(
         "range-overflow",
-        f"{name} in {phase} is finite on the same inputs in float64 but not in {dtype}: "
-        f"the result leaves the range of {dtype} (whole step in float64: {whole})",
+        f"{name} in {phase} is finite on the same inputs widened to float64 but not in "
+        f"{dtype}: the result leaves the range of {dtype}; {step}",
         "overflow past the dtype's maximum: activations, logits or gradients grown too "
         "large (learning rate, initialisation, input scale), or a bare .half() model",
         "compare the op's input abs-max with the dtype's maximum (65504 for float16); "
