@@ -16,6 +16,7 @@ from analyzer.wording import (
     place_words,
     step_words,
 )
+from app.health import health
 from app.runinfo import layout_text
 from app.views import placement_text
 
@@ -51,6 +52,8 @@ class RunRow:
     """How each log's steps were placed on the run's global step."""
     grouping: str = ""
     """The framework layout discovery recognised and the run's segments."""
+    ends_early: str | None = None
+    """Where a damaged run's readable record stops (:attr:`app.health.Health.ends_early`)."""
 
     @classmethod
     def columns(cls) -> list[str]:
@@ -92,15 +95,18 @@ def replay_brief(result: RunResult) -> str | None:
 
 
 def run_row(name: str, result: RunResult | None, error: str | None) -> RunRow:
+    """The run's line; ``status`` is :func:`app.health.health`'s: failed, finite, damaged
+    (read issues cost data) or unreadable."""
     if result is None:
         return RunRow(name, "unreadable", None, None, None, None, None, None, None, None,
                       "", 0, error)
+    well = health(result, error)
     inc = result.incident
     top = result.findings[0] if result.findings else None
     issues = result.run.issues
     return RunRow(
         run=name,
-        status=result.status,
+        status=well.status,
         first_step=inc.step if inc else None,
         tag=inc.tag if inc else None,
         kind=inc.kind if inc else None,
@@ -120,4 +126,5 @@ def run_row(name: str, result: RunResult | None, error: str | None) -> RunRow:
                              unit=incident_unit(inc, result.run)) if inc else None,
         placement=placement_text(result.run),
         grouping=layout_text(result.run),
+        ends_early=well.ends_early,
     )

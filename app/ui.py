@@ -22,7 +22,7 @@ from analyzer.wording import (
     place_words,
     step_words,
 )
-from app import data, tables, views
+from app import data, health, tables, views
 
 PAGES: list[tuple[str, str, str]] = [
     ("app_pages/runs.py", "Runs", ":material/table_rows:"),
@@ -149,12 +149,25 @@ def link(page: str, label: str, run: str, **params: object) -> None:
     st.page_link(PAGE[page], label=label, query_params=query)
 
 
-def headline(sel: Selected, result: RunResult) -> None:
-    """The run's verdict in one line: step, tag, layer, cause; the same on every page."""
+def headline_text(name: str, result: RunResult, h: health.Health) -> str:
+    """The run's verdict in one line: step, tag, layer, cause, and whether its record is
+    whole; the same on every page. A run whose only non-finite values were the loss
+    scaler's overflow skips says so (the charts mark them), a damaged run says where its
+    record ends, an unreadable one that nothing was read."""
     inc = result.incident
-    parts = [f"**{sel.ref.name}**"]
-    if inc is None:
-        parts.append("every logged value is finite")
+    parts = [f"**{name}**"]
+    if h.status == "unreadable":
+        parts.append(f"**unreadable**: {h.ends_early}")
+    elif inc is None:
+        skips = health.skip_words(result)
+        if h.status == "damaged":
+            parts.append("**damaged**: the values read are finite, but "
+                         + (f"the record ends early: {h.ends_early}" if h.ends_early else
+                            f"{tables.plural(len(h.costly), 'read issue')} cost data"))
+        if skips is not None:
+            parts.append(skips)
+        elif h.status == "finite":
+            parts.append("every logged value is finite")
     else:
         unit = incident_unit(inc, result.run)
         last = ("none" if inc.last_finite_step is None
@@ -168,13 +181,47 @@ def headline(sel: Selected, result: RunResult) -> None:
     if result.findings:
         top = result.findings[0]
         what = "cause" if top.is_failure else "warning"
-        name = cause_words(result.findings) if top.is_failure else top.name
-        parts.append(f"{what} **{name}** ({top.confidence} confidence)")
+        name_ = cause_words(result.findings) if top.is_failure else top.name
+        parts.append(f"{what} **{name_}** ({top.confidence} confidence)")
     elif inc is not None:
         parts.append("no ranked cause")
-    if result.run.issues:
-        parts.append(tables.plural(len(result.run.issues), "read issue"))
-    st.markdown(" · ".join(parts))
+    if inc is not None:
+        if (skips := health.skip_words(result)) is not None:
+            parts.append(skips)
+        if h.ends_early:
+            parts.append(f"the record ends early: {h.ends_early}")
+    if h.issues:
+        parts.append(tables.plural(len(h.issues), "read issue"))
+    return " · ".join(p for p in parts if p)
+
+
+def issue_lines(h: health.Health, run_path: str) -> list[str]:
+    """One line per read issue: the file, where in it, the kind and the message."""
+    return [f"`{health.rel(i.location.file, run_path)}` at {health.where_words(i)}: "
+            f"{i.kind}: {i.message}" for i in h.issues]
+
+
+def issue_box(h: health.Health, run_path: str) -> None:
+    """The run's read issues under the headline: a warning when they cost data (the run
+    is damaged or unreadable, or failed with a damaged file), else a closed expander."""
+    if not h.issues:
+        return
+    lines = "\n".join(f"- {line}" for line in issue_lines(h, run_path))
+    n = tables.plural(len(h.issues), "read issue")
+    if h.costly:
+        head = {"unreadable": "Nothing of this run could be read",
+                "damaged": "This run's record is damaged: what follows could not be read"}
+        st.warning(f"**{head.get(h.status, 'Some of this run could not be read')}** "
+                   f"({n}):\n{lines}", icon=":material/report:")
+    else:
+        with st.expander(f"{n}, none of which lost data"):
+            st.markdown(lines)
+
+
+def headline(sel: Selected, result: RunResult) -> None:
+    h = health.health(result)
+    st.markdown(headline_text(sel.ref.name, result, h))
+    issue_box(h, result.run.path)
 
 
 def run_page(title: str) -> tuple[Selected, RunResult]:
