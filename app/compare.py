@@ -41,6 +41,14 @@ class Candidate:
     healthy: bool | None = None
 
 
+def healthy(result: RunResult | None, error: str | None = None) -> bool:
+    """Whether a run is a healthy baseline: finite and read whole. A run whose files were
+    cut short (damaged) or could not be read is not, though no value of it is non-finite."""
+    from app.health import health
+
+    return health(result, error).status == "finite"
+
+
 def ordered(chosen: Candidate, candidates: Sequence[Candidate]) -> list[Candidate]:
     """Every run but the chosen one, its siblings (same parent folder) first, healthy ones
     first among them, then the rest of the root; by name within each."""
@@ -263,6 +271,7 @@ def figure(drawn: Mapping[str, list[Line]], names: Sequence[str], mode: str,
                         subplot_titles=titles, specs=[[{"secondary_y": True}]] * len(titles))
     legend: set[str] = set()
     bad_shown = False
+    axis = "from the failure" if mode == ALIGN_FAILURE else "step"
     for row, title in enumerate(titles, start=1):
         tags: dict[str, list[str]] = {}
         for line in drawn[title]:
@@ -276,7 +285,8 @@ def figure(drawn: Mapping[str, list[Line]], names: Sequence[str], mode: str,
                 name=line.run, legendgroup=line.run, showlegend=line.run not in legend,
                 line={"color": colour[line.run], "dash": dash,
                       "width": CHOSEN_WIDTH if line.chosen else OTHER_WIDTH},
-                hovertemplate=f"{line.run}: {c.label}<br>x %{{x}}<br>%{{y:.6g}}<extra></extra>"),
+                hovertemplate=f"{line.run}: {c.label}<br>{axis} %{{x}}<br>%{{y:.6g}}"
+                              "<extra></extra>"),
                 row=row, col=1)
             legend.add(line.run)
             if c.bad.any():
@@ -288,15 +298,15 @@ def figure(drawn: Mapping[str, list[Line]], names: Sequence[str], mode: str,
                     marker={"symbol": "x-thin-open", "size": 10, "color": red,
                             "line": {"width": 2}},
                     text=[f"{line.run}: {c.label} = {w}" for w in words],
-                    hovertemplate="x %{x}<br>%{text}<extra></extra>"),
+                    hovertemplate=axis + " %{x}<br>%{text}<extra></extra>"),
                     row=row, col=1, secondary_y=True)
                 bad_shown = True
         fig.update_yaxes(range=[0, 1], visible=False, fixedrange=True, row=row, col=1,
                          secondary_y=True)
-        if views.log_scale([line.curve for line in drawn[title]]):
-            fig.update_yaxes(type="log", row=row, col=1, secondary_y=False)
-        else:
-            fig.update_yaxes(tickformat=".3~g", row=row, col=1, secondary_y=False)
+        # Full numbers on a log axis too: its default labels a minor tick by its digit.
+        fig.update_yaxes(tickformat=".3~g", row=row, col=1, secondary_y=False,
+                         type="log" if views.log_scale([ln.curve for ln in drawn[title]])
+                         else "linear")
     if mode == ALIGN_FAILURE:
         if any(step is not None for step in failures.values()):
             fig.add_vline(x=0, line_color=red, line_width=2, row="all", col=1)

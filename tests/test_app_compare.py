@@ -226,3 +226,29 @@ def test_page_on_the_sample_runs(samples: Path) -> None:
     assert picked.value == ["amp_benign_skips", "healthy_control", "amp_scale_collapse"]
     assert at.get("plotly_chart")
     assert "On adam_eps_fp16 and on none of the others" in texts(at)
+
+
+def test_regression_a_damaged_sibling_is_no_healthy_default(
+        sweep: Sweep, tmp_path: Path) -> None:
+    """A healthy trial whose event file is cut in half reads as finite (no value of it is
+    non-finite) but is damaged: it comes after the whole healthy runs, not among them."""
+    import shutil
+
+    from analyzer import pipeline
+
+    root = tmp_path / "runs"
+    for name in ("trial_000", "trial_001", "trial_002"):
+        shutil.copytree(sweep.root / "sweep" / name, root / name)
+    event = next((root / "trial_000").rglob("events.out.tfevents.*"))
+    data = event.read_bytes()
+    event.write_bytes(data[: len(data) // 2])
+    found = pipeline.discover(str(root)).runs
+    results = {r.run.name: r for r in pipeline.rank_all(
+        [pipeline.locate(pipeline.align(pipeline.read_run(f))) for f in found])}
+    assert results["trial_000"].status == "finite"  # the run's own word: no NaN in it
+    assert not compare.healthy(results["trial_000"])
+    assert compare.healthy(results["trial_001"])
+    cands = [compare.Candidate(n, r.run.path, compare.healthy(r)) for n, r in results.items()]
+    chosen = next(c for c in cands if c.name == "trial_002")
+    assert compare.default_picks(chosen, cands) == ["trial_001", "trial_000"]
+    assert not compare.healthy(None, "cannot be read")

@@ -4,28 +4,34 @@ side has that the other has not."""
 
 from __future__ import annotations
 
-import pandas as pd
 import streamlit as st
 
 from analyzer.model import RunResult
 from analyzer.pipeline import same_folder
-from app import compare, data, ui
+from app import compare, data, tables, ui
+from app.health import health
 
 sel, result = ui.run_page("Compare")
 here = sel.ref.name
 by_name = {r.name: r for r in sel.refs}
-chosen = compare.Candidate(here, sel.ref.path, result.status == "finite")
 home = same_folder(sel.ref.path)
 
 
 def _loaded(name: str) -> data.Loaded:
-    return data.load(by_name[name], sel.refs)
+    """Another run as far as it is analysed without waiting for its replay: what is
+    compared here (curves, keys, findings) is there before it."""
+    return data.load_fast(by_name[name], sel.refs)
 
 
-# The siblings were read to rank the chosen run: their health costs their rules only.
-candidates = [compare.Candidate(r.name, r.path,
-                                (loaded := _loaded(r.name)).result is not None
-                                and loaded.result.status == "finite")
+def _healthy(name: str) -> bool:
+    loaded = _loaded(name)
+    return compare.healthy(loaded.result, loaded.error)
+
+
+# The siblings were read to rank the chosen run: their health costs their rules only. A
+# damaged run (a file cut short) is no healthy baseline.
+chosen = compare.Candidate(here, sel.ref.path, compare.healthy(result))
+candidates = [compare.Candidate(r.name, r.path, _healthy(r.name))
               if same_folder(r.path) == home else compare.Candidate(r.name, r.path)
               for r in sel.refs if r.name != here]
 options = [c.name for c in compare.ordered(chosen, candidates)]
@@ -53,7 +59,7 @@ names = list(runs)
 failures = {name: compare.failure_step(r) for name, r in runs.items()}
 st.caption(" · ".join(
     f"**{name}**: " + (f"first non-finite at step {failures[name]}"
-                       if failures[name] is not None else r.status)
+                       if failures[name] is not None else health(r).status)
     for name, r in runs.items()))
 
 st.subheader("Curves")
@@ -87,26 +93,24 @@ else:
 st.subheader("Settings, environment and checkpoints")
 show_all = st.toggle("Show every key, the equal ones too", key="compare_all_keys")
 diff = compare.key_diff(runs, show_all)
-st.caption(f"{diff.same} key{'' if diff.same == 1 else 's'} the same in all "
+st.caption(f"{tables.plural(diff.same, 'key')} the same in all "
            f"{len(runs)} runs" + ("" if show_all else " (hidden)") + "; a blank cell: the "
            "run does not have the key.")
 if diff.rows:
-    st.dataframe(pd.DataFrame(diff.rows, columns=diff.columns), hide_index=True,
-                 key="compare_keys")
+    tables.show(tables.frame(diff.rows), key="compare_keys", column_order=diff.columns)
 else:
     st.caption("No key differs between these runs.")
 
 st.subheader("Findings")
 only_mine, only_theirs, shared = compare.finding_diff(result, others)
-st.caption(f"{shared} rule{'' if shared == 1 else 's'} fired on {here} and on some run "
-           "beside it.")
+st.caption(f"{tables.plural(shared, 'rule')} fired on {here} and on some run beside it.")
 st.markdown(f"**On {here} and on none of the others**")
 if only_mine:
-    st.dataframe(pd.DataFrame(only_mine), hide_index=True, key="compare_only_mine")
+    tables.show(tables.frame(only_mine), key="compare_only_mine")
 else:
     st.caption("None.")
 st.markdown(f"**On another run and not on {here}**")
 if only_theirs:
-    st.dataframe(pd.DataFrame(only_theirs), hide_index=True, key="compare_only_theirs")
+    tables.show(tables.frame(only_theirs), key="compare_only_theirs")
 else:
     st.caption("None.")
