@@ -82,13 +82,27 @@ def show(r: Any) -> None:
                 "Update: every parameter finite after the step" if u.finite else
                 f"Update: {len(u.params)} parameters non-finite after the step")
     st.subheader("Differential passes")
-    st.dataframe(pd.DataFrame([{"pass": p.label, "device": p.device, "dtype": p.dtype,
-                                "autocast": p.autocast, "loss": p.loss,
+    st.caption("Each pass runs the whole step plainly. The run's own configuration is run "
+               "twice: passes that disagree make the verdict not-reproducible. The float64 "
+               "pass tells a mathematical fault (non-finite in float64 too) from a range "
+               "overflow or underflow of the run's dtype (finite in float64).")
+    st.dataframe(pd.DataFrame([{"pass": p.label, "runs": _runs(p, r), "device": p.device,
+                                "dtype": p.dtype, "autocast": p.autocast or "off",
+                                "loss": p.loss,
                                 "first non-finite phase": p.phase or "finite",
-                                "fingerprint": p.fingerprint, "error": p.error}
+                                "fingerprint": p.fingerprint, "error": p.error or ""}
                                for p in r.passes]), hide_index=True, key="replay_passes")
     with st.expander("As text (forensics replay)"):
         st.code(data.format_replay(r), language=None)
+
+
+def _runs(p: Any, r: Any) -> str:
+    """What configuration a pass ran, in words: its label alone is a short name."""
+    if p.label.startswith("as-run"):
+        return "the run's own configuration"
+    if p.label.endswith("(cpu)"):
+        return "float64 reference, autocast off"
+    return f"cast to {p.dtype}, autocast off"
 
 
 def refused(refusal: Any, device: str, dtype: str) -> None:

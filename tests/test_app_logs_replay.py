@@ -1,0 +1,167 @@
+"""The Logs and Replay pages under AppTest, on a copy of the sample runs.
+
+Logs: a run none of whose lines is non-finite still shows its log (first and last lines, a
+line to go to, a filter) and the lines the analysis marked, with a way to jump to each.
+Replay: a replay in float64 of a run that failed in float32 says so in one consistent way
+and its passes table says what each pass ran.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("streamlit")
+
+from streamlit.testing.v1 import AppTest
+
+from tests.test_app import frame_with, no_error, open_app, served_samples, texts
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    yield from served_samples(tmp_path_factory, "logs_replay")
+
+
+def _settled(at: AppTest) -> AppTest:
+    """The page again once the replay it queued in the background is done."""
+    from app import data
+
+    if any(str(c.value).startswith("Replaying the captured step") for c in at.caption):
+        data.replays.drain()
+        at.run()
+    return at
+
+
+def _skips_run(root: Path) -> str:
+    for path in sorted(root.glob("*/scenario.json")):
+        sc = json.loads(path.read_text())
+        if sc.get("benign_skips") and sc["expected"]["first_nonfinite_step"] is None:
+            return path.parent.name
+    pytest.skip("no sample run with benign overflow skips")
+
+
+def _log_lines(root: Path, run: str) -> list[str]:
+    return (root / run / "train.log").read_text(encoding="utf-8").splitlines()
+
+
+def _logs(run: str) -> AppTest:
+    at = open_app(run)
+    at.switch_page("app_pages/logs.py").run()
+    no_error(at)
+    return at
+
+
+def _viewer(at: AppTest) -> str:
+    """The text of the log viewer (the last code block of the page)."""
+    return str(at.code[-1].value)
+
+
+def test_regression_logs_page_of_a_run_with_no_nonfinite_line_shows_the_log(
+        runs: Path) -> None:
+    name = _skips_run(runs)
+    lines = _log_lines(runs, name)
+    skips = [i + 1 for i, text in enumerate(lines) if "OVERFLOW" in text]
+    assert skips, "the run's log holds overflow-skip lines"
+    at = _logs(name)
+    shown = texts(at)
+    assert "reports a non-finite value" in shown
+    assert f"The analysis marked {len(skips)} lines" in shown
+    # the marked lines: every overflow skip, by line, with its message
+    marked = frame_with(at, "event")
+    assert list(marked["line"]) == skips
+    assert set(marked["event"]) == {"overflow skip"}
+    assert all("OVERFLOW" in m for m in marked["message"])
+    # the log itself: its first lines, numbered, the skip lines flagged
+    view = _viewer(at)
+    assert f"{1:>6} | {lines[0].strip()}" in view
+    assert f"* {skips[0]:>6} | " in view
+    assert f"{len(lines)} lines in `train.log`" in shown
+
+
+def test_logs_viewer_last_lines_go_to_a_line_and_filter(runs: Path) -> None:
+    name = _skips_run(runs)
+    lines = _log_lines(runs, name)
+    at = _logs(name)
+    at.radio(key="logs_mode").set_value("Last lines").run()
+    no_error(at)
+    assert f"{len(lines):>6} | {lines[-1].strip()}" in _viewer(at)
+    assert f"{1:>6} | " not in _viewer(at) or len(lines) <= 40
+    middle = len(lines) // 2
+    at.number_input(key="logs_goto").set_value(middle).run()
+    no_error(at)
+    assert at.radio(key="logs_mode").value == "Around a line"
+    assert f"→ {middle:>6} | " in _viewer(at)
+    at.text_input(key="logs_filter").input("overflow").run()
+    no_error(at)
+    view = _viewer(at).splitlines()
+    expected = [i + 1 for i, text in enumerate(lines) if "overflow" in text.lower()]
+    assert [int(row[2:8]) for row in view] == expected
+
+
+def test_a_marked_lines_button_shows_that_line(runs: Path) -> None:
+    name = _skips_run(runs)
+    at = _logs(name)
+    marked = frame_with(at, "event")
+    last = int(marked["line"].iloc[-1])
+    buttons = [b for b in at.button if b.label.startswith(f"Line {last} (")]
+    assert buttons, [b.label for b in at.button]
+    buttons[0].click().run()
+    no_error(at)
+    assert at.radio(key="logs_mode").value == "Around a line"
+    assert f"→ {last:>6} | " in _viewer(at)
+
+
+def test_logs_of_a_failed_run_keep_the_nonfinite_line_and_add_the_viewer(
+        runs: Path) -> None:
+    for path in sorted(runs.glob("*/scenario.json")):
+        sc = json.loads(path.read_text())
+        if sc["expected"]["first_nonfinite_step"] is not None:
+            name = path.parent.name
+            break
+    else:
+        pytest.skip("no failed sample run")
+    at = _logs(name)
+    heads = [str(s.value) for s in at.subheader]
+    (head,) = [h for h in heads if " line " in h and h.split(" line ")[0].endswith(".log")]
+    line = int(head.split(" line ")[1].split(":")[0])
+    blocks = [str(c.value) for c in at.code]
+    assert f"> {line:>6} | " in blocks[0]  # the first non-finite line, in its context
+    assert "The log" in heads and f"→ {line:>6} | " in _viewer(at)  # the viewer opens there
+    at.radio(key="logs_mode").set_value("First lines").run()
+    no_error(at)
+    assert _viewer(at).startswith(f"  {1:>6} | ")
+
+
+def test_replay_page_of_a_float64_replay_of_a_float32_failure(runs: Path) -> None:
+    name = "log_softmax_underflow"
+    if not (runs / name / "capture").is_dir():
+        pytest.skip(f"sample run {name} has no capture")
+    at = open_app(name)
+    _settled(at.switch_page("app_pages/replay.py").run())
+    no_error(at)
+    shown = texts(at)
+    # the analysis's replay (as-run): the op undefined at its values, the step finite in
+    # float64 from the start, without "even in float64" beside "stays finite in float64"
+    assert "Verdict: math-fault" in shown
+    assert "even in float64" not in shown
+    assert "run in float64 from the start, the whole step stays finite" in shown
+    passes = frame_with(at, "fingerprint")
+    assert list(passes["pass"]) == ["as-run #1", "as-run #2", "float64 (cpu)"]
+    assert list(passes["autocast"]) == ["off", "off", "off"]
+    assert passes["runs"].iloc[-1].startswith("float64 reference")
+    at.selectbox(key="replay_dtype").set_value("float64")
+    at.button(key="replay_button").click().run()
+    no_error(at)
+    shown = texts(at)
+    assert "Replay on cpu, float64" in shown
+    assert "Verdict: range-overflow" in shown
+    assert "Verdict: not-reproducible" not in shown and "GPU" not in shown
+    passes = frame_with(at, "fingerprint")
+    assert list(passes["pass"]) == ["float64 #1", "float64 #2", "float64 (cpu)"]
+    assert not any(p.startswith("as-run") for p in passes["pass"])
+    assert (passes["dtype"] == "float64").all()
+    assert passes["runs"].iloc[0].startswith("cast to float64")
