@@ -105,6 +105,9 @@ class Line:
     run: str
     curve: views.Curve
     chosen: bool
+    skipped: frozenset[int] = frozenset()
+    """The shifted steps a dynamic loss scaler skipped: a non-finite value there is the
+    scaler's benign overflow, not the failure."""
 
 
 def panels(runs: Mapping[str, RunResult], roles_of: Mapping[str, views.TagRoles],
@@ -124,7 +127,8 @@ def panels(runs: Mapping[str, RunResult], roles_of: Mapping[str, views.TagRoles]
             for c in views.curves(result.run, roles.tags(role)):
                 moved = views.Curve(c.label, c.tag, c.source, c.steps - shift[name], c.values,
                                     c.axis)
-                lines.append(Line(name, moved, name == first))
+                skipped = frozenset(s - shift[name] for s in result.overflow_skips)
+                lines.append(Line(name, moved, name == first, skipped))
         if lines:
             out[role.value] = lines
     return out
@@ -238,6 +242,8 @@ def finding_diff(chosen: RunResult, others: Mapping[str, RunResult]
 
 CHOSEN_WIDTH = 3.5
 OTHER_WIDTH = 1.6
+NONFINITE = "non-finite value"
+SKIPPED = "overflow skipped by the loss scaler (benign)"
 DASHES = ("solid", "dash", "dot", "dashdot", "longdash")
 """A run's several tags in one panel (train and validation loss) differ by dash; runs
 differ by colour."""
@@ -256,8 +262,10 @@ def figure(drawn: Mapping[str, list[Line]], names: Sequence[str], mode: str,
     """The overlaid curves, one row per quantity on a shared step axis; the chosen run
     bold. A non-finite point cannot be drawn as a value: it is marked with a red cross at
     the top edge of its panel (on an axis of its own, so it reads as no value), at its
-    step. The chosen run's failure is the red line; another failed run's is dashed in its
-    colour (aligned at the failure, each failed run's lies at 0)."""
+    step; one at a step the loss scaler skipped is its benign overflow, marked a little
+    lower in the overflow-skip colour. The chosen run's failure is the red line; another
+    failed run's is dashed in its colour (aligned at the failure, each failed run's lies
+    at 0)."""
     import numpy as np
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
@@ -270,7 +278,7 @@ def figure(drawn: Mapping[str, list[Line]], names: Sequence[str], mode: str,
     fig = make_subplots(rows=len(titles), cols=1, shared_xaxes=True, vertical_spacing=0.06,
                         subplot_titles=titles, specs=[[{"secondary_y": True}]] * len(titles))
     legend: set[str] = set()
-    bad_shown = False
+    marked: set[str] = set()
     axis = "from the failure" if mode == ALIGN_FAILURE else "step"
     for row, title in enumerate(titles, start=1):
         tags: dict[str, list[str]] = {}
@@ -289,18 +297,22 @@ def figure(drawn: Mapping[str, list[Line]], names: Sequence[str], mode: str,
                               "<extra></extra>"),
                 row=row, col=1)
             legend.add(line.run)
-            if c.bad.any():
+            benign = np.isin(c.steps, list(line.skipped))
+            for mask, kind, y in ((c.bad & ~benign, NONFINITE, 0.96),
+                                  (c.bad & benign, SKIPPED, 0.88)):
+                if not mask.any():
+                    continue
                 words = ["nan" if np.isnan(v) else ("+inf" if v > 0 else "-inf")
-                         for v in c.values[c.bad]]
+                         for v in c.values[mask]]
                 fig.add_trace(go.Scatter(
-                    x=c.steps[c.bad], y=np.full(int(c.bad.sum()), 0.96), mode="markers",
-                    name="non-finite value", legendgroup="non-finite", showlegend=not bad_shown,
-                    marker={"symbol": "x-thin-open", "size": 10, "color": red,
-                            "line": {"width": 2}},
+                    x=c.steps[mask], y=np.full(int(mask.sum()), y), mode="markers",
+                    name=kind, legendgroup=kind, showlegend=kind not in marked,
+                    marker={"symbol": "x-thin-open", "size": 10, "line": {"width": 2},
+                            "color": red if kind == NONFINITE else COLOURS["overflow skip"]},
                     text=[f"{line.run}: {c.label} = {w}" for w in words],
                     hovertemplate=axis + " %{x}<br>%{text}<extra></extra>"),
                     row=row, col=1, secondary_y=True)
-                bad_shown = True
+                marked.add(kind)
         fig.update_yaxes(range=[0, 1], visible=False, fixedrange=True, row=row, col=1,
                          secondary_y=True)
         # Full numbers on a log axis too: its default labels a minor tick by its digit.

@@ -138,9 +138,9 @@ def test_aligned_at_the_failure_each_failed_run_counts_from_its_own(
     assert [ln.chosen for ln in aligned["loss"]] == [True, False, False]
     fig: Any = compare.figure(aligned, list(runs), compare.ALIGN_FAILURE,
                               {n: compare.failure_step(r) for n, r in runs.items()})
-    crosses = [t for t in fig.data if t.name == "non-finite value"]
+    crosses = [t for t in fig.data if t.name == compare.NONFINITE]
     assert crosses and all(t.marker.color == "#d62728" for t in crosses)
-    lines = [t for t in fig.data if t.name != "non-finite value"]
+    lines = [t for t in fig.data if t.name not in (compare.NONFINITE, compare.SKIPPED)]
     assert "#d62728" not in {t.line.color for t in lines}  # red is for the failure only
     assert {t.line.width for t in lines if t.name == "trial_002"} == {compare.CHOSEN_WIDTH}
     assert {t.line.width for t in lines if t.name != "trial_002"} == {compare.OTHER_WIDTH}
@@ -224,7 +224,12 @@ def test_page_on_the_sample_runs(samples: Path) -> None:
     picked = at.multiselect(key="compare_with")
     # Finite siblings first (by name), then the failed ones.
     assert picked.value == ["amp_benign_skips", "healthy_control", "amp_scale_collapse"]
-    assert at.get("plotly_chart")
+    figure = json.loads(at.get("plotly_chart")[0].proto.spec)
+    # amp_benign_skips's non-finite gradients are its scaler's skips: not marked as failures.
+    skips = [t for t in figure["data"] if t["name"] == compare.SKIPPED]
+    assert any(t["text"][0].startswith("amp_benign_skips: ") for t in skips)
+    red = [t for t in figure["data"] if t["name"] == compare.NONFINITE]
+    assert not any(x.startswith("amp_benign_skips: ") for t in red for x in t["text"])
     assert "On adam_eps_fp16 and on none of the others" in texts(at)
 
 
