@@ -9,7 +9,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from app.views import Curve, Grid, Marker, OwnPanel, log_scale
+from app.views import Curve, FloatArray, Grid, Marker, OwnPanel, clip, ema, log_scale, num
 
 COLOURS = {
     "first non-finite": "#d62728",
@@ -21,10 +21,13 @@ COLOURS = {
     "min loss scale": "#7f7f7f",
     "checkpoint": "#17becf",
     "focus": "#1f77b4",
+    "file ends": "#6b4c00",
+    "read issue": "#6b4c00",
 }
 SYMBOLS = {"overflow skip": "x", "restart": "diamond", "checkpoint": "triangle-up",
            "error": "star", "min loss scale": "square", "first non-finite": "circle",
-           "last finite": "circle-open", "growth onset": "triangle-right"}
+           "last finite": "circle-open", "growth onset": "triangle-right",
+           "file ends": "line-ns-open", "read issue": "hourglass"}
 STRIP = "events"
 LINES = ["#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#17becf", "#bcbd22", "#7f7f7f",
          "#e377c2", "#ff7f0e"]
@@ -44,56 +47,148 @@ def _flat_range(curves_: list[Curve]) -> list[float] | None:
     return [lo - 0.5 * size, hi + 0.5 * size]
 
 
-def _bad_trace(curve: Curve, showlegend: bool) -> go.Scatter | None:
-    """Non-finite points cannot be plotted: mark them at the top of the curve's range."""
+FONT = "#31333f"
+"""Text on the charts: dark grey on white, well above 4.5:1."""
+PIN = "pin"
+"""The overlay axes (0 to 1 over a panel's height) that non-finite marks are pinned on."""
+PIN_TOP, PIN_BOTTOM = 0.95, 0.04
+
+
+def _spelled(v: float) -> str:
+    return "nan" if math.isnan(v) else ("+inf" if v > 0 else "-inf")
+
+
+def _bad_trace(curve: Curve, legend: str | None, showlegend: bool, unit: str = "step",
+               ) -> go.Scatter | None:
+    """Non-finite points have no place on a value axis: pinned at the panel's top edge on
+    an overlay axis of 0 to 1 (where no value can be read from them), named in the legend."""
     bad = curve.bad
     if not bad.any():
         return None
-    finite = curve.values[~bad]
-    top = float(finite.max()) if finite.size else 1.0
-    texts = ["nan" if math.isnan(v) else ("+inf" if v > 0 else "-inf")
-             for v in curve.values[bad]]
-    return go.Scatter(x=curve.steps[bad], y=np.full(int(bad.sum()), top), mode="markers",
-                      marker={"symbol": "x-thin-open", "size": 11,
-                              "color": COLOURS["first non-finite"], "line": {"width": 2}},
-                      name="non-finite value", legendgroup="nonfinite", showlegend=showlegend,
-                      text=[f"{curve.label}: {t}" for t in texts],
-                      hovertemplate="step %{x}<br>%{text}<extra></extra>")
+    texts = [f"{curve.label}: {_spelled(v)}" for v in curve.values[bad]]
+    trace = go.Scatter(x=curve.steps[bad], y=np.full(int(bad.sum()), PIN_TOP), mode="markers",
+                       marker={"symbol": "x-thin-open", "size": 11,
+                               "color": COLOURS["first non-finite"], "line": {"width": 2}},
+                       name="non-finite value (pinned at the top)", legendgroup="nonfinite",
+                       showlegend=showlegend, text=texts,
+                       hovertemplate=unit + " %{x}<br>%{text}<extra></extra>")
+    if legend is not None:
+        trace.legend = legend
+    return trace
+
+
+def _off_log_trace(curve: Curve, legend: str | None, showlegend: bool) -> go.Scatter | None:
+    """Zeros and negative values of a curve drawn on a log axis: pinned at its bottom edge."""
+    off = np.isfinite(curve.values) & (curve.values <= 0)
+    if not off.any():
+        return None
+    trace = go.Scatter(x=curve.steps[off], y=np.full(int(off.sum()), PIN_BOTTOM),
+                       mode="markers", marker={"symbol": "line-ns-open", "size": 9,
+                                               "color": "#555555", "line": {"width": 2}},
+                       name="<= 0 (off the log axis)", legendgroup="offlog",
+                       showlegend=showlegend, customdata=curve.values[off],
+                       hovertemplate="step %{x}<br>" + curve.label
+                       + ": %{customdata:.6g}<extra></extra>")
+    if legend is not None:
+        trace.legend = legend
+    return trace
+
+
+def _axis(kind: str, n: int) -> str:
+    """``yaxis``/``yaxis2``: the layout key of axis ``n``; ``kind`` is ``x`` or ``y``."""
+    return f"{kind}axis" if n == 1 else f"{kind}axis{n}"
+
+
+def _ref(kind: str, n: int) -> str:
+    return kind if n == 1 else f"{kind}{n}"
+
+
+def _legend(n: int) -> str:
+    return "legend" if n == 1 else f"legend{n}"
+
+
+def _pin_axis(fig: go.Figure, row: int, pin: int) -> str:
+    """An invisible axis over ``row``'s height, 0 at its bottom and 1 at its top."""
+    fig.layout[_axis("y", pin)] = {"overlaying": _ref("y", row), "range": [0, 1],
+                                   "visible": False, "fixedrange": True, "anchor": _ref("x", row)}
+    return _ref("y", pin)
+
+
+def _line_traces(curve: Curve, colour: str, smooth: float, log: bool, legend: str,
+                 ) -> list[go.Scatter]:
+    """The curve's line (NaN gaps where it cannot be drawn); smoothed, the raw line faint
+    beneath the smoothed one."""
+    y = np.where(curve.bad | (log & (curve.values <= 0)), np.nan, curve.values)
+    hover = "step %{x}<br>%{y:.6g}<extra>" + curve.label + "</extra>"
+    if smooth <= 0:
+        return [go.Scatter(x=curve.steps, y=y, mode="lines+markers", marker={"size": 4},
+                           line={"color": colour}, name=curve.label, legend=legend,
+                           hovertemplate=hover)]
+    raw = go.Scatter(x=curve.steps, y=y, mode="lines", line={"color": colour, "width": 1},
+                     opacity=0.3, name=f"{curve.label} (raw)", legend=legend,
+                     legendgroup=curve.label, showlegend=False, hoverinfo="skip")
+    smoothed = go.Scatter(x=curve.steps, y=ema(y, smooth), mode="lines",
+                          line={"color": colour, "width": 2}, name=curve.label,
+                          legend=legend, legendgroup=curve.label,
+                          hovertemplate="step %{x}<br>%{y:.6g} smoothed<extra>" + curve.label
+                          + "</extra>")
+    return [raw, smoothed]
 
 
 def timeline(panels: Mapping[str, list[Curve]], marks: list[Marker],
-             focus: int | None = None) -> go.Figure:
-    """One row per quantity over steps, sharing the step axis, and a strip of events."""
+             focus: int | None = None, *, log: Mapping[str, bool] | None = None,
+             smooth: float = 0.0, window: tuple[int, int] | None = None) -> go.Figure:
+    """One row per quantity over steps, sharing the step axis, and a strip of events.
+
+    ``log``: each panel's y axis (log or linear; a panel not named gets
+    :func:`app.views.log_scale`'s choice); ``smooth``: TensorBoard's EMA weight (0: raw);
+    ``window``: the steps shown, each panel's y range fitted to the points in it (plotly
+    would keep the whole run's y range on an x zoom). Each panel has its own legend."""
+    if window is not None:
+        panels = {n: [c for c in (clip(c, *window) for c in cs) if c.steps.size]
+                  for n, cs in panels.items()}
+        marks = [m for m in marks if window[0] <= m.step <= window[1]]
     names = [n for n, cs in panels.items() if cs]
     rows = len(names) + 1
     heights = [1.0] * len(names) + [0.45]
-    fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=0.03,
+    fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=0.04,
                         row_heights=heights, subplot_titles=[*names, STRIP])
-    shown_bad = False
+    legends: dict[str, object] = {}
     for row, name in enumerate(names, start=1):
-        for curve in panels[name]:
-            y = np.where(curve.bad, np.nan, curve.values)
-            fig.add_trace(go.Scatter(x=curve.steps, y=y, mode="lines+markers",
-                                     marker={"size": 4}, name=curve.label,
-                                     hovertemplate="step %{x}<br>%{y:.6g}<extra>"
-                                     + curve.label + "</extra>"), row=row, col=1)
-            bad = _bad_trace(curve, not shown_bad)
-            if bad is not None:
-                fig.add_trace(bad, row=row, col=1)
-                shown_bad = True
-        if log_scale(panels[name]):
+        curves_ = panels[name]
+        as_log = (log or {}).get(name, log_scale(curves_))
+        legend = _legend(row)
+        pin = ""
+        shown: set[str] = set()
+        for n, curve in enumerate(curves_):
+            for trace in _line_traces(curve, LINES[n % len(LINES)], smooth, as_log, legend):
+                fig.add_trace(trace, row=row, col=1)
+            extra = [_bad_trace(curve, legend, "bad" not in shown)]
+            if as_log:
+                extra.append(_off_log_trace(curve, legend, "off" not in shown))
+            for key, trace in zip(("bad", "off"), extra, strict=False):
+                if trace is None:
+                    continue
+                pin = pin or _pin_axis(fig, row, rows + row)
+                trace.xaxis, trace.yaxis = _ref("x", row), pin
+                fig.add_trace(trace)
+                shown.add(key)
+        if as_log:
             fig.update_yaxes(type="log", row=row, col=1)
         else:
-            fig.update_yaxes(tickformat=".3~g", range=_flat_range(panels[name]), row=row,
-                             col=1)
-    kinds = sorted({m.kind for m in marks}, key=list(COLOURS).index)
+            fig.update_yaxes(tickformat=".3~g", range=_flat_range(curves_), row=row, col=1)
+        top = fig.layout[_axis("y", row)].domain[1]
+        legends[legend] = {"x": 1.01, "xanchor": "left", "y": top, "yanchor": "top",
+                           "font": {"size": 11, "color": FONT}, "bgcolor": "rgba(0,0,0,0)"}
+    kinds = sorted({m.kind for m in marks}, key=lambda k: (list(COLOURS).index(k)
+                                                        if k in COLOURS else len(COLOURS), k))
     for kind in kinds:
         picked = [m for m in marks if m.kind == kind]
         fig.add_trace(go.Scatter(
             x=[m.step for m in picked], y=[kind] * len(picked), mode="markers", name=kind,
             marker={"symbol": SYMBOLS.get(kind, "circle"), "size": 10,
                     "color": COLOURS.get(kind, "#444")},
-            text=[m.text for m in picked],
+            text=[m.text for m in picked], showlegend=False,
             hovertemplate="step %{x}: " + kind + "<br>%{text}<extra></extra>"),
             row=rows, col=1)
     for m in marks:
@@ -101,13 +196,21 @@ def timeline(panels: Mapping[str, list[Curve]], marks: list[Marker],
             fig.add_vline(x=m.step, line_color=COLOURS[m.kind], line_width=2,
                           line_dash="solid" if m.kind == "first non-finite" else "dash",
                           row="all", col=1)
-    if focus is not None:
-        fig.add_vline(x=focus, line_color=COLOURS["focus"], line_dash="dot", line_width=2,
-                      row="all", col=1)
+        elif m.kind == "file ends":
+            fig.add_vline(x=m.step, line_color=COLOURS[m.kind], line_width=2,
+                          line_dash="longdash", row="all", col=1)
+    if focus is not None and (window is None or window[0] <= focus <= window[1]):
+        # Drawn last and above the traces: it stays visible on the failure's own step.
+        fig.add_vline(x=focus, line_color=COLOURS["focus"], line_dash="dot", line_width=3,
+                      layer="above", row="all", col=1)
+    if window is not None:
+        pad = max(0.5, (window[1] - window[0]) * 0.02)
+        fig.update_xaxes(range=[window[0] - pad, window[1] + pad])
     fig.update_xaxes(title_text="step", row=rows, col=1)
     fig.update_layout(height=220 * len(names) + 180, hovermode="x unified", colorway=LINES,
-                      margin={"l": 10, "r": 10, "t": 30, "b": 10},
-                      legend={"orientation": "h", "y": -0.08})
+                      margin={"l": 10, "r": 10, "t": 30, "b": 10}, font={"color": FONT},
+                      **legends)
+    fig.update_annotations(font={"color": FONT})
     return fig
 
 
@@ -123,9 +226,9 @@ def own_axis(panel: OwnPanel) -> go.Figure:
                                  name=curve.label,
                                  hovertemplate=f"{unit} %{{x}}<br>%{{y:.6g}}<extra>"
                                  + curve.label + "</extra>"))
-        bad = _bad_trace(curve, not shown_bad)
+        bad = _bad_trace(curve, None, not shown_bad, unit)
         if bad is not None:
-            bad.hovertemplate = f"{unit} %{{x}}<br>%{{text}}<extra></extra>"
+            bad.yaxis = _pin_axis(fig, 1, 2)
             fig.add_trace(bad)
             shown_bad = True
     if panel.first is not None and panel.first.step is not None:
@@ -139,29 +242,73 @@ def own_axis(panel: OwnPanel) -> go.Figure:
     fig.update_xaxes(title_text=f"{unit} ({panel.name}'s own numbering)",
                      dtick=max(1, math.ceil(span / 10)))  # a record has no half
     fig.update_layout(height=320, colorway=LINES, title=f"{panel.name}, by {unit}",
+                      font={"color": FONT},
                       margin={"l": 10, "r": 10, "t": 40, "b": 10},
                       legend={"orientation": "h", "y": -0.25})
     return fig
 
 
-def layer_heatmap(grid: Grid, title: str, highlight: str | None,
-                  first_step: int | None) -> go.Figure:
-    """log10 of each per-layer value over steps; non-finite cells marked, a layer boxed."""
+ZERO = "#a9a9a9"
+"""The colour of a cell logged as exactly 0: apart from every colour of the scale and from
+the blank of a step the tag was not logged at."""
+
+
+def heat_values(grid: Grid, shared: bool = False) -> FloatArray:
+    """What each cell is coloured by: log10 of its magnitude, each row spread over its own
+    range (0 its lowest, 1 its highest) so that a row at 1e20 does not flatten the others;
+    ``shared``: the raw log10, one scale for every row. NaN where nothing finite and non-zero
+    was logged (zeros and non-finite cells are drawn apart)."""
     with np.errstate(divide="ignore", invalid="ignore"):
-        z = np.where(np.isfinite(grid.values) & (grid.values > 0),
+        z = np.where(grid.logged & np.isfinite(grid.values) & (grid.values != 0),
                      np.log10(np.abs(grid.values)), np.nan)
+    if shared or not z.size:
+        return np.asarray(z, dtype=np.float64)
+    out = np.full(z.shape, np.nan)
+    for r in range(z.shape[0]):
+        row = z[r]
+        seen = np.isfinite(row)
+        if not seen.any():
+            continue
+        lo, hi = float(row[seen].min()), float(row[seen].max())
+        out[r, seen] = (row[seen] - lo) / (hi - lo) if hi > lo else 0.5
+    return out
+
+
+def _cell_words(grid: Grid) -> list[list[str]]:
+    """Each cell's hover: its raw value, ``0 (logged)``, or ``not logged``."""
+    return [[num(float(v)) + (" (logged)" if v == 0 else "") if seen else "not logged"
+             for v, seen in zip(vals, logged, strict=True)]
+            for vals, logged in zip(grid.values, grid.logged, strict=True)]
+
+
+def layer_heatmap(grid: Grid, title: str, highlight: str | None,
+                  first_step: int | None, shared: bool = False) -> go.Figure:
+    """Each per-layer value over steps, coloured by :func:`heat_values`; exact zeros in a
+    colour of their own, non-finite cells marked, a layer boxed. The hover gives the raw
+    value whatever the colour scale."""
     labels = [f"▶ {t}" if highlight and layer == highlight else t
               for t, layer in zip(grid.tags, grid.layers, strict=True)]
+    words = _cell_words(grid)
+    bar = ({"title": "log10"} if shared else
+           {"title": "each row:<br>its own<br>log range", "tickvals": [0, 1],
+            "ticktext": ["row's lowest", "row's highest"]})
     fig = go.Figure(go.Heatmap(
-        z=z, x=grid.steps, y=labels, colorscale="Viridis", colorbar={"title": "log10"},
-        customdata=grid.values,
-        hovertemplate="%{y}<br>step %{x}<br>value %{customdata:.6g}<extra></extra>"))
+        z=heat_values(grid, shared), x=grid.steps, y=labels, colorscale="Viridis",
+        colorbar={**bar, "x": 1.02}, text=words, name="value",
+        hovertemplate="%{y}<br>step %{x}<br>%{text}<extra></extra>"))
+    zeros = grid.logged & (grid.values == 0)
+    if zeros.any():
+        fig.add_trace(go.Heatmap(
+            z=np.where(zeros, 1.0, np.nan), x=grid.steps, y=labels, text=words,
+            colorscale=[[0, ZERO], [1, ZERO]], showscale=False, name="0 (logged)",
+            hoverongaps=False, hovertemplate="%{y}<br>step %{x}<br>0 (logged)<extra></extra>"))
     rows, cols = np.nonzero(grid.nonfinite)
     if rows.size:
         fig.add_trace(go.Scatter(
             x=grid.steps[cols], y=[labels[r] for r in rows], mode="markers",
             marker={"symbol": "x", "color": COLOURS["first non-finite"], "size": 9},
-            name="non-finite", hovertemplate="%{y}<br>step %{x}: non-finite<extra></extra>"))
+            name="non-finite", text=[words[r][c] for r, c in zip(rows, cols, strict=True)],
+            hovertemplate="%{y}<br>step %{x}: %{text}<extra></extra>"))
     for i, layer in enumerate(grid.layers):
         if highlight and layer == highlight:
             fig.add_shape(type="rect", xref="paper", x0=0, x1=1, y0=i - 0.5, y1=i + 0.5,
@@ -170,7 +317,7 @@ def layer_heatmap(grid: Grid, title: str, highlight: str | None,
         fig.add_vline(x=first_step, line_color=COLOURS["first non-finite"], line_width=2)
     fig.update_layout(title=title, height=max(260, 26 * len(labels) + 120),
                       margin={"l": 10, "r": 10, "t": 40, "b": 10}, showlegend=False,
-                      xaxis_title="step")
+                      xaxis_title="step", font={"color": FONT}, plot_bgcolor="white")
     return fig
 
 

@@ -18,10 +18,13 @@ import numpy.typing as npt
 
 from analyzer.ingest import storage
 from analyzer.ingest.tb import is_event_file
-from analyzer.model import Event, Incident, Location, Run, RunResult, Series
+from analyzer.model import Event, Incident, IngestIssue, Location, Run, RunResult, Series
 from analyzer.tags import TagRole, layer_from_tag, role
 from analyzer.wording import (
+    Place,
     alignment_words,
+    incident_step,
+    place_words,
     step_words,
 )
 
@@ -490,3 +493,181 @@ def frames(text: str, marked: bool = False) -> list[str]:
     note = [f"({over} earlier frame{'' if over == 1 else 's'} of this line drawn over)"] \
         if over else []
     return [*note, *keep, shown[-1]]
+
+
+# The timeline's controls (issue 19): a click, the steps shown, smoothing, a flat panel.
+
+def step_of_click(event: object) -> int | None:
+    """The step of the point clicked on a timeline chart: ``st.plotly_chart``'s selection
+    event (``{"selection": {"points": [{"x": 24, ...}], ...}}``) carries the point's x, which
+    is a step on every row of the chart. None when nothing is selected."""
+    selection = event.get("selection") if isinstance(event, Mapping) else None
+    points = selection.get("points") if isinstance(selection, Mapping) else None
+    if not isinstance(points, Sequence) or not points:
+        return None
+    first = points[0]
+    x = first.get("x") if isinstance(first, Mapping) else None
+    if isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x):
+        return None
+    return round(x)
+
+
+def ema(values: FloatArray, weight: float) -> FloatArray:
+    """TensorBoard's smoothing: an exponential moving average, debiased at the start so the
+    first points are not pulled towards 0. Non-finite values are skipped (they keep the
+    average where it was) and stay non-finite in the output, where they are marked apart."""
+    if weight <= 0:
+        return values.copy()
+    out = np.full(values.shape, np.nan)
+    last, n = 0.0, 0
+    for i, v in enumerate(values):
+        if not math.isfinite(v):
+            out[i] = v
+            continue
+        last = last * weight + (1 - weight) * float(v)
+        n += 1
+        out[i] = last / (1 - weight ** n)
+    return out
+
+
+def clip(curve: Curve, lo: int, hi: int) -> Curve:
+    """The curve's points with steps in ``[lo, hi]``."""
+    keep = (curve.steps >= lo) & (curve.steps <= hi)
+    return Curve(curve.label, curve.tag, curve.source, curve.steps[keep], curve.values[keep],
+                 curve.axis)
+
+
+def step_span(panels: Mapping[str, list[Curve]]) -> tuple[int, int] | None:
+    """The lowest and highest step any curve of the panels logged."""
+    steps = [c.steps for cs in panels.values() for c in cs if c.steps.size]
+    if not steps:
+        return None
+    every = np.concatenate(steps)
+    return int(every.min()), int(every.max())
+
+
+def around(span: tuple[int, int], step: int) -> tuple[int, int]:
+    """The steps shown "around the failure": a fifth of the run (10 steps at least) before
+    ``step`` and a twentieth (3 at least) after, within the run."""
+    lo, hi = span
+    before, after = max(10, (hi - lo) // 5), max(3, (hi - lo) // 20)
+    return max(lo, min(step - before, hi)), min(hi, max(step + after, lo))
+
+
+def constant(curves_: list[Curve]) -> float | None:
+    """The one value every point of these curves holds (a loss scale that never moved),
+    allowing float32's rounding between two sources; None when any point differs or is
+    non-finite, or there is no point."""
+    vals = np.concatenate([c.values for c in curves_] or [np.zeros(0)])
+    if not vals.size or not np.isfinite(vals).all():
+        return None
+    lo, hi = float(vals.min()), float(vals.max())
+    if hi - lo > 1e-6 * max(abs(lo), abs(hi)):
+        return None
+    return float(vals[0])
+
+
+ENDING_KINDS = frozenset({"truncated", "zero_tail", "read_limit", "absurd_length",
+                          "bad_length_crc"})
+"""Read issues after which nothing more of the file is read: its record ends there."""
+
+
+def _step_before(run: Run, loc: Location) -> int | None:
+    """The last step read from ``loc``'s file before that place (its byte offset or line),
+    or the file's last step where the place is not one its points are positioned by."""
+    best: int | None = None
+    for s in _placed(run):
+        if s.source != loc.file or not len(s):
+            continue
+        at = loc.offset if s.position_unit == "offset" else loc.line
+        steps = s.steps if at is None else s.steps[s.positions < at]
+        if steps.size:
+            best = max(best if best is not None else int(steps.min()), int(steps.max()))
+    return best
+
+
+def issue_marks(run: Run) -> tuple[list[Marker], list[IngestIssue]]:
+    """A mark at the last step read from a file before each of its read issues (``file
+    ends: events.out... cut at byte 2048``), and the issues no step can place (a file with
+    no point on the run's steps, damage before its first point)."""
+    marks, apart = [], []
+    for issue in run.issues:
+        loc = issue.location
+        name = os.path.basename(loc.file)
+        at = (f"byte {loc.offset}" if loc.offset is not None else
+              f"line {loc.line}" if loc.line is not None else "")
+        step = _step_before(run, loc)
+        if step is None:
+            apart.append(issue)
+        elif issue.kind in ENDING_KINDS:
+            marks.append(Marker("file ends", step, f"{name} cut at {at or 'its end'}: "
+                                f"{issue.message}"))
+        else:
+            marks.append(Marker("read issue", step, f"{name}{' at ' + at if at else ''}: "
+                                f"{issue.kind}: {issue.message}"))
+    return marks, apart
+
+
+def collapse_constant(panels: Mapping[str, list[Curve]]) -> tuple[dict[str, list[Curve]],
+                                                                  list[str]]:
+    """The panels worth a chart, and a line for each one whose every point holds one value
+    (``loss scale 65536 throughout``): a flat line would take a row to say so."""
+    kept: dict[str, list[Curve]] = {}
+    said = []
+    for name, cs in panels.items():
+        value = constant(cs) if cs else None
+        if value is None:
+            kept[name] = cs
+        else:
+            said.append(f"{name} {value:.6g} throughout")
+    return kept, said
+
+
+FIRST_PANEL = "first non-finite tag"
+"""The panel of a failing tag no role's panel plots (a weight norm), so it is on a chart."""
+
+
+def failing_tags(result: RunResult) -> list[str]:
+    """The tag that went non-finite first and the first per-layer tag to, each once."""
+    out = []
+    for inc in (result.incident, result.layer_incident):
+        if inc is not None and inc.aligned and inc.tag not in out:
+            out.append(inc.tag)
+    return out
+
+
+def layer_lines(result: RunResult, place: Place | None, by_replay: bool) -> list[str]:
+    """What the Layers page says first, in the headline's words: where the failure was made
+    (``place``: :func:`analyzer.wording.failing_place`), then the first per-layer tag the logs
+    show non-finite, as what it is: where the values were first seen, which need not be where
+    they were made (a loss function's NaN reaches every layer's gradient at once)."""
+    out = []
+    if place is not None:
+        how = "the replay saw the operation" if by_replay else "from the logged values"
+        out.append(f"Where the failure was made: {place_words(place, mark='**')} ({how}; as "
+                   "the headline says).")
+    lay = result.layer_incident
+    if lay is None:
+        return out
+    first = (f"First per-layer tag to go non-finite in the logs: `{lay.tag}` (layer "
+             f"**{lay.layer}**, {lay.kind} {incident_step(lay, result.run, 'at')}).")
+    elsewhere = place is not None and (place.loss_fn or place.other is not None or (
+        place.layer is not None and place.layer != lay.layer))
+    if elsewhere:
+        first += (" That is where the non-finite values were first logged, not where they "
+                  "were made.")
+    out.append(first)
+    return out
+
+
+def timeline_panels(result: RunResult, roles: TagRoles) -> dict[str, list[Curve]]:
+    """The Timeline's panels: one per role of :data:`TIMELINE_ROLES`, and
+    :data:`FIRST_PANEL` holding the failing tags (:func:`failing_tags`) none of them plots."""
+    run = result.run
+    panels = {r.value: curves(run, roles.tags(r)) for r in TIMELINE_ROLES}
+    plotted = {c.tag for cs in panels.values() for c in cs}
+    unplotted = [t for t in failing_tags(result) if t not in plotted]
+    first = curves(run, unplotted)  # none where the tag is a checkpoint's, not a series
+    if first:
+        panels[FIRST_PANEL] = first
+    return panels

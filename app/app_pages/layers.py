@@ -12,8 +12,6 @@ from analyzer.wording import (
     failing_place,
     incident_step,
     incident_unit,
-    place_words,
-    reading_place,
     replay_place,
     step_words,
 )
@@ -24,34 +22,33 @@ sel, result = ui.run_page("Layers")
 run = result.run
 roles = data.tag_roles(sel.ref.path, sel.ref.digest, tuple(run.tags()))
 lay = result.layer_incident
-made = replay_place(result.replay) if result.replay is not None else None
-if lay is not None:
-    st.markdown(f"First layer whose logged values went non-finite: **{lay.layer}** "
-                f"(`{lay.tag}` = {lay.kind} {incident_step(lay, run, 'at')}).")
-    if lay.decided_by and lay.decided_by != "earliest step":
-        st.caption(lay.decided_by)
-if made is not None and made.named:
-    st.markdown(f"Where the replay saw the first non-finite value made: "
-                f"{place_words(made, mark='**')}.")
-elif result.place is not None:
-    st.markdown(f"Where the logged values place the first non-finite value: "
-                f"{place_words(reading_place(result.place), mark='**')}.")
-    st.caption(result.place.decided_by)
 place = failing_place(result)
+made = replay_place(result.replay) if result.replay is not None else None
+for line in views.layer_lines(result, place, made is not None and made.named):
+    st.markdown(line)
+if result.place is not None and not (made is not None and made.named):
+    st.caption(result.place.decided_by)
+if lay is not None and lay.decided_by and lay.decided_by != "earliest step":
+    st.caption(lay.decided_by)
 highlight = st.query_params.get("layer") or (place.layer if place is not None else None)
 first_step = result.incident.step if result.incident and result.incident.aligned else None
 
 families = [(TagRole.LAYER_GRAD, "Gradient norm per parameter"),
             (TagRole.LAYER_WEIGHT, "Weight norm per parameter")]
-drawn = False
-for role, title in families:
-    grid = views.layer_grid(run, roles.tags(role), roles.layers)
-    if grid.empty:
-        continue
-    drawn = True
-    st.plotly_chart(charts.layer_heatmap(grid, f"{title} (log10)", highlight, first_step),
-                    key=f"heatmap_{role}")
-if not drawn:
+grids = [(role, title, views.layer_grid(run, roles.tags(role), roles.layers))
+         for role, title in families]
+grids = [(role, title, grid) for role, title, grid in grids if not grid.empty]
+if grids:
+    shared = st.toggle("One colour scale for every row", value=False, key="layers_shared",
+                       help="Off: each row spans its own range of log10 values, so a layer "
+                       "at 1e20 does not flatten the others. On: one log10 scale for all.")
+    st.caption("Grey cells: logged as exactly 0. Blank cells: not logged at that step. "
+               "✕: non-finite. Hover a cell for its value.")
+for role, title, grid in grids:
+    scale = "log10" if shared else "log10, each row its own range"
+    st.plotly_chart(charts.layer_heatmap(grid, f"{title} ({scale})", highlight, first_step,
+                                         shared=shared), key=f"heatmap_{role}")
+if not grids:
     st.info("This run logged no per-layer norms (tags such as grad_norm/<param> or "
             "weight_norm/<param>).")
 
