@@ -122,18 +122,37 @@ def selected() -> Selected:
     return Selected(ref, refs)
 
 
-def load_selected() -> tuple[Selected, RunResult]:
-    """The chosen run, analysed; the page stops with the reason when it cannot be."""
+def load_selected(replay: bool = False) -> tuple[Selected, RunResult]:
+    """The chosen run, analysed: with its replay when ``replay`` (the Replay page waits for
+    it), else as far as it goes without waiting (the replay is queued and the page reruns
+    when it is done); the page stops with the reason when it cannot be analysed."""
     sel = selected()
-    with st.spinner(f"Analysing {sel.ref.name}: reading its files, replaying its capture, "
-                    "running the rules", show_time=True):
-        loaded = data.load(sel.ref, sel.refs)
+    what = "replaying its capture, " if replay else ""
+    with st.spinner(f"Analysing {sel.ref.name}: reading its files, {what}running the rules",
+                    show_time=True):
+        loaded = (data.load if replay else data.load_fast)(sel.ref, sel.refs)
     if loaded.result is None:
         st.error(f"{sel.ref.name}: {loaded.error}")
         st.stop()
     if loaded.error:
         st.warning(loaded.error)
     return sel, loaded.result
+
+
+def replay_pending(sel: Selected) -> None:
+    """Queue the chosen run's replay; until it is done, say so and look again every 2 s,
+    then rerun the page, which then shows the replayed analysis."""
+    if data.start_replay(sel.ref) != "pending":
+        return
+
+    @st.fragment(run_every=2)
+    def poll() -> None:
+        if data.replay_state(sel.ref) == "done":
+            st.rerun()
+        st.caption("Replaying the captured step in the background; the page shows what it "
+                   "found when it is done.")
+
+    poll()
 
 
 def int_param(name: str) -> int | None:
@@ -224,12 +243,15 @@ def headline(sel: Selected, result: RunResult) -> None:
     issue_box(h, result.run.path)
 
 
-def run_page(title: str) -> tuple[Selected, RunResult]:
-    """The head of every run page: its title, the chosen run analysed, the run's verdict
-    in one line and links to the other pages."""
+def run_page(title: str, replay: bool = False) -> tuple[Selected, RunResult]:
+    """The head of every run page: its title, the chosen run analysed (without waiting for
+    its replay unless ``replay``), the run's verdict in one line with its read issues, and
+    links to the other pages."""
     st.title(title)
-    sel, result = load_selected()
+    sel, result = load_selected(replay)
     headline(sel, result)
+    if not replay:
+        replay_pending(sel)
     page_links(sel.ref.name, title.lower())
     return sel, result
 

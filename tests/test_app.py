@@ -83,6 +83,17 @@ def no_error(at: AppTest) -> None:
     assert not at.error, [e.value for e in at.error]
 
 
+def settle(at: AppTest) -> AppTest:
+    """The page again once the replay it queued is done: a run page paints before its
+    replay (ui.replay_pending) and shows what the replay found on a rerun."""
+    from app import data
+
+    if any(str(c.value).startswith("Replaying the captured step") for c in at.caption):
+        data.replays.drain()
+        at.run()
+    return at
+
+
 def open_app(run: str | None = None) -> AppTest:
     at = AppTest.from_file(str(ENTRY), default_timeout=TIMEOUT)
     if run is not None:
@@ -166,7 +177,7 @@ def test_page_for_every_run(runs: Path, page: str) -> None:
     at = open_app()
     for name, sc in scenarios(runs).items():
         at.selectbox(key="run_picker").set_value(name)  # the sidebar's run picker
-        at.switch_page(f"app_pages/{page}.py").run()
+        settle(at.switch_page(f"app_pages/{page}.py").run())
         no_error(at)
         _check_page(at, page, name, sc)
 
