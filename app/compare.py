@@ -28,7 +28,7 @@ DEFAULT_CAP = 3
 ROLES = views.TIMELINE_ROLES
 ALIGN_START = "align at step 0"
 ALIGN_FAILURE = "align at the failure"
-GROUPS = ("setting", "hyperparameter", "environment", "capture", "checkpoint")
+GROUPS = ("setting", "hyperparameter", "environment", "checkpoint", "capture")
 
 
 @dataclass(frozen=True)
@@ -252,9 +252,11 @@ differ by colour."""
 def colours(names: Sequence[str]) -> dict[str, str]:
     """A colour per run, the chosen run (the first) the first: never red, which marks the
     failure and non-finite values."""
-    from app.charts import LINES
+    from app.charts import COLOURS, LINES
 
-    return {name: LINES[k % len(LINES)] for k, name in enumerate(names)}
+    # Nor the colour that marks a scaler's overflow skips.
+    palette = [c for c in LINES if c != COLOURS["overflow skip"]]
+    return {name: palette[k % len(palette)] for k, name in enumerate(names)}
 
 
 def figure(drawn: Mapping[str, list[Line]], names: Sequence[str], mode: str,

@@ -198,7 +198,7 @@ def test_page_on_the_sweep(sweep: Sweep, results: dict[str, RunResult]) -> None:
     mine = next(f.value for f in at.dataframe if "title" in f.value.columns)
     assert list(mine["code"]) == ["NF202"] and list(mine["rule"]) == ["learning-rate-too-high"]
     assert not any("runs" in f.value.columns for f in at.dataframe)  # nothing the other way
-    assert f"0 rules fired on {name['trial_002']} and on some run beside it" in texts(at)
+    assert f"0 rules fired both on {name['trial_002']} and on a run beside it" in texts(at)
     at.radio(key="compare_align").set_value(compare.ALIGN_FAILURE).run()
     no_error(at)
     figure = json.loads(at.get("plotly_chart")[0].proto.spec)
@@ -257,3 +257,12 @@ def test_regression_a_damaged_sibling_is_no_healthy_default(
     chosen = next(c for c in cands if c.name == "trial_002")
     assert compare.default_picks(chosen, cands) == ["trial_001", "trial_000"]
     assert not compare.healthy(None, "cannot be read")
+
+
+def test_run_colours_are_neither_red_nor_the_skip_colour() -> None:
+    from app.charts import COLOURS
+
+    names = [f"run_{k}" for k in range(12)]
+    given = compare.colours(names)
+    assert len(set(given[n] for n in names[:6])) == 6  # the first six all differ
+    assert not {COLOURS["first non-finite"], COLOURS["overflow skip"]} & set(given.values())

@@ -103,7 +103,7 @@ else:
 
 st.subheader("Findings")
 only_mine, only_theirs, shared = compare.finding_diff(result, others)
-st.caption(f"{tables.plural(shared, 'rule')} fired on {here} and on some run beside it.")
+st.caption(f"{tables.plural(shared, 'rule')} fired both on {here} and on a run beside it.")
 st.markdown(f"**On {here} and on none of the others**")
 if only_mine:
     tables.show(tables.frame(only_mine), key="compare_only_mine")
