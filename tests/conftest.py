@@ -7,6 +7,8 @@ import os
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -74,3 +76,49 @@ def sample_report():  # type: ignore[no-untyped-def]
     if not scenarios():
         pytest.skip("sample_runs/ holds no scenario runs")
     return analyze(SAMPLE_RUNS)
+
+
+
+SWEEP_TRIALS = 48
+"""The most trials a test asks of :func:`sweep_of` (tests/test_sweep.py's sweep)."""
+SWEEP_SEED = 0
+
+
+@pytest.fixture(scope="session")
+def sweep_of(tmp_path_factory: pytest.TempPathFactory
+             ) -> Callable[[int, str], tuple[Path, dict[str, Any]]]:
+    """``sweep_of(n, name)``: a fresh folder ``<name>/runs`` holding the first ``n`` trials of
+    one sweep of :mod:`analyzer.scenarios.sweep` (seed SWEEP_SEED), and its manifest, also
+    written beside that folder (``<name>/manifest.json``), never inside it.
+
+    The SWEEP_TRIALS trainings are made once per session and each call copies the first
+    ``n``: :func:`~analyzer.scenarios.sweep.draw` draws trial after trial from one
+    generator, and a trial's training depends on its own keys and the fixed data alone, so
+    the first ``n`` trials of the sweep are the sweep of ``n`` (tests/test_sweep.py checks
+    this against ``generate``). Each caller gets its own copy: one module's reads cannot
+    touch another's folder."""
+    import copy
+    import json
+    import shutil
+
+    pytest.importorskip("analyzer.scenarios.sweep")
+    trained: list[tuple[Path, dict[str, Any]]] = []
+
+    def make(runs: int, name: str) -> tuple[Path, dict[str, Any]]:
+        assert 0 < runs <= SWEEP_TRIALS, runs
+        if not trained:
+            from analyzer.scenarios.sweep import generate
+
+            base = tmp_path_factory.mktemp("sweep_trained")
+            trained.append((base / "runs", generate(str(base / "runs"), SWEEP_TRIALS,
+                                                    SWEEP_SEED, str(base / "manifest.json"))))
+        root, document = trained[0]
+        manifest = copy.deepcopy({**document, "runs": runs,
+                                  "trials": document["trials"][:runs]})
+        out = tmp_path_factory.mktemp(name)
+        for trial in manifest["trials"]:
+            shutil.copytree(root / trial["name"], out / "runs" / trial["name"])
+        (out / "manifest.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+        return out / "runs", manifest
+
+    return make

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -145,14 +145,11 @@ SWEEP_RUNS = 20
 
 
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[str, Any]]]:
-    pytest.importorskip("analyzer.scenarios.sweep")
-    from analyzer.scenarios.sweep import generate
-
-    base = tmp_path_factory.mktemp("sweep")
-    root = base / "runs"
-    # The truth beside the runs, never in the folder analysed.
-    manifest = generate(str(root), SWEEP_RUNS, 0, str(base / "manifest.json"))
+def sweep(sweep_of: Callable[[int, str], tuple[Path, dict[str, Any]]]
+          ) -> Iterator[tuple[Path, dict[str, Any]]]:
+    # The session's sweep (tests/conftest.py), its first trials: the truth beside the runs,
+    # never in the folder analysed.
+    root, manifest = sweep_of(SWEEP_RUNS, "fleet_sweep")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("FORENSICS_RUNS", str(root))
         yield root, manifest

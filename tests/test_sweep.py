@@ -5,7 +5,8 @@ the analyzer like any Lightning runs, then summarised."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,17 +17,16 @@ from analyzer.model.fleet import SweepSummary
 from tests.readonly import snapshot
 
 RUNS = 48
-SEED = 0
+SEED = 0  # conftest.SWEEP_SEED, the session sweep's
 
 
 @pytest.fixture(scope="session")
-def sweep(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[str, Any]]]:
-    from analyzer.scenarios.sweep import generate
-
-    root = tmp_path_factory.mktemp("sweep")
-    folder, manifest = root / "runs", root / "truth.json"
-    generate(str(folder), RUNS, SEED, str(manifest))
-    yield folder, json.loads(manifest.read_text())
+def sweep(sweep_of: Callable[[int, str], tuple[Path, dict[str, Any]]]
+          ) -> tuple[Path, dict[str, Any]]:
+    """The session's sweep (tests/conftest.py trains it once for every module that asks),
+    its first RUNS trials; the manifest as written beside the folder."""
+    folder, _ = sweep_of(RUNS, "sweep")
+    return folder, json.loads((folder.parent / "manifest.json").read_text())
 
 
 @pytest.fixture(scope="session")
@@ -172,3 +172,23 @@ def test_the_command_writes_trials_and_the_manifest_where_asked(tmp_path: Path,
     assert [t["name"] for t in manifest["trials"]] == ["trial_000", "trial_001", "trial_002"]
     assert sorted(p.name for p in out.iterdir()) == ["trial_000", "trial_001", "trial_002"]
     assert "3 trials" in capsys.readouterr().err
+
+
+def test_the_first_trials_of_the_session_sweep_are_the_sweep_of_that_many(
+        sweep_of: Callable[[int, str], tuple[Path, dict[str, Any]]], tmp_path: Path) -> None:
+    """What lets every module share one sweep (tests/conftest.py's sweep_of): its first n
+    trials are what ``generate`` writes for a sweep of n, trained alike."""
+    from analyzer.scenarios.sweep import draw, generate
+    from tests.conftest import SWEEP_SEED, SWEEP_TRIALS
+
+    assert SEED == SWEEP_SEED and RUNS <= SWEEP_TRIALS
+    assert draw(SWEEP_TRIALS, SEED)[:20] == draw(20, SEED)
+    shared, manifest = sweep_of(4, "first_four")
+    alone = generate(str(tmp_path / "runs"), 4, SEED, str(tmp_path / "manifest.json"))
+    assert manifest == alone == json.loads((shared.parent / "manifest.json").read_text())
+
+    def layout(folder: Path) -> list[str]:  # event files' names hold a time and a host
+        return sorted(re.sub(r"tfevents\..*", "tfevents", p.relative_to(folder).as_posix())
+                      for p in folder.rglob("*"))
+
+    assert layout(shared) == layout(tmp_path / "runs")
