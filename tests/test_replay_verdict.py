@@ -129,6 +129,12 @@ def test_regression_a_float64_replay_of_a_float32_underflow_is_a_range_verdict()
     assert [p.label for p in result.passes] == ["float64 #1", "float64 #2", "float64 (cpu)"]
     assert all(p.dtype == "float64" and p.autocast is None and p.phase is None
                for p in result.passes)
+    assert any("not the run's own configuration" in n for n in result.notes)
+    from analyzer.report.replay import format_replay
+
+    text = format_replay(result)
+    assert "float64 #1     cpu float64 autocast off" in text and "as-run" not in text.split(
+        "passes:")[1]
 
 
 def test_a_float32_replay_of_an_autocast_float16_run_is_judged_against_float16() -> None:

@@ -71,6 +71,13 @@ def _computes_in(model: nn.Module, autocast: torch.dtype | None) -> str | None:
     return "+".join(names) or None
 
 
+def _cast_note(cast: torch.dtype | None) -> tuple[str, ...]:
+    if cast is None:
+        return ()
+    return (f"cast to {dtype_name(cast)}: parameters, batch and optimizer state, with "
+            "autocast and the grad scaler off; not the run's own configuration",)
+
+
 def replay_step(model: nn.Module, inputs: Any, targets: Any, loss_fn: Any,
                 optimizer: torch.optim.Optimizer, *, scaler: Any = None,
                 autocast_dtype: torch.dtype | str | None = None, device: str = "cpu",
@@ -151,4 +158,4 @@ def replay_call(model: nn.Module, batch: StepBatch, call: StepCall,
         source=source, step=step, device=device, dtype=run_dtype,
         autocast=dtype_name(config.autocast_dtype), phase=phase, forward=inst.forward,
         forward_op=inst.forward_op, backward=inst.backward, update=inst.update,
-        passes=(*own, f64), verdict=verdict, notes=tuple(notes))
+        passes=(*own, f64), verdict=verdict, notes=tuple(notes) + _cast_note(cast))

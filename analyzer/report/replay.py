@@ -64,7 +64,7 @@ def _frame(frame: ModuleFrame, mark: bool) -> str:
 
 
 def _pass(p: PassOutcome) -> str:
-    amp = f" autocast {p.autocast}" if p.autocast else ""
+    amp = f" autocast {p.autocast or 'off'}"
     state = f"error: {p.error}" if p.error else (
         f"non-finite in {p.phase}" if p.phase else "finite")
     return (f"  {p.label:<14} {p.device} {p.dtype}{amp}  loss {_num(p.loss)}  {state}  "
