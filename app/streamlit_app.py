@@ -19,9 +19,11 @@ import streamlit as st  # noqa: E402
 
 from app import ui  # noqa: E402
 
-st.set_page_config(page_title="NaN Forensics", page_icon=":material/troubleshoot:",
+st.set_page_config(page_title=ui.APP_NAME, page_icon=":material/troubleshoot:",
                    layout="wide")
 page = st.navigation([st.Page(path, title=title, icon=icon, default=path == ui.PAGES[0][0])
                       for path, title, icon in ui.PAGES])
-ui.sidebar()
+run = ui.sidebar()
+# Called again once the page and the run are known: each tab says which page of which run.
+st.set_page_config(page_title=ui.tab_title(page.title, run))
 page.run()

@@ -80,20 +80,32 @@ def chosen(names: list[str]) -> str:
     return str(st.session_state[CHOSEN])
 
 
-def sidebar() -> None:
-    """The folder being browsed and the run picker, on every page."""
+def sidebar() -> str | None:
+    """The folder being browsed and the run picker, on every page; the chosen run's name
+    (None when the folder holds no run)."""
     root = data.runs_root()
     refs = _refs()
     if isinstance(refs, str):
         st.sidebar.caption(f"Runs below `{root}`")
         st.sidebar.warning(refs)
-        return
+        return None
     names = [r.name for r in refs]
     st.sidebar.caption(f"{tables.plural(len(names), 'run')} below `{root}`")
     name = chosen(names)
     st.session_state[_PICKER] = name  # before the widget is drawn: it shows the chosen run
     st.sidebar.selectbox("Run", names, key=_PICKER, on_change=_picked)
     st.query_params[RUN_KEY] = name
+    return name
+
+
+APP_NAME = "NaN Forensics"
+
+
+def tab_title(page: str, run: str | None) -> str:
+    """The browser tab's title: ``Timeline · nan_in_batch · NaN Forensics`` on a run's page,
+    ``Runs · NaN Forensics`` on the pages about every run."""
+    about_one = page in RUN_PAGES and run is not None
+    return " · ".join([page, *([run] if about_one else []), APP_NAME])
 
 
 def analysing_bar(count: int) -> tuple[Any, Callable[[int, int], None]]:
