@@ -14,8 +14,8 @@ earliest failure among the runs compared instead.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from analyzer.fleet.hyperparams import hyperparameters
 from analyzer.model import RunResult
@@ -47,6 +47,29 @@ def healthy(result: RunResult | None, error: str | None = None) -> bool:
     from app.health import health
 
     return health(result, error).status == "finite"
+
+
+LOOK = 12
+"""Siblings whose health is looked at, at most, to find the healthy defaults: each costs
+the analysis of a run, and a sweep folder may hold hundreds."""
+
+
+def with_health(chosen: Candidate, candidates: Sequence[Candidate],
+                healthy_of: Callable[[Candidate], bool], cap: int = DEFAULT_CAP,
+                look: int = LOOK) -> list[Candidate]:
+    """``candidates`` with the health of the chosen run's siblings filled in, by name,
+    until ``cap`` healthy ones are found or ``look`` have been looked at; the others'
+    stays unknown (None) and they are offered after the healthy ones."""
+    here = same_folder(chosen.path)
+    siblings = sorted((c for c in candidates
+                       if c.name != chosen.name and same_folder(c.path) == here),
+                      key=lambda c: c.name)
+    known: dict[str, bool] = {}
+    for c in siblings[:look]:
+        known[c.name] = healthy_of(c)
+        if sum(known.values()) >= cap:
+            break
+    return [replace(c, healthy=known[c.name]) if c.name in known else c for c in candidates]
 
 
 def ordered(chosen: Candidate, candidates: Sequence[Candidate]) -> list[Candidate]:

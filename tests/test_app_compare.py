@@ -266,3 +266,26 @@ def test_run_colours_are_neither_red_nor_the_skip_colour() -> None:
     given = compare.colours(names)
     assert len(set(given[n] for n in names[:6])) == 6  # the first six all differ
     assert not {COLOURS["first non-finite"], COLOURS["overflow skip"]} & set(given.values())
+
+
+def test_the_health_of_a_few_siblings_only_is_looked_at(
+        results: dict[str, RunResult]) -> None:
+    """A sweep folder may hold hundreds of runs: the defaults need the first healthy few."""
+    by_name = {r.run.name: r for r in results.values()}
+    cands = [compare.Candidate(n, r.run.path) for n, r in by_name.items()]
+    chosen = next(c for c in cands if c.name.endswith("trial_002"))
+    asked: list[str] = []
+
+    def healthy_of(c: compare.Candidate) -> bool:
+        asked.append(c.name)
+        return compare.healthy(by_name[c.name])
+
+    known = compare.with_health(chosen, cands, healthy_of, cap=1)
+    assert asked == ["sweep/trial_000"]  # healthy: one was wanted
+    assert compare.default_picks(chosen, known, cap=1) == ["sweep/trial_000"]
+    asked.clear()
+    known = compare.with_health(chosen, cands, healthy_of, cap=3, look=2)
+    assert asked == ["sweep/trial_000", "sweep/trial_001"]
+    assert {c.name: c.healthy for c in known} == {
+        "other/trial_009": None, "sweep/trial_000": True, "sweep/trial_001": True,
+        "sweep/trial_002": None, "sweep/trial_004": None}

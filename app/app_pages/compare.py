@@ -7,14 +7,12 @@ from __future__ import annotations
 import streamlit as st
 
 from analyzer.model import RunResult
-from analyzer.pipeline import same_folder
 from app import compare, data, tables, ui
 from app.health import health
 
 sel, result = ui.run_page("Compare")
 here = sel.ref.name
 by_name = {r.name: r for r in sel.refs}
-home = same_folder(sel.ref.path)
 
 
 def _loaded(name: str) -> data.Loaded:
@@ -23,17 +21,16 @@ def _loaded(name: str) -> data.Loaded:
     return data.load_fast(by_name[name], sel.refs)
 
 
-def _healthy(name: str) -> bool:
-    loaded = _loaded(name)
+def _healthy(candidate: compare.Candidate) -> bool:
+    loaded = _loaded(candidate.name)
     return compare.healthy(loaded.result, loaded.error)
 
 
-# The siblings were read to rank the chosen run: their health costs their rules only. A
-# damaged run (a file cut short) is no healthy baseline.
+# A damaged run (a file cut short) is no healthy baseline. The health of a few siblings is
+# looked at, not of every run of a folder of hundreds.
 chosen = compare.Candidate(here, sel.ref.path, compare.healthy(result))
-candidates = [compare.Candidate(r.name, r.path, _healthy(r.name))
-              if same_folder(r.path) == home else compare.Candidate(r.name, r.path)
-              for r in sel.refs if r.name != here]
+candidates = compare.with_health(
+    chosen, [compare.Candidate(r.name, r.path) for r in sel.refs if r.name != here], _healthy)
 options = [c.name for c in compare.ordered(chosen, candidates)]
 if not options:
     st.info("There is no other run below this folder to compare with.")
@@ -41,8 +38,8 @@ if not options:
 picked = st.multiselect(
     "Compare with", options, default=compare.default_picks(chosen, candidates),
     key="compare_with",
-    help="The runs in the same folder come first, healthy ones first; runs elsewhere below "
-         "the root are listed after them.")
+    help="The runs in the same folder come first, the healthy ones found among them first; "
+         "runs elsewhere below the root are listed after them.")
 others: dict[str, RunResult] = {}
 for name in picked:
     loaded = _loaded(name)
