@@ -162,3 +162,17 @@ def test_a_cast_no_wider_than_the_run_that_stays_finite_is_undecided() -> None:
     assert wider("float64", "float32") and wider("float32", "bfloat16+float32")
     assert not wider("bfloat16", "float16") and not wider("float64", None)
     assert wider("float32", "float16") and not wider("float16", "float16")
+
+
+def test_regression_an_analysis_replayed_in_float64_does_not_blame_the_hardware() -> None:
+    # analyze(..., dtype="float64") on a float32 underflow: the float64 replay stays finite,
+    # which was "not-reproducible", and NF501 then named non-determinism or a hardware
+    # fault as the run's cause.
+    from analyzer.api import analyze
+
+    folder = SAMPLES / "log_softmax_underflow"
+    if not (folder / "capture").is_dir():
+        pytest.skip("sample_runs/log_softmax_underflow has no capture")
+    (result,) = analyze(str(folder), dtype="float64").results
+    assert result.replay is not None and result.replay.verdict.kind == "range-overflow"
+    assert "nondeterminism-or-hardware" not in [f.name for f in result.findings]
