@@ -289,3 +289,38 @@ def test_the_health_of_a_few_siblings_only_is_looked_at(
     assert {c.name: c.healthy for c in known} == {
         "other/trial_009": None, "sweep/trial_000": True, "sweep/trial_001": True,
         "sweep/trial_002": None, "sweep/trial_004": None}
+
+
+def test_a_healthy_chosen_run_lends_the_earliest_failure_compared(
+        sweep: Sweep, results: dict[str, RunResult]) -> None:
+    runs = {n: results[n] for n in ("trial_000", "trial_004", "trial_002")}
+    assert compare.reference_step(runs) == sweep.truth["trial_002"]  # the earlier of two
+    assert compare.offsets(runs, compare.ALIGN_FAILURE) == {
+        "trial_000": sweep.truth["trial_002"], "trial_004": sweep.truth["trial_004"],
+        "trial_002": sweep.truth["trial_002"]}
+    assert compare.offsets(runs, compare.ALIGN_START) == dict.fromkeys(runs, 0)
+    finite = {n: results[n] for n in ("trial_000", "trial_001", "trial_009")}
+    assert compare.reference_step(finite) is None  # nothing to align at: the page offers
+    assert set(compare.offsets(finite, compare.ALIGN_FAILURE).values()) == {0}  # step 0
+
+
+def test_an_environment_one_run_lacks_is_a_difference(sweep: Sweep, tmp_path: Path) -> None:
+    import shutil
+
+    import torch
+
+    from analyzer import pipeline
+
+    root = tmp_path / "runs"
+    for name in ("trial_000", "trial_002"):
+        shutil.copytree(sweep.root / "sweep" / name, root / name)
+    (root / "trial_000" / "env.json").unlink()
+    found = pipeline.discover(str(root)).runs
+    runs = {r.run.name: r for r in pipeline.rank_all(
+        [pipeline.locate(pipeline.align(pipeline.read_run(f))) for f in found])}
+    rows = {r["key"]: r for r in compare.key_diff(
+        {"trial_002": runs["trial_002"], "trial_000": runs["trial_000"]}).rows}
+    assert rows["env.torch"]["group"] == "environment"
+    assert rows["env.torch"]["trial_002"] == torch.__version__
+    assert rows["env.torch"]["trial_000"] is None
+    assert "env.default_dtype" in rows and "learning_rate" in rows
