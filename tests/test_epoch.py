@@ -96,8 +96,15 @@ def _fit(root: Path, *, epochs: int, bad: int | None = BAD, accumulate: int = 1,
                      logger=logger)
 
 
-def test_a_lightning_bar_gives_its_total_in_batches(tmp_path: Path) -> None:
-    run = _fit(tmp_path / "run", epochs=2, bad=None, logger=False)
+@pytest.fixture(scope="module")
+def clean_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two epochs, no bad record, no logger and no saves (read, never written, by each test
+    that takes it)."""
+    return _fit(tmp_path_factory.mktemp("clean") / "run", epochs=2, bad=None, logger=False)
+
+
+def test_a_lightning_bar_gives_its_total_in_batches(clean_run: Path) -> None:
+    run = clean_run
     length = read_log(str(run / "train.log")).epoch_length
     assert length is not None
     assert (length.length, length.unit) == (8, "batch")
@@ -141,8 +148,8 @@ def test_regression_a_bad_record_whose_only_period_is_the_lightning_bar(bad_reco
     assert "progress bar's total" in text
 
 
-def test_no_bad_record_gives_no_periodic_reading_from_the_bar(tmp_path: Path) -> None:
-    run = _fit(tmp_path / "run", epochs=2, bad=None, logger=False)
+def test_no_bad_record_gives_no_periodic_reading_from_the_bar(clean_run: Path) -> None:
+    run = clean_run
     result = analyse_read_only(run)
     assert periodic(RunEvidence(result)) is None
     assert not [f for f in result.findings if f.role == "cause"]
