@@ -531,9 +531,10 @@ def runs_table(refs: list[RunRef],
     """One row per run, from small cached summaries, in the order the discovery lists them.
 
     ``progress`` is told (runs read, runs in all) after each run; ``partial`` is given the
-    table of the runs read so far (each ranked without its siblings yet), after the first
-    run and then every :data:`PARTIAL_EVERY_S` at most, so that a page can show rows as
-    they come. The last table a session built is kept with a digest of every run's
+    table being filled and how many runs it holds read: first every run named only (status
+    :data:`NOT_READ`), then with the runs read so far (each ranked without its siblings
+    yet) after the first and every :data:`PARTIAL_EVERY_S` at most, so that a page shows
+    rows as they come. The last table a session built is kept with a digest of every run's
     fingerprint and of the replays done, so a rerun with unchanged files costs nothing;
     otherwise each run is a cache lookup, and only changed runs are analysed again.
     """
@@ -542,7 +543,9 @@ def runs_table(refs: list[RunRef],
     if held is not None and held[0] == key:
         return held[1]
     rows: list[dict[str, object]] = []
-    shown = 0.0
+    if partial is not None:
+        partial(_filling(rows, refs), 0)
+    shown = time.monotonic()
     for i, ref in enumerate(refs):  # the expensive part, once per run and fingerprint
         alone = _alone(ref.path, ref.digest)
         if progress is not None:
@@ -550,8 +553,8 @@ def runs_table(refs: list[RunRef],
         if partial is None:
             continue
         rows.append(_row(ref.name, alone.slim).as_dict())
-        if i + 1 < len(refs) and time.monotonic() - shown >= PARTIAL_EVERY_S:
-            partial(pd.DataFrame(rows, columns=RunRow.columns()), i + 1)
+        if i + 1 < len(refs) and (i == 0 or time.monotonic() - shown >= PARTIAL_EVERY_S):
+            partial(_filling(rows, refs), i + 1)
             shown = time.monotonic()
     siblings = _siblings_by_run(refs, refs)
     done = _replayed(refs)
@@ -560,6 +563,16 @@ def runs_table(refs: list[RunRef],
                          columns=RunRow.columns())
     st.session_state[_TABLE_KEY] = (key, table)
     return table
+
+
+NOT_READ = "not read yet"
+"""The status cell of a run the table being filled has not read yet."""
+
+
+def _filling(rows: list[dict[str, object]], refs: list[RunRef]) -> pd.DataFrame:
+    """The rows of the runs read so far, then one per run still to read, named only."""
+    waiting = [{"run": r.name, "status": NOT_READ} for r in refs[len(rows):]]
+    return pd.DataFrame(rows + waiting, columns=RunRow.columns())
 
 
 def _replayed(refs: list[RunRef]) -> set[str]:

@@ -144,3 +144,24 @@ def test_background_replay_lands_once_and_then_shows(root: Path,
     if place is not None:
         assert row["layer"] == place_words(place, "cell")
     assert calls == [capture], calls
+
+
+def test_runs_table_fills_as_runs_are_read(root: Path) -> None:
+    # Before: the table came whole, after every run was read and replayed, behind a bar.
+    from app import data
+
+    data.list_runs.clear()
+    refs = data.list_runs(data.root())
+    assert not isinstance(refs, str) and len(refs) == 2
+    seen: list[tuple[int, list[str], list[str]]] = []
+
+    def partial(rows: Any, done: int) -> None:
+        seen.append((done, list(rows["run"]), list(rows["status"])))
+
+    table = data.runs_table(refs, partial=partial)
+    names = [r.name for r in refs]
+    assert seen[0] == (0, names, [data.NOT_READ, data.NOT_READ])
+    assert seen[1][0] == 1 and seen[1][1] == names
+    assert seen[1][2][0] in ("failed", "finite") and seen[1][2][1] == data.NOT_READ
+    assert list(table["run"]) == names  # the discovery's order, kept
+    assert data.NOT_READ not in set(table["status"])

@@ -6,7 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from analyzer.wording import step_words
-from app import data, ui
+from app import data, tables, ui
 
 COLUMNS = {
     "run": st.column_config.TextColumn("run", pinned=True),
@@ -51,8 +51,8 @@ def _partial(rows: pd.DataFrame, done: int) -> None:
     """The rows of the runs read so far, while the others are read: filters and row picks
     come once the table is complete."""
     with filling.container():
-        st.caption(f"The first {done} of {len(refs)} runs, as they are read; a top cause may "
-                   "change once the runs beside it are read too.")
+        st.caption(f"Reading the runs: {done} of {len(refs)} read; a top cause may change "
+                   "once the runs beside it are read too.")
         st.dataframe(rows, hide_index=True, column_config=COLUMNS, column_order=ORDER)
 
 
@@ -61,9 +61,11 @@ bar.empty()
 filling.empty()
 
 counts = {s: int((table["status"] == s).sum()) for s in STATUSES}
-st.caption(f"{len(table)} runs: {counts['failed']} failed, {counts['finite']} finite, "
-           f"{counts['damaged']} damaged, {counts['unreadable']} unreadable; "
-           f"{int(table['issues'].sum())} read issues. Pick a row to open the run.")
+st.caption(f"{tables.plural(len(table), 'run')}: {counts['failed']} failed, "
+           f"{counts['finite']} finite, {counts['damaged']} damaged, "
+           f"{counts['unreadable']} unreadable; "
+           f"{tables.plural(int(table['issues'].sum()), 'read issue')}. Pick a row to open "
+           "the run.")
 
 skipped = data.passed_over(data.root())
 if skipped:
