@@ -16,6 +16,7 @@ so they sort as numbers.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -77,7 +78,8 @@ def _whole(values: pd.Series) -> bool:
             continue
         if isinstance(v, bool):
             return False
-        if isinstance(v, int) or (isinstance(v, float) and v.is_integer()):
+        if isinstance(v, numbers.Integral) or (
+                isinstance(v, float) and v.is_integer() and abs(v) < 1e15):
             seen = True
             continue
         return False
@@ -95,7 +97,7 @@ def _texts(values: pd.Series) -> bool:
 
 
 def _numeric(values: pd.Series) -> bool:
-    return all(isinstance(v, (int, float)) and not isinstance(v, bool)
+    return all(isinstance(v, numbers.Real) and not isinstance(v, bool)
                for v in values if not _missing(v))
 
 
@@ -116,7 +118,11 @@ def display(frame_: pd.DataFrame, keep: Iterable[str] = ()) -> tuple[pd.DataFram
         whole = _whole(values)
         if whole and not any(_missing(v) or (isinstance(v, float) and math.isnan(v))
                              for v in values):
-            out[col] = pd.array([int(v) for v in values], dtype="int64")
+            try:
+                out[col] = pd.array([int(v) for v in values], dtype="int64")
+            except OverflowError:  # a count beyond int64: text, as any other
+                out[col] = [_cell(v, nan_missing=False) for v in values]
+                numbers.add(str(col))
             continue
         # NaN is pandas' own marker for a missing cell in a column of counts or of text
         texts = _texts(values)

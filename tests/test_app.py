@@ -152,6 +152,15 @@ def _check_page(at: AppTest, page: str, name: str, sc: dict[str, Any]) -> None:
             firsts = marks[marks["mark"] == "first non-finite"]
             assert list(firsts["step"]) == [step], name
     elif page == "layers":
+        # The page's place is the headline's, in the same words (one source: failing_place
+        # and place_words): Layers said "first layer fc1" under a headline naming the loss.
+        (head,) = [m.value for m in at.markdown if m.value.startswith(f"**{name}**")]
+        made = [m.value for m in at.markdown
+                if m.value.startswith("Where the failure was made: ")]
+        for line in made:
+            place = line.removeprefix("Where the failure was made: ").split(" (")[0]
+            assert f" · {place} · " in f"{head} · ", (name, place, head)
+        assert made or exp["layer"] is None, name
         if exp["layer"] is not None:
             assert f"**{exp['layer']}**" in shown, name
         assert at.get("plotly_chart"), name
@@ -943,6 +952,9 @@ def test_regression_table_cells_show_no_none_and_no_float_digits_run_on() -> Non
     # Whole numbers with nothing missing stay numbers (they sort as numbers).
     ints, _ = tables.display(pd.DataFrame({"step": [1.0, 20.0]}))
     assert ints["step"].tolist() == [1, 20] and ints["step"].dtype.kind == "i"
+    # A whole float past int64 (a gradient norm of 1e20) is no count: it stays text.
+    big, _ = tables.display(pd.DataFrame({"max": [1e20, 2.0]}))
+    assert list(big["max"]) == ["1e+20", "2"]
 
 
 def test_regression_an_ordinary_table_has_no_inner_scroll_and_counts_read_right() -> None:
