@@ -138,9 +138,10 @@ def _headline(at: AppTest, run: str) -> str:
     return str(line)
 
 
+@pytest.mark.parametrize("page", ["run", "timeline", "layers", "findings", "logs"])
 def test_regression_the_headline_of_an_unreadable_run_says_so_and_shows_its_issue(
-        served: Path) -> None:
-    at = _run_page("unreadable")
+        served: Path, page: str) -> None:
+    at = _run_page("unreadable", page)
     line = _headline(at, "unreadable")
     assert "**unreadable**: nothing could be read" in line
     assert "finite" not in line
@@ -160,6 +161,9 @@ def test_regression_a_truncated_run_reads_damaged_on_every_page_with_its_cut(
     assert re.search(r"is cut at byte \d+: its record ends at step \d+", line)
     (box,) = [w.value for w in at.warning if "read issue" in w.value]
     assert "record is damaged" in box
+    if page == "findings":
+        (note,) = [i.value for i in at.info if i.value.startswith("No findings")]
+        assert "every logged value is finite" not in note and "record is damaged" in note
     assert re.search(r"`events\.out\.tfevents\.[^`]+` at byte \d+: truncated: ", box)
 
 

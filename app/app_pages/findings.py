@@ -7,7 +7,7 @@ import os
 import streamlit as st
 
 from analyzer.model import Evidence, Finding
-from app import data, tables, ui, views
+from app import data, health, tables, ui, views
 
 sel, result = ui.run_page("Findings")
 
@@ -73,8 +73,13 @@ if not result.findings:
                 "for its failure. The timeline, layers, replay and logs pages show the "
                 "evidence there is.")
     else:
-        st.info("No findings are available for this run: every logged value is finite and "
-                "no rule raised a warning.")
+        well = health.health(result).status
+        said = {"unreadable": "nothing of it could be read (see its read issues above)",
+                "damaged": "the values read are finite, but its record is damaged (see its "
+                           "read issues above), and no rule raised a warning on what was read"}
+        st.info("No findings are available for this run: "
+                + said.get(well, "every logged value is finite and no rule raised a warning")
+                + ".")
 else:
     for rank, finding in enumerate(result.findings, start=1):
         card(finding, rank)
