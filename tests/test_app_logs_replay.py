@@ -134,6 +134,13 @@ def test_logs_of_a_failed_run_keep_the_nonfinite_line_and_add_the_viewer(
     at.radio(key="logs_mode").set_value("First lines").run()
     no_error(at)
     assert _viewer(at).startswith(f"  {1:>6} | ")
+    # a link to another line of the log (as the Findings page makes) moves the viewer there
+    at.query_params["file"] = str(runs / name / "train.log")
+    at.query_params["line"] = "5"
+    at.run()
+    no_error(at)
+    assert at.radio(key="logs_mode").value == "Around a line"
+    assert f"→ {5:>6} | " in _viewer(at)
 
 
 def test_replay_page_of_a_float64_replay_of_a_float32_failure(runs: Path) -> None:

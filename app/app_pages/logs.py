@@ -138,9 +138,10 @@ def show_viewer(run: Run, focus: tuple[str, int] | None) -> None:
     """The log itself: first or last lines, around a line, or the lines matching a text."""
     st.subheader("The log")
     paths = [log.path for log in run.logs]
-    if focus is not None:
-        st.session_state.setdefault("logs_file", focus[0])
-        st.session_state.setdefault("logs_goto", focus[1])
+    if focus is not None and st.session_state.get("logs_focus") != focus:
+        # a line newly pointed at (the page opened, a link followed): the viewer goes there
+        st.session_state["logs_focus"] = focus
+        _jump(*focus)
     if st.session_state.get("logs_file") not in paths:
         st.session_state["logs_file"] = paths[0]
     path = st.selectbox("Log", paths, key="logs_file", format_func=lambda p: runinfo.rel(
@@ -263,7 +264,7 @@ for log in run.logs:
 
 if st.session_state.get("logs_run") != sel.ref.path:
     # the viewer's place belongs to the run it was set on
-    for key in ("logs_file", "logs_mode", "logs_goto", "logs_filter"):
+    for key in ("logs_file", "logs_mode", "logs_goto", "logs_filter", "logs_focus"):
         st.session_state.pop(key, None)
     st.session_state["logs_run"] = sel.ref.path
 events = {path: marked(run, path) for path in logs}
