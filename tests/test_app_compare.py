@@ -195,6 +195,10 @@ def test_page_on_the_sweep(sweep: Sweep, results: dict[str, RunResult]) -> None:
     assert picked.value == [name["trial_000"], name["trial_001"], name["trial_004"]]
     assert picked.options[-1] == name["trial_009"]
     assert frame_keys(at) == ["learning_rate", "checkpoint.weights dtype"]
+    shown = texts(at)
+    assert f"**{name['trial_004']}**: first non-finite at step {sweep.truth['trial_004']}" \
+        in shown
+    assert f"**{name['trial_000']}**: finite · " in shown
     mine = next(f.value for f in at.dataframe if "title" in f.value.columns)
     assert list(mine["code"]) == ["NF202"] and list(mine["rule"]) == ["learning-rate-too-high"]
     assert not any("runs" in f.value.columns for f in at.dataframe)  # nothing the other way

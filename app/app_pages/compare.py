@@ -7,6 +7,7 @@ from __future__ import annotations
 import streamlit as st
 
 from analyzer.model import RunResult
+from analyzer.wording import incident_step
 from app import compare, data, tables, ui
 from app.health import health
 
@@ -55,8 +56,8 @@ runs = {here: result, **others}
 names = list(runs)
 failures = {name: compare.failure_step(r) for name, r in runs.items()}
 st.caption(" · ".join(
-    f"**{name}**: " + (f"first non-finite at step {failures[name]}"
-                       if failures[name] is not None else health(r).status)
+    f"**{name}**: " + (f"first non-finite {incident_step(r.incident, r.run, 'at')}"
+                       if r.incident is not None else health(r).status)
     for name, r in runs.items()))
 
 st.subheader("Curves")
