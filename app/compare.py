@@ -90,6 +90,17 @@ def default_picks(chosen: Candidate, candidates: Sequence[Candidate],
     return [c.name for c in ordered(chosen, candidates) if same_folder(c.path) == here][:cap]
 
 
+PICKS = "compare_picks"
+"""The session key of the runs picked beside each chosen run, by its name."""
+
+
+def picker_key(chosen: str) -> str:
+    """The session key of the runs picked beside ``chosen``: one per chosen run, so that
+    a run picked in the sidebar starts from its own siblings, and coming back to a run
+    finds the picks made for it."""
+    return f"compare_with:{chosen}"
+
+
 def failure_step(result: RunResult) -> int | None:
     """The run's first non-finite step on its global step, when it has one."""
     inc = result.incident

@@ -191,7 +191,7 @@ def test_page_on_the_sweep(sweep: Sweep, results: dict[str, RunResult]) -> None:
     before = tree(sweep.root)
     name = {k: r.run.name for k, r in results.items()}
     at = open_compare(name["trial_002"])
-    picked = at.multiselect(key="compare_with")
+    picked = at.multiselect(key=compare.picker_key(name["trial_002"]))
     assert picked.value == [name["trial_000"], name["trial_001"], name["trial_004"]]
     assert picked.options[-1] == name["trial_009"]
     assert frame_keys(at) == ["learning_rate", "checkpoint.weights dtype"]
@@ -212,9 +212,18 @@ def test_page_on_the_sweep(sweep: Sweep, results: dict[str, RunResult]) -> None:
         assert xs(drawn)[0] == -sweep.truth[by]  # type: ignore[operator]
     at.toggle(key="compare_all_keys").set_value(True).run()
     assert "seed" in frame_keys(at)
-    at.multiselect(key="compare_with").set_value([name["trial_009"]]).run()  # elsewhere
+    at.multiselect(key=compare.picker_key(name["trial_002"])).set_value(
+        [name["trial_009"]]).run()  # a run elsewhere below the root
     no_error(at)
     assert frame_keys(at)  # every key shown: the toggle is on
+    # Another run picked in the sidebar starts from its own siblings, not from these picks.
+    at.selectbox(key="run_picker").set_value(name["trial_001"]).run()
+    no_error(at)
+    assert at.multiselect(key=compare.picker_key(name["trial_001"])).value == [
+        name["trial_000"], name["trial_002"], name["trial_004"]]
+    at.selectbox(key="run_picker").set_value(name["trial_002"]).run()
+    assert at.multiselect(key=compare.picker_key(name["trial_002"])).value == [
+        name["trial_009"]]
     assert tree(sweep.root) == before
 
 
@@ -225,7 +234,7 @@ def samples(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 def test_page_on_the_sample_runs(samples: Path) -> None:
     at = open_compare("adam_eps_fp16")
-    picked = at.multiselect(key="compare_with")
+    picked = at.multiselect(key=compare.picker_key("adam_eps_fp16"))
     # Finite siblings first (by name), then the failed ones.
     assert picked.value == ["amp_benign_skips", "healthy_control", "amp_scale_collapse"]
     figure = json.loads(at.get("plotly_chart")[0].proto.spec)

@@ -36,9 +36,19 @@ options = [c.name for c in compare.ordered(chosen, candidates)]
 if not options:
     st.info("There is no other run below this folder to compare with.")
     st.stop()
+# Streamlit forgets a widget's state once it is not drawn: the picks made for each run are
+# kept apart, so that coming back to a run finds them.
+kept: dict[str, list[str]] = st.session_state.setdefault(compare.PICKS, {})
+picker = compare.picker_key(here)
+
+
+def _keep() -> None:
+    kept[here] = list(st.session_state[picker])
+
+
+default = [n for n in kept.get(here, compare.default_picks(chosen, candidates)) if n in options]
 picked = st.multiselect(
-    "Compare with", options, default=compare.default_picks(chosen, candidates),
-    key="compare_with",
+    "Compare with", options, default=default, key=picker, on_change=_keep,
     help="The runs in the same folder come first, the healthy ones found among them first; "
          "runs elsewhere below the root are listed after them.")
 others: dict[str, RunResult] = {}
@@ -82,8 +92,10 @@ if drawn:
                "step" if failures[here] is not None else
                f"the earliest failure compared (step {reference})") + ".")
     else:
-        st.caption("x is each run's global step. The bold line is the chosen run; a red "
-                   "cross at a panel's top edge is a non-finite value at that step.")
+        st.caption("x is each run's global step.")
+    st.caption(f"The bold line is {here}. A red cross at a panel's top edge is a non-finite "
+               "value at that step (a dashed line, another failed run's first); a purple "
+               "cross below it, a loss scaler's overflow skip, which is benign.")
 else:
     st.info("None of these runs logged a loss, gradient norm, learning rate or loss scale "
             "on its global step.")
