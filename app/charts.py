@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
@@ -27,7 +27,7 @@ COLOURS = {
 SYMBOLS = {"overflow skip": "x", "restart": "diamond", "checkpoint": "triangle-up",
            "error": "star", "min loss scale": "square", "first non-finite": "circle",
            "last finite": "circle-open", "growth onset": "triangle-right",
-           "file ends": "line-ns-open", "read issue": "hourglass"}
+           "file ends": "square-x-open", "read issue": "hourglass"}
 STRIP = "events"
 LINES = ["#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#17becf", "#bcbd22", "#7f7f7f",
          "#e377c2", "#ff7f0e"]
@@ -58,23 +58,36 @@ def _spelled(v: float) -> str:
     return "nan" if math.isnan(v) else ("+inf" if v > 0 else "-inf")
 
 
-def _bad_trace(curve: Curve, legend: str | None, showlegend: bool, unit: str = "step",
-               ) -> go.Scatter | None:
+SKIPPED = "non-finite at an overflow skip (benign)"
+"""A value the loss scaler's overflow made non-finite at a step it skipped: not a failure."""
+
+
+def _bad_traces(curve: Curve, legend: str | None, shown: set[str], unit: str = "step",
+                skipped: frozenset[int] = frozenset()) -> list[go.Scatter]:
     """Non-finite points have no place on a value axis: pinned at the panel's top edge on
-    an overlay axis of 0 to 1 (where no value can be read from them), named in the legend."""
-    bad = curve.bad
-    if not bad.any():
-        return None
-    texts = [f"{curve.label}: {_spelled(v)}" for v in curve.values[bad]]
-    trace = go.Scatter(x=curve.steps[bad], y=np.full(int(bad.sum()), PIN_TOP), mode="markers",
-                       marker={"symbol": "x-thin-open", "size": 11,
-                               "color": COLOURS["first non-finite"], "line": {"width": 2}},
-                       name="non-finite value (pinned at the top)", legendgroup="nonfinite",
-                       showlegend=showlegend, text=texts,
-                       hovertemplate=unit + " %{x}<br>%{text}<extra></extra>")
-    if legend is not None:
-        trace.legend = legend
-    return trace
+    an overlay axis of 0 to 1 (where no value can be read from them), named in the legend;
+    those at steps the loss scaler skipped a little lower, in the overflow skips' colour.
+    ``shown``: the legend entries the panel already has (added to)."""
+    out = []
+    benign = np.isin(curve.steps, list(skipped))
+    for mask, name, colour, y in (
+            (curve.bad & ~benign, "non-finite value (pinned at the top)",
+             COLOURS["first non-finite"], PIN_TOP),
+            (curve.bad & benign, SKIPPED, COLOURS["overflow skip"], PIN_TOP - 0.08)):
+        if not mask.any():
+            continue
+        texts = [f"{curve.label}: {_spelled(v)}" for v in curve.values[mask]]
+        trace = go.Scatter(x=curve.steps[mask], y=np.full(int(mask.sum()), y), mode="markers",
+                           marker={"symbol": "x-thin-open", "size": 11, "color": colour,
+                                   "line": {"width": 2}},
+                           name=name, legendgroup="nonfinite" if y == PIN_TOP else "skipped",
+                           showlegend=name not in shown, text=texts,
+                           hovertemplate=unit + " %{x}<br>%{text}<extra></extra>")
+        if legend is not None:
+            trace.legend = legend
+        shown.add(name)
+        out.append(trace)
+    return out
 
 
 def _off_log_trace(curve: Curve, legend: str | None, showlegend: bool) -> go.Scatter | None:
@@ -137,13 +150,16 @@ def _line_traces(curve: Curve, colour: str, smooth: float, log: bool, legend: st
 
 def timeline(panels: Mapping[str, list[Curve]], marks: list[Marker],
              focus: int | None = None, *, log: Mapping[str, bool] | None = None,
-             smooth: float = 0.0, window: tuple[int, int] | None = None) -> go.Figure:
+             smooth: float = 0.0, window: tuple[int, int] | None = None,
+             skipped: Sequence[int] = ()) -> go.Figure:
     """One row per quantity over steps, sharing the step axis, and a strip of events.
 
     ``log``: each panel's y axis (log or linear; a panel not named gets
     :func:`app.views.log_scale`'s choice); ``smooth``: TensorBoard's EMA weight (0: raw);
     ``window``: the steps shown, each panel's y range fitted to the points in it (plotly
-    would keep the whole run's y range on an x zoom). Each panel has its own legend."""
+    would keep the whole run's y range on an x zoom); ``skipped``: the steps the loss
+    scaler skipped, whose non-finite values are its benign overflow. Each panel has its own
+    legend."""
     if window is not None:
         panels = {n: [c for c in (clip(c, *window) for c in cs) if c.steps.size]
                   for n, cs in panels.items()}
@@ -163,16 +179,15 @@ def timeline(panels: Mapping[str, list[Curve]], marks: list[Marker],
         for n, curve in enumerate(curves_):
             for trace in _line_traces(curve, LINES[n % len(LINES)], smooth, as_log, legend):
                 fig.add_trace(trace, row=row, col=1)
-            extra = [_bad_trace(curve, legend, "bad" not in shown)]
-            if as_log:
-                extra.append(_off_log_trace(curve, legend, "off" not in shown))
-            for key, trace in zip(("bad", "off"), extra, strict=False):
-                if trace is None:
-                    continue
+            extra = _bad_traces(curve, legend, shown, skipped=frozenset(skipped))
+            off = _off_log_trace(curve, legend, "off" not in shown) if as_log else None
+            if off is not None:
+                extra.append(off)
+                shown.add("off")
+            for trace in extra:
                 pin = pin or _pin_axis(fig, row, rows + row)
                 trace.xaxis, trace.yaxis = _ref("x", row), pin
                 fig.add_trace(trace)
-                shown.add(key)
         if as_log:
             fig.update_yaxes(type="log", row=row, col=1)
         else:
@@ -219,18 +234,16 @@ def own_axis(panel: OwnPanel) -> go.Figure:
     its records (or iterations), never shared with the global step's panels."""
     unit = panel.label
     fig = go.Figure()
-    shown_bad = False
+    shown: set[str] = set()
     for curve in panel.curves:
         y = np.where(curve.bad, np.nan, curve.values)
         fig.add_trace(go.Scatter(x=curve.steps, y=y, mode="lines+markers", marker={"size": 4},
                                  name=curve.label,
                                  hovertemplate=f"{unit} %{{x}}<br>%{{y:.6g}}<extra>"
                                  + curve.label + "</extra>"))
-        bad = _bad_trace(curve, None, not shown_bad, unit)
-        if bad is not None:
+        for bad in _bad_traces(curve, None, shown, unit):
             bad.yaxis = _pin_axis(fig, 1, 2)
             fig.add_trace(bad)
-            shown_bad = True
     if panel.first is not None and panel.first.step is not None:
         fig.add_vline(x=panel.first.step, line_color=COLOURS["first non-finite"], line_width=2)
     if log_scale(panel.curves):

@@ -537,12 +537,14 @@ def clip(curve: Curve, lo: int, hi: int) -> Curve:
                  curve.axis)
 
 
-def step_span(panels: Mapping[str, list[Curve]]) -> tuple[int, int] | None:
-    """The lowest and highest step any curve of the panels logged."""
+def step_span(panels: Mapping[str, list[Curve]], marks: Sequence[Marker] = (),
+              ) -> tuple[int, int] | None:
+    """The lowest and highest step any curve of the panels logged or any mark is at (a
+    failure found in a checkpoint after an event file's cut end)."""
     steps = [c.steps for cs in panels.values() for c in cs if c.steps.size]
     if not steps:
         return None
-    every = np.concatenate(steps)
+    every = np.concatenate([*steps, np.array([m.step for m in marks], dtype=np.int64)])
     return int(every.min()), int(every.max())
 
 

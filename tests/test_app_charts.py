@@ -106,6 +106,19 @@ def test_regression_nonfinite_marks_are_pinned_at_the_panels_top_not_at_a_value(
     assert step in _array(bad[0]["x"])
 
 
+def test_nonfinite_values_at_overflow_skips_are_marked_benign(
+        results: dict[str, RunResult]) -> None:
+    result = results["amp_benign_skips"]
+    assert result.overflow_skips
+    spec = _spec(charts.timeline(_panels(result), views.markers(result, None),
+                                 skipped=result.overflow_skips))
+    marked = [t for t in spec["data"] if t.get("legendgroup") in ("nonfinite", "skipped")]
+    assert marked and {t["name"] for t in marked} == {charts.SKIPPED}
+    steps = {x for t in marked for x in _array(t["x"])}
+    assert steps <= {float(s) for s in result.overflow_skips}
+    assert {t["marker"]["color"] for t in marked} == {charts.COLOURS["overflow skip"]}
+
+
 def test_regression_each_panel_has_its_own_legend(results: dict[str, RunResult]) -> None:
     result = results["amp_benign_skips"]
     panels = {n: cs for n, cs in _panels(result).items() if cs}
@@ -226,6 +239,9 @@ def test_regression_steps_shown_refit_the_y_axes(results: dict[str, RunResult]) 
     assert top(part, "train/grad_norm") < 0.5 * top(whole, "train/grad_norm")
     span = views.step_span(panels)
     assert span == (0, 199)
+    # A failure marked past the curves' last step (a checkpoint's, after a cut event file)
+    # is within the steps shown.
+    assert views.step_span(panels, [views.Marker("first non-finite", 250, "")]) == (0, 250)
     assert views.around((0, 100), 50) == (30, 55)
     assert views.around((0, 41), 40) == (30, 41)
 

@@ -15,7 +15,7 @@ from analyzer.wording import (
     replay_place,
     step_words,
 )
-from app import charts, data, runinfo, ui, views
+from app import charts, data, runinfo, tables, ui, views
 
 sel, result = ui.run_page("Layers")
 
@@ -55,12 +55,12 @@ if not grids:
 firsts = [i for i in result.tag_incidents if i.layer is not None]
 if firsts:
     st.subheader("First non-finite step of each per-layer tag")
-    st.dataframe(pd.DataFrame([{"layer": i.layer, "tag": i.tag,
-                                "step": incident_step(i, run, "cell"), "value": i.kind,
-                                "last finite": step_words(i.last_finite_step, form="cell",
-                                                          unit=incident_unit(i, run)),
-                                "where": views.where(i.location, run.path)} for i in firsts]),
-                 hide_index=True, key="layers_firsts")
+    tables.show(pd.DataFrame([{"layer": i.layer, "tag": i.tag,
+                               "step": incident_step(i, run, "cell"), "value": i.kind,
+                               "last finite": step_words(i.last_finite_step, form="cell",
+                                                         unit=incident_unit(i, run)),
+                               "where": views.where(i.location, run.path)} for i in firsts]),
+                key="layers_firsts")
 
 st.header("Checkpoints")
 history = run.checkpoints

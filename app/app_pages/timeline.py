@@ -10,7 +10,7 @@ import pandas as pd
 import streamlit as st
 
 from analyzer.wording import incident_step
-from app import charts, data, ui, views
+from app import charts, data, tables, ui, views
 
 CHART = "timeline_chart"
 # The step of the last click applied: a selection the chart keeps is applied once, so a
@@ -49,14 +49,9 @@ if placed:
 
 growth = data.growth_onset(sel.ref.path, sel.ref.digest, data.siblings_of(sel.ref, sel.refs))
 marks = views.markers(result, growth)
-ends, apart = views.issue_marks(run)
-marks += ends
-if apart:
-    st.warning("Read issues no step of the chart can place: "
-               + "; ".join(f"`{views.where(i.location, run.path)}`: {i.kind}: {i.message}"
-                           for i in apart))
+marks += views.issue_marks(run)[0]  # every issue is listed under the headline already
 focus = ui.int_param("step")
-span = views.step_span(panels)
+span = views.step_span(panels, marks)
 inc = result.incident
 failed_at = inc.step if inc is not None and inc.aligned else None
 
@@ -95,7 +90,8 @@ if drawn and span is not None:
                                   help="Zeros and negative values cannot sit on a log axis: "
                                   "they are marked at the panel's bottom edge.")
     st.plotly_chart(charts.timeline(drawn, marks, focus, log=log, smooth=smooth,
-                                    window=(int(window[0]), int(window[1]))),
+                                    window=(int(window[0]), int(window[1])),
+                                    skipped=result.overflow_skips),
                     key=CHART, on_select="rerun", selection_mode="points")
     st.caption("Click a point to see that step in every source below. Non-finite values "
                "are pinned at the top edge of their panel: they have no height to read.")
@@ -113,9 +109,8 @@ for n, panel in enumerate(own):
 
 if marks:
     st.subheader("Marked steps")
-    st.dataframe(pd.DataFrame([{"step": m.step, "mark": m.kind, "what": m.text} for m in marks])
-                 .sort_values(["step", "mark"], kind="stable"), hide_index=True,
-                 key="timeline_marks")
+    tables.show(pd.DataFrame([{"step": m.step, "mark": m.kind, "what": m.text} for m in marks])
+                .sort_values(["step", "mark"], kind="stable"), key="timeline_marks")
 
 if focus is not None:
     st.subheader(f"Step {focus} in every source")
