@@ -46,11 +46,12 @@ class Cut:
     def words(self, run_path: str) -> str:
         name = rel(self.file, run_path)
         what = "event file" if "tfevents" in os.path.basename(self.file) else "file"
-        how = "is cut" if self.kind in _CUT else f"is damaged ({self.kind})"
+        how = {"zero_tail": f"ends in zero bytes (never written) from {self.where}",
+               "read_limit": f"was read only up to {self.where} (the read limit)"}.get(
+                   self.kind, f"is cut at {self.where}")
         tail = ("no step was read from it" if self.last_step is None
                 else f"its record ends at step {self.last_step}")
-        after = "; nothing after it was read" if self.kind in _CUT else ""
-        return f"the {what} `{name}` {how} at {self.where}: {tail}{after}"
+        return f"the {what} `{name}` {how}: {tail}; nothing after it was read"
 
 
 @dataclass(frozen=True)
@@ -103,16 +104,16 @@ def _last_steps(result: RunResult) -> dict[str, int]:
 
 
 def _cuts(result: RunResult, issues: list[IngestIssue]) -> list[Cut]:
-    """One cut per damaged file that held (or should have held) the run's values: its
-    first costly issue."""
+    """Where each file whose reading stopped early stops: a record cut off at the end of
+    the file, a zero tail, a read limit. Damage that reading went on past (a bad CRC, a
+    record cut where another follows) costs data but ends no record: the issue box lists
+    it."""
     last = _last_steps(result)
     cuts: dict[str, Cut] = {}
     for issue in issues:
         file = issue.location.file
-        if issue.kind in COSTLESS or file in cuts:
+        if issue.kind not in _CUT or "resumes" in issue.message or file in cuts:
             continue
-        if file not in last and "tfevents" not in os.path.basename(file):
-            continue  # a damaged metadata file or checkpoint: listed, no record to end
         cuts[file] = Cut(file, where_words(issue), last.get(file), issue.kind)
     return list(cuts.values())
 

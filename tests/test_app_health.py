@@ -56,6 +56,10 @@ def damaged(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _event_file(root / "whole", NAN_AT)
     path = _event_file(root / "healthy_cut", None)
     _cut(path, path.stat().st_size // 2 + 7)
+    path = _event_file(root / "flipped", None)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one record's bytes changed: reading goes on past it
+    path.write_bytes(bytes(data))
     return root
 
 
@@ -100,6 +104,18 @@ def test_regression_a_run_cut_before_its_nan_is_damaged_and_says_where_it_ends(
     # The same training, whole, fails at its NaN; a cut healthy run is damaged too.
     assert health(results["whole"]).status == "failed"  # type: ignore[arg-type]
     assert health(results["healthy_cut"]).status == "damaged"  # type: ignore[arg-type]
+
+
+def test_damage_that_reading_went_past_costs_data_but_ends_no_record(
+        results: dict[str, object]) -> None:
+    from app.health import health
+
+    result = results["flipped"]
+    well = health(result)  # type: ignore[arg-type]
+    assert well.status == "damaged"
+    assert well.costly and well.ends_early is None
+    steps = [int(s) for s in result.run.series[0].steps]  # type: ignore[attr-defined]
+    assert steps[-1] == 39 and len(steps) < 40  # read to its end, a record lost
 
 
 def test_a_run_not_analysed_at_all_is_unreadable_with_the_reason() -> None:
