@@ -188,7 +188,9 @@ def headline_text(name: str, result: RunResult, h: health.Health) -> str:
     inc = result.incident
     parts = [f"**{name}**"]
     if h.status == "unreadable":
-        parts.append(f"**unreadable**: {h.ends_early}")
+        n = tables.plural(len(h.issues), "read issue")
+        parts.append(f"**unreadable**: nothing could be read from its files ({n}, below)"
+                     if h.issues else f"**unreadable**: {h.ends_early}")
     elif inc is None:
         skips = health.skip_words(result)
         if h.status == "damaged":
@@ -221,7 +223,7 @@ def headline_text(name: str, result: RunResult, h: health.Health) -> str:
             parts.append(skips)
         if h.ends_early:
             parts.append(f"the record ends early: {h.ends_early}")
-    if h.issues:
+    if h.issues and h.status != "unreadable":
         parts.append(tables.plural(len(h.issues), "read issue"))
     return " · ".join(p for p in parts if p)
 
