@@ -615,7 +615,7 @@ def fleet(refs: list[RunRef],
     runs_table(refs, progress)  # analyses what no cache holds yet
     replay_all(refs)
     key = _table_key(refs)
-    held = st.session_state.get(_FLEET_KEY)
+    held: tuple[str, Fleet] | None = st.session_state.get(_FLEET_KEY)
     if held is not None and held[0] == key:
         return held[1]
     siblings = _siblings_by_run(refs, refs)

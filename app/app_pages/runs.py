@@ -38,8 +38,9 @@ COLUMNS = {
 ORDER = ["run", "status", "first_when", "tag", "kind", "last_when", "layer", "cause",
          "confidence", "replay", "sources", "grouping", "placement", "issues", "first_issue"]
 
+# Each status a run can have, in the filter's order (rows.run_row sets them). A bare
+# string here would be shown: Streamlit's magic writes a page's top-level expressions.
 STATUSES = ["failed", "damaged", "finite", "unreadable"]
-"""Each status a run can have, in the filter's order (rows.run_row sets them)."""
 
 st.title("Runs")
 refs = ui.all_refs()
@@ -48,8 +49,7 @@ filling = st.empty()
 
 
 def _partial(rows: pd.DataFrame, done: int) -> None:
-    """The rows of the runs read so far, while the others are read: filters and row picks
-    come once the table is complete."""
+    # The table being filled: filters and row picks come once it is complete.
     with filling.container():
         st.caption(f"Reading the runs: {done} of {len(refs)} read; a top cause may change "
                    "once the runs beside it are read too.")
