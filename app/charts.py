@@ -47,8 +47,26 @@ def _flat_range(curves_: list[Curve]) -> list[float] | None:
     return [lo - 0.5 * size, hi + 0.5 * size]
 
 
-FONT = "#31333f"
-"""Text on the charts: dark grey on white, well above 4.5:1."""
+FONT = "#0e1014"
+"""Text on the charts (titles, legends, hovers), the theme's text colour."""
+TICK = "#474b57"
+"""Tick labels and axis titles: 8.7:1 on white (the Streamlit template's grey is 3.7:1,
+too faint for small text)."""
+
+
+def _ink(fig: go.Figure) -> go.Figure:
+    """Text colours of at least 4.5:1 on white, set on each axis and legend: the template
+    Streamlit applies sets the axes' own, which a layout-wide font would not override."""
+    fig.update_layout(font={"color": FONT}, title_font_color=FONT)
+    fig.update_xaxes(tickfont_color=TICK, title_font_color=TICK)
+    fig.update_yaxes(tickfont_color=TICK, title_font_color=TICK)
+    fig.update_annotations(font_color=FONT)
+    for name in list(fig.layout):
+        if name.startswith("legend"):
+            fig.layout[name].font.color = FONT
+    return fig
+
+
 PIN = "pin"
 """The overlay axes (0 to 1 over a panel's height) that non-finite marks are pinned on."""
 PIN_TOP, PIN_BOTTOM = 0.95, 0.04
@@ -176,18 +194,19 @@ def timeline(panels: Mapping[str, list[Curve]], marks: list[Marker],
         legend = _legend(row)
         pin = ""
         shown: set[str] = set()
+        extra: list[go.Scatter] = []  # after the lines: the legend lists the curves first
         for n, curve in enumerate(curves_):
             for trace in _line_traces(curve, LINES[n % len(LINES)], smooth, as_log, legend):
                 fig.add_trace(trace, row=row, col=1)
-            extra = _bad_traces(curve, legend, shown, skipped=frozenset(skipped))
+            extra += _bad_traces(curve, legend, shown, skipped=frozenset(skipped))
             off = _off_log_trace(curve, legend, "off" not in shown) if as_log else None
             if off is not None:
                 extra.append(off)
                 shown.add("off")
-            for trace in extra:
-                pin = pin or _pin_axis(fig, row, rows + row)
-                trace.xaxis, trace.yaxis = _ref("x", row), pin
-                fig.add_trace(trace)
+        for trace in extra:
+            pin = pin or _pin_axis(fig, row, rows + row)
+            trace.xaxis, trace.yaxis = _ref("x", row), pin
+            fig.add_trace(trace)
         if as_log:
             fig.update_yaxes(type="log", row=row, col=1)
         else:
@@ -225,8 +244,7 @@ def timeline(panels: Mapping[str, list[Curve]], marks: list[Marker],
     fig.update_layout(height=220 * len(names) + 180, hovermode="x unified", colorway=LINES,
                       margin={"l": 10, "r": 10, "t": 30, "b": 10}, font={"color": FONT},
                       **legends)
-    fig.update_annotations(font={"color": FONT})
-    return fig
+    return _ink(fig)
 
 
 def own_axis(panel: OwnPanel) -> go.Figure:
@@ -258,7 +276,7 @@ def own_axis(panel: OwnPanel) -> go.Figure:
                       font={"color": FONT},
                       margin={"l": 10, "r": 10, "t": 40, "b": 10},
                       legend={"orientation": "h", "y": -0.25})
-    return fig
+    return _ink(fig)
 
 
 ZERO = "#a9a9a9"
@@ -295,9 +313,11 @@ def _cell_words(grid: Grid) -> list[list[str]]:
 
 
 def layer_heatmap(grid: Grid, title: str, highlight: str | None,
-                  first_step: int | None, shared: bool = False) -> go.Figure:
+                  first_step: int | None, shared: bool = False,
+                  skipped: Sequence[int] = ()) -> go.Figure:
     """Each per-layer value over steps, coloured by :func:`heat_values`; exact zeros in a
-    colour of their own, non-finite cells marked, a layer boxed. The hover gives the raw
+    colour of their own, non-finite cells marked (in the overflow skips' colour at a step
+    the loss scaler skipped: its benign overflow), a layer boxed. The hover gives the raw
     value whatever the colour scale."""
     labels = [f"▶ {t}" if highlight and layer == highlight else t
               for t, layer in zip(grid.tags, grid.layers, strict=True)]
@@ -315,13 +335,18 @@ def layer_heatmap(grid: Grid, title: str, highlight: str | None,
             z=np.where(zeros, 1.0, np.nan), x=grid.steps, y=labels, text=words,
             colorscale=[[0, ZERO], [1, ZERO]], showscale=False, name="0 (logged)",
             hoverongaps=False, hovertemplate="%{y}<br>step %{x}<br>0 (logged)<extra></extra>"))
-    rows, cols = np.nonzero(grid.nonfinite)
-    if rows.size:
+    benign = np.isin(grid.steps, list(skipped))[None, :]
+    for mask, name, colour in ((grid.nonfinite & ~benign, "non-finite",
+                                COLOURS["first non-finite"]),
+                               (grid.nonfinite & benign, SKIPPED, COLOURS["overflow skip"])):
+        rows, cols = np.nonzero(mask)
+        if not rows.size:
+            continue
         fig.add_trace(go.Scatter(
             x=grid.steps[cols], y=[labels[r] for r in rows], mode="markers",
-            marker={"symbol": "x", "color": COLOURS["first non-finite"], "size": 9},
-            name="non-finite", text=[words[r][c] for r, c in zip(rows, cols, strict=True)],
-            hovertemplate="%{y}<br>step %{x}: %{text}<extra></extra>"))
+            marker={"symbol": "x", "color": colour, "size": 9}, name=name,
+            text=[words[r][c] for r, c in zip(rows, cols, strict=True)],
+            hovertemplate="%{y}<br>step %{x}: %{text}<extra>" + name + "</extra>"))
     for i, layer in enumerate(grid.layers):
         if highlight and layer == highlight:
             fig.add_shape(type="rect", xref="paper", x0=0, x1=1, y0=i - 0.5, y1=i + 0.5,
@@ -331,7 +356,7 @@ def layer_heatmap(grid: Grid, title: str, highlight: str | None,
     fig.update_layout(title=title, height=max(260, 26 * len(labels) + 120),
                       margin={"l": 10, "r": 10, "t": 40, "b": 10}, showlegend=False,
                       xaxis_title="step", font={"color": FONT}, plot_bgcolor="white")
-    return fig
+    return _ink(fig)
 
 
 def checkpoint_norms(steps: list[int | None], norms: Mapping[str, list[float | None]],
@@ -349,7 +374,7 @@ def checkpoint_norms(steps: list[int | None], norms: Mapping[str, list[float | N
     fig.update_yaxes(type="log", title_text="weight norm")
     fig.update_layout(height=360, margin={"l": 10, "r": 10, "t": 30, "b": 10}, colorway=LINES,
                       xaxis_title="step of the save")
-    return fig
+    return _ink(fig)
 
 
 def cause_bars(labels: list[str], runs: list[int]) -> go.Figure:
@@ -362,7 +387,7 @@ def cause_bars(labels: list[str], runs: list[int]) -> go.Figure:
     fig.update_xaxes(title_text="failed runs explained", dtick=max(1, math.ceil(most / 10)))
     fig.update_layout(height=max(220, 34 * len(labels) + 110), showlegend=False,
                       margin={"l": 10, "r": 10, "t": 30, "b": 10})
-    return fig
+    return _ink(fig)
 
 
 def step_histogram(lows: list[int], highs: list[int], runs: list[int]) -> go.Figure:
@@ -378,7 +403,7 @@ def step_histogram(lows: list[int], highs: list[int], runs: list[int]) -> go.Fig
     fig.update_yaxes(title_text="failed runs")
     fig.update_layout(height=300, bargap=0.05, showlegend=False,
                       margin={"l": 10, "r": 10, "t": 30, "b": 10})
-    return fig
+    return _ink(fig)
 
 
 OUTCOME_COLOURS = {"failed": COLOURS["first non-finite"], "healthy": COLOURS["last finite"]}
@@ -404,4 +429,4 @@ def separator_strip(key: str, values: Mapping[str, list[float]], names: Mapping[
     fig.update_yaxes(tickvals=[0, 1], ticktext=["failed", "healthy"], range=[-0.6, 1.6])
     fig.update_xaxes(title_text=key, type="log" if log else "linear")
     fig.update_layout(height=280, showlegend=False, margin={"l": 10, "r": 10, "t": 30, "b": 10})
-    return fig
+    return _ink(fig)

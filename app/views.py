@@ -645,9 +645,8 @@ def layer_lines(result: RunResult, place: Place | None, by_replay: bool) -> list
     they were made (a loss function's NaN reaches every layer's gradient at once)."""
     out = []
     if place is not None:
-        how = "the replay saw the operation" if by_replay else "from the logged values"
-        out.append(f"Where the failure was made: {place_words(place, mark='**')} ({how}; as "
-                   "the headline says).")
+        how = "the replay saw the operation" if by_replay else "read from the logged values"
+        out.append(f"Where the failure was made: {place_words(place, mark='**')} ({how}).")
     lay = result.layer_incident
     if lay is None:
         return out

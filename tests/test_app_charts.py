@@ -262,11 +262,25 @@ def test_regression_focus_line_is_drawn_above_the_failure_line_on_its_step(
         assert shapes[i]["line"]["width"] > shapes[failure[0]]["line"]["width"]
 
 
-def test_chart_text_is_dark_grey(results: dict[str, RunResult]) -> None:
+def test_chart_text_meets_small_text_contrast(results: dict[str, RunResult]) -> None:
     result = results["nan_in_batch"]
     spec = _spec(charts.timeline(_panels(result), views.markers(result, None)))
-    assert spec["layout"]["font"]["color"] == charts.FONT
-    assert all(a["font"]["color"] == charts.FONT for a in spec["layout"]["annotations"])
+    layout = spec["layout"]
+    assert layout["font"]["color"] == charts.FONT
+    assert all(a["font"]["color"] == charts.FONT for a in layout["annotations"])
+    axes = [v for k, v in layout.items() if k.startswith(("xaxis", "yaxis"))
+            and v.get("visible", True)]
+    assert axes and all(a["tickfont"]["color"] == charts.TICK for a in axes)
+    legends = [v for k, v in layout.items() if k.startswith("legend")]
+    assert legends and all(v["font"]["color"] == charts.FONT for v in legends)
+
+    def luminance(hex_: str) -> float:
+        rgb = [int(hex_[i:i + 2], 16) / 255 for i in (1, 3, 5)]
+        lin = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in rgb]
+        return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+
+    for colour in (charts.FONT, charts.TICK):  # on white: WCAG's 4.5:1 for small text
+        assert 1.05 / (luminance(colour) + 0.05) >= 4.5
 
 
 # Point 2: a truncated event file's end is marked at the last step read from it.
@@ -328,6 +342,20 @@ def test_regression_heatmap_zeros_are_apart_from_cells_not_logged(
         assert math.isnan(colours[r][c])  # not on the colour scale
     for r, c in zip(*np.nonzero(~grid.logged), strict=True):
         assert words[r][c] == "not logged"
+
+
+def test_heatmap_marks_overflow_skips_apart_from_failures(
+        results: dict[str, RunResult]) -> None:
+    from analyzer.tags import TagRole
+
+    result = results["amp_benign_skips"]
+    roles = views.tag_roles(result.run.tags())
+    grid = views.layer_grid(result.run, roles.tags(TagRole.LAYER_GRAD), roles.layers)
+    assert grid.nonfinite.any()
+    fig = charts.layer_heatmap(grid, "t", None, None, skipped=result.overflow_skips)
+    marked = [t for t in fig.data if t.type == "scatter"]
+    assert [t.name for t in marked] == [charts.SKIPPED]
+    assert len(marked[0].x) == int(grid.nonfinite.sum())
 
 
 def test_regression_heatmap_colours_each_row_by_its_own_range(

@@ -43,11 +43,13 @@ if grids:
                        help="Off: each row spans its own range of log10 values, so a layer "
                        "at 1e20 does not flatten the others. On: one log10 scale for all.")
     st.caption("Grey cells: logged as exactly 0. Blank cells: not logged at that step. "
-               "✕: non-finite. Hover a cell for its value.")
+               "Red ✕: non-finite; purple ✕: non-finite at a step the loss scaler skipped "
+               "(its overflow, benign). Hover a cell for its value.")
 for role, title, grid in grids:
     scale = "log10" if shared else "log10, each row its own range"
     st.plotly_chart(charts.layer_heatmap(grid, f"{title} ({scale})", highlight, first_step,
-                                         shared=shared), key=f"heatmap_{role}")
+                                         shared=shared, skipped=result.overflow_skips),
+                    key=f"heatmap_{role}")
 if not grids:
     st.info("This run logged no per-layer norms (tags such as grad_norm/<param> or "
             "weight_norm/<param>).")
