@@ -6,7 +6,7 @@ import glob
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,20 @@ os.environ["FORENSICS_CONFIG_DIR"] = tempfile.mkdtemp(prefix="forensics-config-"
 sys.path.insert(0, os.path.join(ROOT, "bench"))  # the event generator benchmarks use
 
 REAL_FIXTURES = os.path.join(os.path.dirname(ROOT), "shared", "fixtures", "real-tfevents")
+
+
+@pytest.fixture(autouse=True)
+def _sys_path_without_repeats() -> Iterator[None]:
+    """After each test, sys.path without the repeats of an entry (the first of each kept,
+    in order: what an import finds is unchanged). Each run of the dashboard's entry script
+    under AppTest puts the repository root on sys.path once more (Streamlit's folder of the
+    script goes in front of it, so the script's check that the root leads fails); after the
+    app tests' hundreds of runs every lookup along sys.path (each import, the trust
+    checks' candidate folders) walked hundreds of copies, and a trust fuzz test took 49 s
+    instead of 5."""
+    yield
+    if len(set(sys.path)) < len(sys.path):
+        sys.path[:] = list(dict.fromkeys(sys.path))
 
 
 def write_summary_run(folder: str, values: dict[str, Sequence[float]], *,
