@@ -322,9 +322,11 @@ def layer_heatmap(grid: Grid, title: str, highlight: str | None,
     labels = [f"▶ {t}" if highlight and layer == highlight else t
               for t, layer in zip(grid.tags, grid.layers, strict=True)]
     words = _cell_words(grid)
-    bar = ({"title": "log10"} if shared else
-           {"title": "each row:<br>its own<br>log range", "tickvals": [0, 1],
-            "ticktext": ["row's lowest", "row's highest"]})
+    bar: dict[str, object] = {
+        "title": {"text": "log10" if shared else "each row:<br>its own<br>log range",
+                  "font": {"color": FONT}}, "tickfont": {"color": TICK}}
+    if not shared:
+        bar |= {"tickvals": [0, 1], "ticktext": ["row's lowest", "row's highest"]}
     fig = go.Figure(go.Heatmap(
         z=heat_values(grid, shared), x=grid.steps, y=labels, colorscale="Viridis",
         colorbar={**bar, "x": 1.02}, text=words, name="value",
