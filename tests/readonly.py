@@ -16,7 +16,9 @@ def snapshot(folder: Path) -> dict[str, tuple[int, str]]:
     for p in sorted(folder.rglob("*")):
         name = str(p.relative_to(folder))
         if p.is_file():
-            out[name] = (p.stat().st_size, hashlib.sha256(p.read_bytes()).hexdigest())
+            with open(p, "rb") as fh:  # hashed as read: a gigabyte is never held whole
+                digest = hashlib.file_digest(fh, "sha256").hexdigest()
+            out[name] = (p.stat().st_size, digest)
         else:
             out[name] = (-1, "")
     return out
