@@ -17,11 +17,11 @@ too deep folder not walked.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Literal
 
 from analyzer.ingest import storage
+from analyzer.ingest.tb import is_event_file
 from analyzer.model import IngestIssue, RunResult
 
 HealthStatus = Literal["failed", "finite", "damaged", "unreadable"]
@@ -45,7 +45,7 @@ class Cut:
 
     def words(self, run_path: str) -> str:
         name = rel(self.file, run_path)
-        what = "event file" if "tfevents" in os.path.basename(self.file) else "file"
+        what = "event file" if is_event_file(self.file) else "file"
         how = {"zero_tail": f"ends in zero bytes (never written) from {self.where}",
                "read_limit": f"was read only up to {self.where} (the read limit)"}.get(
                    self.kind, f"is cut at {self.where}")
