@@ -80,6 +80,7 @@ def test_regression_logs_page_of_a_run_with_no_nonfinite_line_shows_the_log(
     assert f"{1:>6} | {lines[0].strip()}" in view
     assert f"* {skips[0]:>6} | " in view
     assert f"{len(lines)} lines in `train.log`" in shown
+    _drawn_by_tables(at)
 
 
 def test_logs_viewer_last_lines_go_to_a_line_and_filter(runs: Path) -> None:
@@ -172,3 +173,30 @@ def test_replay_page_of_a_float64_replay_of_a_float32_failure(runs: Path) -> Non
     assert not any(p.startswith("as-run") for p in passes["pass"])
     assert (passes["dtype"] == "float64").all()
     assert passes["runs"].iloc[0].startswith("cast to float64")
+
+
+def test_replay_page_shows_the_analysis_replay_on_its_first_render(runs: Path) -> None:
+    """The Replay page waits for the replay (ui.run_page(..., replay=True)) instead of
+    painting an empty page with 'Replaying...' under it: the page is the replay."""
+    name = "division_by_zero"
+    if not (runs / name / "capture").is_dir():
+        pytest.skip(f"sample run {name} has no capture")
+    at = open_app(name).switch_page("app_pages/replay.py").run()
+    no_error(at)
+    assert not any(str(c.value).startswith("Replaying the captured step") for c in at.caption)
+    shown = texts(at)
+    assert "Replay made by the analysis (cpu, as-run)" in shown
+    assert "Verdict: " in shown
+    assert "fingerprint" in frame_with(at, "fingerprint").columns
+    _drawn_by_tables(at)
+
+
+def _drawn_by_tables(at: AppTest) -> None:
+    """Every table went through tables.show: no float column left with all its digits, no
+    missing cell drawn as "None"."""
+    assert at.dataframe
+    for frame in at.dataframe:
+        table = frame.value
+        floats = [c for c in table.columns if table[c].dtype.kind == "f"]
+        assert not floats, (floats, table.head())
+        assert not table.isna().any().any(), table.head()

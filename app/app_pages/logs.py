@@ -11,12 +11,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import pandas as pd
 import streamlit as st
 
 from analyzer.model import Event, Run
 from analyzer.wording import step_words
-from app import data, runinfo, ui, views
+from app import data, runinfo, tables, ui, views
 
 sel, result = ui.run_page("Logs")
 
@@ -119,9 +118,9 @@ def show_marked(path: str, events: list[Event]) -> None:
         counts[_MARKED.get(e.kind, e.kind)] = counts.get(_MARKED.get(e.kind, e.kind), 0) + 1
     st.caption(", ".join(f"{k}: {n}" for k, n in counts.items())
                + ". Marked * in the log below; a button shows the line there.")
-    st.dataframe(pd.DataFrame([{
+    tables.show(tables.frame([{
         "line": e.location.line, "event": _MARKED.get(e.kind, e.kind), "step": _step(e),
-        "message": e.message} for e in events]), hide_index=True, key=f"logs_marked_{name}")
+        "message": e.message} for e in events]), key=f"logs_marked_{name}")
     shown = events[:24]
     columns = st.columns(min(len(shown), 6) or 1)
     for i, e in enumerate(shown):
@@ -207,9 +206,9 @@ def other_sources(target: views.LogHit) -> None:
     ui.step_views(run, step, key="logs_views")
     at_step = [e for e in run.events if views.event_step(e) == step]
     if at_step:
-        st.dataframe(pd.DataFrame([{"event": e.kind, "message": e.message,
+        tables.show(tables.frame([{"event": e.kind, "message": e.message,
                                     "where": views.where(e.location, run.path)}
-                                   for e in at_step]), hide_index=True, key="logs_events")
+                                   for e in at_step]), key="logs_events")
     history = run.checkpoints
     if history is not None:
         saves = [s for s in history.saves if s.step is not None and s.step <= step]

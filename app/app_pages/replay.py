@@ -5,20 +5,19 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import pandas as pd
 import streamlit as st
 
 from analyzer.wording import place_words, replay_place
-from app import data, ui
+from app import data, tables, ui
 
-sel, result = ui.run_page("Replay")
+sel, result = ui.run_page("Replay", replay=True)
 
 
 def _stats(stats: Any) -> str:
     return "; ".join(s.brief() for s in stats) or "-"
 
 
-def show_op(op: Any) -> None:
+def show_op(op: Any, key: str) -> None:
     st.markdown(f"Op **aten.{op.op}** (op #{op.ordinal} of {op.phase})"
                 + (f" in module **{op.module}**" if op.module else "")
                 + (f", autograd node `{op.autograd_node}`" if op.autograd_node else "")
@@ -28,9 +27,9 @@ def show_op(op: Any) -> None:
         st.caption(f"source line `{op.source}`")
         if op.source_line:
             st.code(op.source_line.strip(), language="python")
-    st.dataframe(pd.DataFrame([{"": "in", "tensor": s.brief()} for s in op.inputs]
+    tables.show(tables.frame([{"": "in", "tensor": s.brief()} for s in op.inputs]
                               + [{"": "out", "tensor": s.brief()} for s in op.outputs]),
-                 hide_index=True)
+                key=key)
     if not op.inputs_finite:
         st.caption("No op turned finite inputs into a non-finite output: this is the first op "
                    "whose output was non-finite, so a non-finite input or constant came first.")
@@ -51,16 +50,16 @@ def show(r: Any) -> None:
     else:
         st.markdown(f"First non-finite value in **{r.phase}**, {place_words(place, mark='**')}.")
         if r.op is not None:
-            show_op(r.op)
+            show_op(r.op, "replay_op")
     fwd = r.forward
     st.subheader("Module frames around the producer")
     centre = fwd.producer or fwd.first_nonfinite
     if fwd.window:
-        st.dataframe(pd.DataFrame([{
+        tables.show(tables.frame([{
             "": "▶" if centre is not None and f.index == centre.index else "",
             "#": f.index, "module": f.name, "type": f.type, "call": f.call, "role": f.role,
             "output": _stats(f.outputs), "non-finite params": ", ".join(f.bad_params)}
-            for f in fwd.window]), hide_index=True, key="replay_frames")
+            for f in fwd.window]), key="replay_frames")
     else:
         st.markdown("No module of the forward pass produced a non-finite value.")
     st.caption(f"{fwd.frames} module calls in the forward pass; batch: {_stats(fwd.batch)}"
@@ -76,7 +75,7 @@ def show(r: Any) -> None:
         st.markdown(f"Backward: {len(bwd.bad_params)} parameters with non-finite gradients"
                     + (f"; first `{first.name}` in {first.module or '?'}" if first else ""))
         if bwd.origin is not None and r.phase != "backward":
-            show_op(bwd.origin)
+            show_op(bwd.origin, "replay_origin")
     u = r.update
     st.markdown(f"Update: {u.note or 'not run'}" if not u.ran else
                 "Update: every parameter finite after the step" if u.finite else
@@ -86,12 +85,12 @@ def show(r: Any) -> None:
                "twice: passes that disagree make the verdict not-reproducible. The float64 "
                "pass tells a mathematical fault (non-finite in float64 too) from a range "
                "overflow or underflow of the run's dtype (finite in float64).")
-    st.dataframe(pd.DataFrame([{"pass": p.label, "runs": _runs(p, r), "device": p.device,
+    tables.show(tables.frame([{"pass": p.label, "runs": _runs(p, r), "device": p.device,
                                 "dtype": p.dtype, "autocast": p.autocast or "off",
                                 "loss": p.loss,
                                 "first non-finite phase": p.phase or "finite",
                                 "fingerprint": p.fingerprint, "error": p.error or ""}
-                               for p in r.passes]), hide_index=True, key="replay_passes")
+                               for p in r.passes]), key="replay_passes")
     with st.expander("As text (forensics replay)"):
         st.code(data.format_replay(r), language=None)
 
