@@ -18,6 +18,12 @@ replay its capture, then rank, which compares a failed run with the healthy runs
 it. Findings are therefore keyed by the run and by a digest of its healthy siblings'
 environments. Nothing here computes what a stage gives: pages read it off the records.
 
+Pages paint before any replay: :func:`load_fast` gives a run read, located and ranked
+without it (as ``forensics analyze --no-replay``), :func:`start_replay` queues the replay on
+a background thread shared by every session, and :func:`replay_state` says when
+:func:`load` has it. The runs table reads each run once (ranked alone, then beside its
+siblings from the slim result, as a fleet's executor does) and shows its rows as they come.
+
 Nothing here writes into an analysed folder: the analyzer only reads, and a replay runs
 in memory. A replay imports the factories its capture names only from trusted folders
 (:mod:`analyzer.trust`: ``--import-path`` folders given to ``forensics app``, folders recorded
@@ -35,8 +41,9 @@ import os
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -731,7 +738,9 @@ class _Replays:
     A page that needs the replayed analysis no longer waits for it before its first paint:
     it shows the analysis without the replay, queues the replay (:func:`start_replay`) and
     polls :func:`replay_state`. One at a time: a replay is CPU-bound, and two would slow
-    the pages being drawn meanwhile twice as much. A replay holds no tensors; the oldest
+    the pages being drawn meanwhile twice as much. The run asked for last is replayed
+    first: it is the page being looked at. The thread is a daemon: stopping the server
+    drops a replay under way (it writes nothing). A replay holds no tensors; the oldest
     are forgotten past :attr:`KEEP`.
     """
 
@@ -741,7 +750,9 @@ class _Replays:
         self._lock = threading.Lock()
         self._done: dict[tuple[str, str], ReplayOutcome] = {}
         self._pending: dict[tuple[str, str], Future[ReplayOutcome]] = {}
-        self._pool: ThreadPoolExecutor | None = None
+        self._queue: deque[tuple[tuple[str, str], tuple[str, ...]]] = deque()
+        self._wake = threading.Condition(self._lock)
+        self._worker: threading.Thread | None = None
         self.finished = 0
         """Replays done so far: a table made before one more is made again."""
 
@@ -760,10 +771,14 @@ class _Replays:
             queued = self._pending.get(key)
             if queued is not None:
                 return queued
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(1, thread_name_prefix="forensics-replay")
-            future = self._pool.submit(self._run, key, paths)
+            future: Future[ReplayOutcome] = Future()
             self._pending[key] = future
+            self._queue.appendleft((key, paths))
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._serve, name="forensics-replay",
+                                                daemon=True)
+                self._worker.start()
+            self._wake.notify()
             return future
 
     def wait(self, capture: str, digest: str, paths: tuple[str, ...]) -> ReplayOutcome:
@@ -776,6 +791,14 @@ class _Replays:
         for future in queued:
             future.result(timeout=timeout)
 
+    def _serve(self) -> None:
+        while True:
+            with self._lock:
+                while not self._queue:
+                    self._wake.wait()
+                key, paths = self._queue.popleft()
+            self._run(key, paths)
+
     def _run(self, key: tuple[str, str], paths: tuple[str, ...]) -> ReplayOutcome:
         from analyzer.pipeline import attempt_replay
 
@@ -784,14 +807,18 @@ class _Replays:
             result, error, refused = attempt_replay(key[0], device="cpu", dtype="as-run",
                                                     import_paths=paths)
             outcome = ReplayOutcome(result, error, time.monotonic() - start, refused)
-        except Exception as exc:  # attempt_replay reports what it foresees; not this
+        except BaseException as exc:  # the worker and its waiters live on
+            # attempt_replay reports what it foresees; a SystemExit from the capture's code,
+            # say, would otherwise end this thread with every later replay still waiting.
             outcome = ReplayOutcome(None, f"the replay failed: {type(exc).__name__}: {exc}")
         with self._lock:
             self._done[key] = outcome
-            self._pending.pop(key, None)
+            future = self._pending.pop(key, None)
             self.finished += 1
             while len(self._done) > self.KEEP:
                 del self._done[next(iter(self._done))]
+        if future is not None:
+            future.set_result(outcome)
         return outcome
 
 

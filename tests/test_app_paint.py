@@ -217,3 +217,39 @@ def test_run_page_paints_before_the_replay_then_shows_it(root: Path) -> None:
     assert cause_words(full.findings) in line
     if failed == TIE_BROKEN_BY_REPLAY:  # the replay changed what the headline says
         assert line != before
+
+
+def test_replays_run_once_each_the_last_asked_first_and_survive_a_crash(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from analyzer import pipeline
+    from app import data
+
+    started = threading.Event()
+    release = threading.Event()
+    order: list[str] = []
+
+    def fake(capture: str, **kw: Any) -> Any:
+        order.append(capture)
+        if capture == "first":
+            started.set()
+            release.wait(REPLAY_WAIT_S)
+        if capture == "crash":
+            raise SystemExit(3)  # what hostile code might do; the worker must live on
+        return None, f"replayed {capture}", None
+
+    monkeypatch.setattr(pipeline, "attempt_replay", fake)
+    queue = data._Replays()
+    first = queue.submit("first", "d", ())
+    assert started.wait(REPLAY_WAIT_S)
+    later = [queue.submit(name, "d", ()) for name in ("older", "crash", "newest")]
+    assert queue.submit("older", "d", ()) is later[0]  # queued once
+    release.set()
+    queue.drain(timeout=REPLAY_WAIT_S)
+    assert order == ["first", "newest", "crash", "older"]
+    assert first.result().error == "replayed first"
+    assert "SystemExit" in str(later[1].result().error)
+    assert queue.done("older", "d") is not None and queue.finished == 4
+    again = queue.submit("older", "d", ())
+    assert again.done() and order.count("older") == 1
