@@ -531,3 +531,31 @@ def test_regression_layers_page_agrees_with_the_headline(served: Path) -> None:
     assert at.toggle(key="layers_shared").value is False
     at.toggle(key="layers_shared").set_value(True).run()
     _ok(at)
+
+
+def test_regression_layers_checkpoint_tables_show_no_none_and_short_numbers(
+        served: Path) -> None:
+    """The checkpoint tables (growth, saves, bookkeeping, counts) went through
+    st.dataframe: growth printed with every digit, a save's missing loss scale or epoch as
+    "None", a global step missing in one save as NaN beside 24.0 in another."""
+    at = AppTest.from_file(str(ENTRY), default_timeout=300)
+    at.query_params["run"] = "adam_eps_fp16"
+    at.switch_page("app_pages/layers.py").run()
+    _ok(at)
+    columns = [list(f.value.columns) for f in at.dataframe]
+    assert any("global step" in c for c in columns), columns
+    assert any("growth over finite saves" in c for c in columns), columns
+    for frame in at.dataframe:
+        table = frame.value
+        floats = [c for c in table.columns if table[c].dtype.kind == "f"]
+        assert not floats, (list(table.columns), floats)
+        assert not table.isna().any().any(), table.head()
+        assert not (table.astype(str) == "None").any().any(), table.head()
+    saves = frame_of(at, "global step")["save"].tolist()
+    counts = [f.value for f in at.dataframe if set(saves) <= set(f.value.columns)]
+    # the per-layer counts keep their layer, which a table drawn without its index drops
+    assert counts and all(c.columns[0] == "layer" for c in counts)
+
+
+def frame_of(at: AppTest, column: str) -> Any:
+    return next(f.value for f in at.dataframe if column in f.value.columns)

@@ -104,8 +104,8 @@ st.subheader("Settings, environment and checkpoints")
 show_all = st.toggle("Show every key, the equal ones too", key="compare_all_keys")
 diff = compare.key_diff(runs, show_all)
 st.caption(f"{tables.plural(diff.same, 'key')} the same in all "
-           f"{len(runs)} runs" + ("" if show_all else " (hidden)") + "; a blank cell: the "
-           "run does not have the key.")
+           f"{tables.plural(len(runs), 'run')}" + ("" if show_all else " (hidden)")
+           + "; a blank cell: the run does not have the key.")
 if diff.rows:
     tables.show(tables.frame(diff.rows), key="compare_keys", column_order=diff.columns)
 else:

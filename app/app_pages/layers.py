@@ -86,20 +86,18 @@ else:
             counts.setdefault(layer_stats.layer, {})[label] = layer_stats.stats.nonfinite
     if counts:
         st.subheader("Non-finite values per layer and save")
-        st.dataframe(pd.DataFrame.from_dict(counts, orient="index", columns=labels)
-                     .rename_axis("layer"), key="ckpt_counts")
+        tables.show(pd.DataFrame.from_dict(counts, orient="index", columns=labels)
+                    .rename_axis("layer").reset_index(), key="ckpt_counts")
     if history.layers:
         st.subheader("Weight-norm growth per layer")
         st.plotly_chart(charts.checkpoint_norms(steps, {g.layer: list(g.norms)
                                                         for g in history.layers}, bad),
                         key="ckpt_norms")
-        st.dataframe(pd.DataFrame([{"layer": g.layer, "growth over finite saves": g.growth,
-                                    "growth over the last interval": g.last_growth}
-                                   for g in history.layers]), hide_index=True,
-                     key="ckpt_growth")
+        tables.show(tables.frame([{"layer": g.layer, "growth over finite saves": g.growth,
+                                   "growth over the last interval": g.last_growth}
+                                  for g in history.layers]), key="ckpt_growth")
     st.subheader("Saves")
-    st.dataframe(pd.DataFrame(runinfo.save_rows(history, labels, run)), hide_index=True,
-                 key="ckpt_saves")
+    tables.show(tables.frame(runinfo.save_rows(history, labels, run)), key="ckpt_saves")
     st.subheader("Bookkeeping (not evidence)")
     odd = runinfo.nonfinite_bookkeeping(history)
     if odd:
@@ -111,6 +109,6 @@ else:
                 f"above: {names}")
     states = runinfo.bookkeeping_rows(history, labels)
     if states:
-        st.dataframe(pd.DataFrame(states), hide_index=True, key="ckpt_bookkeeping")
+        tables.show(tables.frame(states), key="ckpt_bookkeeping")
     elif not odd:
         st.caption("The saves hold no callback state.")
