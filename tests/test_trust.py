@@ -295,15 +295,22 @@ def test_the_dashboard_replays_untrusted_code_only_when_asked(
     _forget_module()
     at = AppTest.from_file(str(ROOT / "app" / "streamlit_app.py"), default_timeout=300).run()
     assert not at.exception
+    # The Runs table paints before any replay: the capture is not replayed yet.
     table = at.dataframe[0].value.set_index("run")
-    assert table.loc["hostile", "replay"].startswith("not run")
-    at.selectbox(key="run").set_value("hostile")
+    assert table.loc["hostile", "replay"].startswith("not replayed yet")
+    assert not marker.exists()
+    at.selectbox(key="run_picker").set_value("hostile")
     at.switch_page("app_pages/replay.py").run()
     assert any("replay not run: it would import `evilnets:make`" in w.value for w in at.warning)
+    # Once its replay was tried (and refused), the Runs table says so.
+    at.switch_page("app_pages/runs.py").run()
+    table = at.dataframe[0].value.set_index("run")
+    assert table.loc["hostile", "replay"].startswith("not run: its code is not trusted")
+    at.switch_page("app_pages/replay.py").run()
     at.button(key="replay_button").click().run()
     assert not at.exception and not marker.exists()
     assert _snapshot(hostile) == before
-    at.selectbox(key="run").set_value("team/run")
+    at.selectbox(key="run_picker").set_value("team/run")
     at.switch_page("app_pages/replay.py").run()
     assert any("mynets_trusted:make" in w.value for w in at.warning)
     at.button(key="replay_trust_folder").click().run()

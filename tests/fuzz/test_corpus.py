@@ -124,7 +124,7 @@ def test_the_dashboard_shows_every_corpus_run(corpus_root: Path,
     names = list(at.dataframe[0].value["run"])
     assert len(names) == len(list(corpus_root.iterdir()))
     for name in names:
-        at.selectbox(key="run").set_value(name)
+        at.selectbox(key="run_picker").set_value(name)
         for page in PAGES:
             at.switch_page(f"app_pages/{page}.py").run()
             assert not at.exception, (name, page, [e.value for e in at.exception])
