@@ -84,7 +84,11 @@ def command(path: str, *, port: int = 8501, import_paths: Sequence[str] = (),
     each taken as one run (``--run-root``)."""
     trusted = [arg for p in import_paths for arg in ("--import-path", os.path.abspath(p))]
     trusted += [arg for p in run_roots for arg in ("--run-root", storage.absolute(p))]
-    return [sys.executable, "-m", "streamlit", "run", app_script(),
+    script = app_script()
+    # The server's own launcher beside the entry script, run by its path (not ``-m``, which
+    # would import an ``app`` from the working folder first): Streamlit's command line with
+    # the first page's modules imported while it waits for a browser.
+    return [sys.executable, str(Path(script).with_name("serve.py")), "run", script,
             "--server.address", HOST, "--server.port", str(port),
             "--server.headless", "true", "--browser.gatherUsageStats", "false",
             "--browser.serverAddress", HOST, "--server.fileWatcherType", "none",

@@ -308,8 +308,9 @@ def test_launch_command_is_local_headless_and_quiet(tmp_path: Path) -> None:
 
     assert Path(app_script()) == ENTRY
     cmd = command(str(tmp_path), port=8765)
-    assert cmd[:4] == [sys.executable, "-m", "streamlit", "run"]
-    opts = dict(zip(cmd[5:-3:2], cmd[6:-3:2], strict=True))
+    assert cmd[0] == sys.executable and cmd[2] == "run"
+    assert cmd[1] == str(Path(cmd[3]).with_name("serve.py")) and os.path.isabs(cmd[1])
+    opts = dict(zip(cmd[4:-3:2], cmd[5:-3:2], strict=True))
     assert opts["--server.address"] == "127.0.0.1"
     assert opts["--server.port"] == "8765"
     assert opts["--server.headless"] == "true"

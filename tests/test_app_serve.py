@@ -1,0 +1,66 @@
+"""The dashboard's server process (app/serve.py): Streamlit's command line with the first
+page's modules imported while it waits for a browser, run by its path so that an ``app``
+package in the working folder is never imported in its place."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_warming_up_imports_the_first_pages_modules_but_not_torch() -> None:
+    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
+            "from app.serve import WARM, warm\n"
+            "done = warm()\n"
+            "assert done == list(WARM), (done, WARM)\n"
+            "print(sorted(m for m in ('torch', 'streamlit', 'pandas', 'app.data') "
+            "if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[-2] == "['app.data', 'pandas', 'streamlit']"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_the_server_ignores_an_app_package_in_the_working_folder(tmp_path: Path) -> None:
+    from analyzer.dashboard import command, wait_until_up
+
+    # A folder that holds a package named like the dashboard's, as an analysed folder or a
+    # user's project may: `python -m app.serve` from there would run its code.
+    hostile = tmp_path / "app"
+    hostile.mkdir()
+    marker = tmp_path / "ran"
+    for name in ("__init__.py", "serve.py", "data.py", "ui.py"):
+        (hostile / name).write_text(f"open({str(marker)!r}, 'a').write({name!r})\n")
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    port = _free_port()
+    proc = subprocess.Popen(command(str(runs), port=port), cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        up = wait_until_up(port, timeout=120, alive=proc)
+        if not up:
+            err = proc.stderr.read().decode(errors="replace") if proc.poll() is not None else ""
+            pytest.fail(f"the server did not come up: {err[-2000:]}")
+        import time
+
+        time.sleep(3.0)  # the warm-up thread imports app.* meanwhile
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    assert not marker.exists(), marker.read_text()
