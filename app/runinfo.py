@@ -193,6 +193,10 @@ def saved_by(scan: CheckpointScan, run: Run | None = None) -> str:
     return beside[0].framework if beside else ""
 
 
+SAVE_OPTIONAL = ("loss scale", "saved by", "global step", "epoch", "step from")
+"""Columns of :func:`save_rows` that a page may leave out when no save has a value."""
+
+
 def save_rows(history: CheckpointHistory, labels: Sequence[str],
               run: Run) -> list[dict[str, object]]:
     """One row per save: its step, file, evidence and who saved it at which step."""

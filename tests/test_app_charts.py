@@ -543,7 +543,7 @@ def test_regression_layers_checkpoint_tables_show_no_none_and_short_numbers(
     at.switch_page("app_pages/layers.py").run()
     _ok(at)
     columns = [list(f.value.columns) for f in at.dataframe]
-    assert any("global step" in c for c in columns), columns
+    assert any("non-finite tensors" in c for c in columns), columns
     assert any("growth over finite saves" in c for c in columns), columns
     for frame in at.dataframe:
         table = frame.value
@@ -551,7 +551,7 @@ def test_regression_layers_checkpoint_tables_show_no_none_and_short_numbers(
         assert not floats, (list(table.columns), floats)
         assert not table.isna().any().any(), table.head()
         assert not (table.astype(str) == "None").any().any(), table.head()
-    saves = frame_of(at, "global step")["save"].tolist()
+    saves = frame_of(at, "non-finite tensors")["save"].tolist()
     counts = [f.value for f in at.dataframe if set(saves) <= set(f.value.columns)]
     # the per-layer counts keep their layer, which a table drawn without its index drops
     assert counts and all(c.columns[0] == "layer" for c in counts)
@@ -559,3 +559,40 @@ def test_regression_layers_checkpoint_tables_show_no_none_and_short_numbers(
 
 def frame_of(at: AppTest, column: str) -> Any:
     return next(f.value for f in at.dataframe if column in f.value.columns)
+
+
+@pytest.fixture(scope="module")
+def hf_served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    pytest.importorskip("transformers")
+    from tests.frameworks import corpus
+
+    root = tmp_path_factory.mktemp("hf_served") / "runs"
+    shutil.copytree(corpus.get("hf_nan", tmp_path_factory), root / "hf_nan")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FORENSICS_RUNS", str(root))
+        yield root
+
+
+def test_regression_layers_tables_of_a_trainer_run_hold_no_nan_for_a_save_without_layers(
+        hf_served: Path) -> None:
+    """A Trainer's checkpoint-N/optimizer.pt holds no layer's weights: its columns of the
+    per-layer counts were all NaN, drawn "nan" as if the counts were non-finite; the growth
+    table was blank in every cell (one finite save), the saves table had columns blank in
+    every row and was cut at the page's edge."""
+    at = AppTest.from_file(str(ENTRY), default_timeout=300)
+    at.query_params["run"] = "hf_nan"
+    at.switch_page("app_pages/layers.py").run()
+    _ok(at)
+    saves = frame_of(at, "non-finite tensors")
+    assert "global step" in saves.columns  # the last save's trainer_state.json has it
+    assert "loss scale" not in saves.columns and "epoch" not in saves.columns
+    counts = next(f.value for f in at.dataframe if f.value.columns[0] == "layer"
+                  and any(str(c).startswith("step ") for c in f.value.columns))
+    assert list(counts.columns[1:]) == [s for s in saves["save"] if "optimizer" not in s]
+    assert not (counts == "nan").any().any(), counts.head()
+    for frame in at.dataframe:
+        table = frame.value
+        blank = [c for c in table.columns if (table[c].astype(str) == "").all()]
+        assert not blank, (list(table.columns), blank)
+    assert not any("growth over finite saves" in f.value.columns for f in at.dataframe)
+    assert any("needs two saves whose weights are finite" in str(c.value) for c in at.caption)

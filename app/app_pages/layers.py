@@ -86,18 +86,28 @@ else:
             counts.setdefault(layer_stats.layer, {})[label] = layer_stats.stats.nonfinite
     if counts:
         st.subheader("Non-finite values per layer and save")
-        tables.show(pd.DataFrame.from_dict(counts, orient="index", columns=labels)
-                    .rename_axis("layer").reset_index(), key="ckpt_counts")
+        # a save that holds no layer's tensors (an optimizer.pt beside model.safetensors)
+        # has no column here: a column of blanks, or of NaN read as values, says nothing
+        held = [label for label in labels if any(label in c for c in counts.values())]
+        tables.show(tables.frame([{"layer": layer, **{label: by.get(label) for label in held}}
+                                  for layer, by in counts.items()]), key="ckpt_counts")
     if history.layers:
         st.subheader("Weight-norm growth per layer")
         st.plotly_chart(charts.checkpoint_norms(steps, {g.layer: list(g.norms)
                                                         for g in history.layers}, bad),
                         key="ckpt_norms")
-        tables.show(tables.frame([{"layer": g.layer, "growth over finite saves": g.growth,
-                                   "growth over the last interval": g.last_growth}
-                                  for g in history.layers]), key="ckpt_growth")
+        if any(g.growth is not None or g.last_growth is not None for g in history.layers):
+            tables.show(tables.frame([{"layer": g.layer, "growth over finite saves": g.growth,
+                                       "growth over the last interval": g.last_growth}
+                                      for g in history.layers]), key="ckpt_growth")
+        else:
+            st.caption("No growth to show: it needs two saves whose weights are finite.")
     st.subheader("Saves")
-    tables.show(tables.frame(runinfo.save_rows(history, labels, run)), key="ckpt_saves")
+    saves = tables.frame(runinfo.save_rows(history, labels, run))
+    # what no save says (no loss scale, no epoch) is left out: the table then fits the page
+    blank = [c for c in runinfo.SAVE_OPTIONAL
+             if c in saves.columns and all(v is None or v == "" for v in saves[c])]
+    tables.show(saves.drop(columns=blank), key="ckpt_saves")
     st.subheader("Bookkeeping (not evidence)")
     odd = runinfo.nonfinite_bookkeeping(history)
     if odd:
