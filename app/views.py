@@ -190,7 +190,10 @@ def own_panels(result: RunResult, tags: list[str]) -> list[OwnPanel]:
     for a in run.alignments:
         if a.aligned:
             continue
-        mine = [s for s in run.series if s.source == a.source and s.tag in tags and len(s)]
+        # a log may place some of its numberings and not others: only the series on this
+        # alignment's axis are off the run's steps (the others are on the timeline's panels)
+        mine = [s for s in run.series if s.source == a.source and s.axis == a.axis
+                and s.tag in tags and len(s)]
         if not mine:
             continue
         drawn = []

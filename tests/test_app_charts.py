@@ -596,3 +596,22 @@ def test_regression_layers_tables_of_a_trainer_run_hold_no_nan_for_a_save_withou
         assert not blank, (list(table.columns), blank)
     assert not any("growth over finite saves" in f.value.columns for f in at.dataframe)
     assert any("needs two saves whose weights are finite" in str(c.value) for c in at.caption)
+
+
+def test_regression_a_log_drawn_apart_holds_only_its_unplaced_series(
+        results: dict[str, RunResult]) -> None:
+    """amp_benign_skips' train.log has its loss and lr placed on the global step (drawn on
+    the timeline's panels) and one loss record it could not place: the panel drawn apart,
+    'not on the run's steps', showed all three, with 'loss' twice in its legend."""
+    result = results["amp_benign_skips"]
+    run = result.run
+    own = views.own_panels(result, ["loss", "lr", "train/loss"])
+    assert own, "train.log's unplaced record"
+    for panel in own:
+        unplaced = {(s.tag, len(s)) for s in run.series if s.source == panel.source
+                    and not run.is_aligned(s.source, s.axis)}
+        assert {(c.tag, len(c.steps)) for c in panel.curves} <= unplaced
+        labels = [c.label for c in panel.curves]
+        assert len(labels) == len(set(labels)), labels
+    placed = {c.source for c in views.curves(run, ["loss"])}
+    assert any(s.endswith("train.log") for s in placed)
