@@ -47,11 +47,33 @@ def warm(names: tuple[str, ...] = WARM) -> list[str]:
     return done
 
 
+_warming: threading.Thread | None = None
+
+
+def start() -> None:
+    """Begin the warm-up on a thread of its own (once per process)."""
+    global _warming
+    if _warming is None:
+        _warming = threading.Thread(target=warm, name="forensics-warm", daemon=True)
+        _warming.start()
+
+
+def wait() -> None:
+    """Let the warm-up finish before a page's script imports the same modules: two threads
+    importing at once can see a module half made (plotly looks pandas up in sys.modules
+    without importing it). The wait costs nothing extra: it is the imports the page would
+    make itself. Outside a server started here (AppTest, a bare ``streamlit run``) there is
+    nothing to wait for."""
+    if _warming is not None:
+        _warming.join()
+
+
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
-    threading.Thread(target=warm, name="forensics-warm", daemon=True).start()
-    from streamlit.web.cli import main as streamlit_main
+    from streamlit.web.cli import main as streamlit_main  # before the thread: see wait()
 
+    # The state lives in the ``app.serve`` module the pages import, not in ``__main__``.
+    importlib.import_module("app.serve").start()
     sys.argv = ["streamlit", *args]
     streamlit_main()
 

@@ -15,6 +15,10 @@ _ABOVE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if sys.path[:1] != [_ABOVE]:
     sys.path.insert(0, _ABOVE)
 
+from app import serve  # noqa: E402
+
+serve.wait()  # the server's warm-up imports what follows; let it finish first
+
 import streamlit as st  # noqa: E402
 
 from app import ui  # noqa: E402

@@ -64,3 +64,32 @@ def test_the_server_ignores_an_app_package_in_the_working_folder(tmp_path: Path)
             proc.kill()
             proc.wait()
     assert not marker.exists(), marker.read_text()
+
+
+def test_a_page_waits_for_the_warm_up_to_finish(monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from app import serve
+
+    release = threading.Event()
+    finished = []
+
+    def slow_warm() -> list[str]:
+        release.wait(timeout=30)
+        finished.append(True)
+        return []
+
+    monkeypatch.setattr(serve, "warm", slow_warm)
+    monkeypatch.setattr(serve, "_warming", None)
+    serve.start()
+    assert serve._warming is not None and serve._warming.is_alive()
+    threading.Timer(0.2, release.set).start()
+    serve.wait()  # what streamlit_app.py does before its own imports
+    assert finished == [True]
+
+
+def test_without_a_warm_up_a_page_does_not_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    from app import serve
+
+    monkeypatch.setattr(serve, "_warming", None)
+    serve.wait()  # AppTest, a bare `streamlit run`: returns at once
