@@ -41,6 +41,14 @@ def frame(rows: Iterable[Mapping[str, object]]) -> pd.DataFrame:
     return pd.DataFrame(list(rows), dtype=object)
 
 
+def without_blank(frame_: pd.DataFrame, columns: Iterable[str]) -> pd.DataFrame:
+    """``frame_`` less those of ``columns`` that are blank in every row (``None`` or empty
+    text): a column that says nothing only pushes the others past the page's edge."""
+    blank = [c for c in columns if c in frame_.columns
+             and all(_missing(v) or v == "" for v in frame_[c])]
+    return frame_.drop(columns=blank)
+
+
 def number_text(value: float) -> str:
     """A float in a cell: whole numbers without a point, others to 5 significant digits,
     NaN and infinities spelled out."""

@@ -958,6 +958,18 @@ def test_regression_table_cells_show_no_none_and_no_float_digits_run_on() -> Non
     assert list(big["max"]) == ["1e+20", "2"]
 
 
+def test_regression_a_column_blank_in_every_row_is_left_out_when_asked() -> None:
+    from app import tables
+
+    # The Replay page's frames table spent a column on "non-finite params" with nothing in
+    # it, and the module outputs beside it were cut at the page's edge.
+    rows = tables.frame([{"module": "fc1", "params": "", "note": None, "error": "boom"},
+                         {"module": "fc2", "params": "", "note": None, "error": ""}])
+    kept = tables.without_blank(rows, ["params", "note", "error", "absent"])
+    assert list(kept.columns) == ["module", "error"]
+    assert list(tables.without_blank(rows, []).columns) == list(rows.columns)
+
+
 def test_regression_an_ordinary_table_has_no_inner_scroll_and_counts_read_right() -> None:
     from app import tables
 

@@ -103,11 +103,9 @@ else:
         else:
             st.caption("No growth to show: it needs two saves whose weights are finite.")
     st.subheader("Saves")
-    saves = tables.frame(runinfo.save_rows(history, labels, run))
     # what no save says (no loss scale, no epoch) is left out: the table then fits the page
-    blank = [c for c in runinfo.SAVE_OPTIONAL
-             if c in saves.columns and all(v is None or v == "" for v in saves[c])]
-    tables.show(saves.drop(columns=blank), key="ckpt_saves")
+    tables.show(tables.without_blank(tables.frame(runinfo.save_rows(history, labels, run)),
+                                     runinfo.SAVE_OPTIONAL), key="ckpt_saves")
     st.subheader("Bookkeeping (not evidence)")
     odd = runinfo.nonfinite_bookkeeping(history)
     if odd:

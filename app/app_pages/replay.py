@@ -59,7 +59,8 @@ def show(r: Any) -> None:
             "": "▶" if centre is not None and f.index == centre.index else "",
             "#": f.index, "module": f.name, "type": f.type, "call": f.call, "role": f.role,
             "output": _stats(f.outputs), "non-finite params": ", ".join(f.bad_params)}
-            for f in fwd.window]), key="replay_frames")
+            for f in fwd.window]).pipe(tables.without_blank, ["", "non-finite params"]),
+            key="replay_frames")
     else:
         st.markdown("No module of the forward pass produced a non-finite value.")
     st.caption(f"{fwd.frames} module calls in the forward pass; batch: {_stats(fwd.batch)}"
@@ -90,7 +91,8 @@ def show(r: Any) -> None:
                                 "loss": p.loss,
                                 "first non-finite phase": p.phase or "finite",
                                 "fingerprint": p.fingerprint, "error": p.error or ""}
-                               for p in r.passes]), key="replay_passes")
+                               for p in r.passes]).pipe(tables.without_blank, ["error"]),
+                key="replay_passes")
     with st.expander("As text (forensics replay)"):
         st.code(data.format_replay(r), language=None)
 
