@@ -168,6 +168,11 @@ def panels(runs: Mapping[str, RunResult], roles_of: Mapping[str, views.TagRoles]
     return out
 
 
+def has_curves(drawn: Mapping[str, list[Line]], run: str) -> bool:
+    """Whether ``run`` has a line on any panel (an unreadable run has none)."""
+    return any(line.run == run for lines in drawn.values() for line in lines)
+
+
 def _group(key: str) -> str:
     if key.startswith("env."):
         return "environment"

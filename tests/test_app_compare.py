@@ -337,3 +337,26 @@ def test_an_environment_one_run_lacks_is_a_difference(sweep: Sweep, tmp_path: Pa
     assert rows["env.torch"]["trial_002"] == torch.__version__
     assert rows["env.torch"]["trial_000"] is None
     assert "env.default_dtype" in rows and "learning_rate" in rows
+
+
+def test_regression_an_unreadable_chosen_run_is_not_called_the_bold_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compare on a run of which nothing could be read: its siblings' curves are drawn, and
+    the caption said 'The bold line is junk' of a line that is not there."""
+    import os
+    import shutil
+
+    samples = ENTRY.parent.parent / "sample_runs"
+    if not (samples / "healthy_control").is_dir():
+        pytest.skip("no sample runs")
+    root = tmp_path / "runs"
+    shutil.copytree(samples / "healthy_control", root / "healthy_control")
+    (root / "junk").mkdir()
+    (root / "junk" / "events.out.tfevents.1.host").write_bytes(os.urandom(4096))
+    monkeypatch.setenv("FORENSICS_RUNS", str(root))
+    at = open_compare("junk")
+    shown = texts(at)
+    assert "unreadable" in shown
+    assert at.get("plotly_chart"), "the sibling's curves"
+    assert "The bold line is junk" not in shown
+    assert "junk has no curve here" in shown

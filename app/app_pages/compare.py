@@ -93,9 +93,11 @@ if drawn:
                f"the earliest failure compared (step {reference})") + ".")
     else:
         st.caption("x is each run's global step.")
-    st.caption(f"The bold line is {here}. A red cross at a panel's top edge is a non-finite "
-               "value at that step (a dashed line, another failed run's first); a purple "
-               "cross below it, a loss scaler's overflow skip, which is benign.")
+    bold = (f"The bold line is {here}." if compare.has_curves(drawn, here) else
+            f"{here} has no curve here: it logged none of these on its global step.")
+    st.caption(f"{bold} A red cross at a panel's top edge is a non-finite value at that "
+               "step (a dashed line, another failed run's first); a purple cross below it, a "
+               "loss scaler's overflow skip, which is benign.")
 else:
     st.info("None of these runs logged a loss, gradient norm, learning rate or loss scale "
             "on its global step.")
