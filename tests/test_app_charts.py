@@ -615,3 +615,15 @@ def test_regression_a_log_drawn_apart_holds_only_its_unplaced_series(
         assert len(labels) == len(set(labels)), labels
     placed = {c.source for c in views.curves(run, ["loss"])}
     assert any(s.endswith("train.log") for s in placed)
+
+
+def test_regression_log_axes_label_ticks_as_numbers_not_si_suffixes(
+        results: dict[str, RunResult]) -> None:
+    """A diverging loss on a log axis was labelled 1, 10M, 100T, 10^21, 10^28: Plotly's SI
+    suffixes (T, a trillion, read as a unit) then powers on the same axis."""
+    panels = _panels(results["adam_eps_fp16"])
+    spec = _spec(charts.timeline(panels, [], log=dict.fromkeys(panels, True)))
+    logs = [v for k, v in spec["layout"].items() if k.startswith("yaxis")
+            and isinstance(v, dict) and v.get("type") == "log"]
+    assert logs
+    assert all(v.get("tickformat") == charts.LOG_TICKS for v in logs)
