@@ -298,8 +298,26 @@ def colours(names: Sequence[str]) -> dict[str, str]:
     return {name: palette[k % len(palette)] for k, name in enumerate(names)}
 
 
+def log_default(lines: Sequence[Line]) -> bool:
+    """A log axis by default for a panel whose positive values span two decades with no
+    zero (as the Timeline's), or six decades even beside a zero: a run that diverged to
+    1e37 flattens a healthy run's loss onto 0 on a linear axis, and a log rounded to 0.0000
+    must not keep the panel linear. A zero is not drawn on a log axis (the toggle says)."""
+    import numpy as np
+
+    curves = [ln.curve for ln in lines]
+    if views.log_scale(curves):
+        return True
+    vals = np.concatenate([c.values[np.isfinite(c.values)] for c in curves] or [np.zeros(0)])
+    positive = vals[vals > 0]
+    if positive.size < 2 or (vals < 0).any():
+        return False
+    return bool(positive.max() / positive.min() >= 1e6)
+
+
 def figure(drawn: Mapping[str, list[Line]], names: Sequence[str], mode: str,
-           failures: Mapping[str, int | None]) -> object:
+           failures: Mapping[str, int | None],
+           log: Mapping[str, bool] | None = None) -> object:
     """The overlaid curves, one row per quantity on a shared step axis; the chosen run
     bold. A non-finite point cannot be drawn as a value: it is marked with a red cross at
     the top edge of its panel (on an axis of its own, so it reads as no value), at its
@@ -358,7 +376,7 @@ def figure(drawn: Mapping[str, list[Line]], names: Sequence[str], mode: str,
                          secondary_y=True)
         # Full numbers on a log axis too: its default labels a minor tick by its digit.
         fig.update_yaxes(tickformat=".3~g", row=row, col=1, secondary_y=False,
-                         type="log" if views.log_scale([ln.curve for ln in drawn[title]])
+                         type="log" if (log or {}).get(title, log_default(drawn[title]))
                          else "linear")
     if mode == ALIGN_FAILURE:
         if any(step is not None for step in failures.values()):

@@ -360,3 +360,30 @@ def test_regression_an_unreadable_chosen_run_is_not_called_the_bold_line(
     assert at.get("plotly_chart"), "the sibling's curves"
     assert "The bold line is junk" not in shown
     assert "junk has no curve here" in shown
+    assert at.toggle(key="compare_log_junk_loss").value in (True, False)  # a toggle per panel
+
+
+def _line(run: str, values: list[float]) -> compare.Line:
+    steps = np.arange(len(values), dtype=np.int64)
+    curve = views.Curve("loss", "loss", f"{run}/train.log", steps, np.array(values))
+    return compare.Line(run, curve, run == "diverged")
+
+
+def test_regression_a_diverged_loss_beside_a_zero_is_drawn_on_a_log_axis() -> None:
+    """lightning_nan's loss reaches 2e37; healthy_control's log rounds its loss to 0.0000:
+    the zero kept the panel linear and every other run's loss lay flat on 0. The page has
+    a log toggle per panel, defaulting to log for such a panel."""
+    diverged = _line("diverged", [160.0, 1e10, 2e37, float("inf")])
+    healthy = _line("healthy", [1.7, 0.3, 0.0, 0.0001])
+    assert not views.log_scale([diverged.curve, healthy.curve])
+    assert compare.log_default([diverged, healthy])
+    assert not compare.log_default([_line("a", [1.0, 0.5, 0.0]), _line("b", [0.9, 0.4])])
+    assert not compare.log_default([_line("a", [1e9, -1.0, 1e-3])])  # a negative value
+    drawn = {"loss": [diverged, healthy]}
+    spec = json.loads(compare.figure(drawn, ["diverged", "healthy"], compare.ALIGN_START,
+                                     {"diverged": 3, "healthy": None}).to_json())
+    assert spec["layout"]["yaxis"]["type"] == "log"
+    spec = json.loads(compare.figure(drawn, ["diverged", "healthy"], compare.ALIGN_START,
+                                     {"diverged": 3, "healthy": None},
+                                     log={"loss": False}).to_json())
+    assert spec["layout"]["yaxis"]["type"] == "linear"

@@ -82,7 +82,12 @@ roles = {name: data.tag_roles(by_name[name].path, by_name[name].digest, tuple(r.
          for name, r in runs.items()}
 drawn = compare.panels(runs, roles, mode)
 if drawn:
-    st.plotly_chart(compare.figure(drawn, names, mode, failures), key="compare_chart")
+    log: dict[str, bool] = {}
+    for col, title in zip(st.columns(len(drawn)), drawn, strict=True):
+        log[title] = col.toggle(f"log y: {title}", value=compare.log_default(drawn[title]),
+                                key=f"compare_log_{here}_{title}",
+                                help="Zeros and negative values are not drawn on a log axis.")
+    st.plotly_chart(compare.figure(drawn, names, mode, failures, log), key="compare_chart")
     if mode == compare.ALIGN_FAILURE:
         st.caption(
             "x is the step minus the run's own first non-finite step for a failed run, so "
