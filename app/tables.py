@@ -168,15 +168,25 @@ def _config(shown: pd.DataFrame, numbers: set[str],
 
 def show(frame_: pd.DataFrame, key: str, *, column_config: dict[str, Any] | None = None,
          column_order: list[str] | None = None, on_select: Any = None,
-         selection_mode: Any = None, max_rows: int = 25, **kw: Any) -> Any:
+         selection_mode: Any = None, max_rows: int = 25,
+         widths: Mapping[str, int] | None = None, **kw: Any) -> Any:
     """``st.dataframe`` the dashboard's way (see the module's docstring); returns its
-    value (the selection event when ``on_select`` is given)."""
+    value (the selection event when ``on_select`` is given). ``widths`` sets columns'
+    widths in pixels (their cells shown as any other's), so that a table of many columns
+    fits the page instead of running past its edge."""
     given = dict(column_config or {})
     shown, numbers = display(frame_, keep=given)
+    config = _config(shown, numbers, given)
+    for col, px in (widths or {}).items():
+        if col in shown.columns and col not in given:
+            config[col] = st.column_config.TextColumn(
+                width=px, alignment="right" if col in numbers else None,
+                pinned=col == str(shown.columns[0]) or None,
+                help="Hover a cell to read it whole.")
     args: dict[str, Any] = {
         "hide_index": True, "width": "stretch", "key": key,
         "height": height(len(shown), max_rows),
-        "column_config": _config(shown, numbers, given),
+        "column_config": config,
     }
     if column_order is not None:
         args["column_order"] = column_order

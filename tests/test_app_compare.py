@@ -387,3 +387,15 @@ def test_regression_a_diverged_loss_beside_a_zero_is_drawn_on_a_log_axis() -> No
                                      {"diverged": 3, "healthy": None},
                                      log={"loss": False}).to_json())
     assert spec["layout"]["yaxis"]["type"] == "linear"
+
+
+def test_regression_the_key_table_fits_the_page_with_four_runs(samples: Path) -> None:
+    """With three runs picked the key table ran past the page's right edge at 1440 px (an
+    env.platform value widened its column): the runs' columns now share a fixed width."""
+    at = open_compare("adam_eps_fp16")
+    frame = next(f for f in at.dataframe if "group" in f.value.columns)
+    config = json.loads(frame.proto.columns)
+    runs = [c for c in frame.value.columns if c not in ("group", "key")]
+    assert len(runs) == 4
+    widths = [config[c]["width"] for c in ["group", "key", *runs]]
+    assert all(isinstance(w, int) for w in widths) and sum(widths) <= 1000, widths

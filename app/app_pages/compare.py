@@ -114,7 +114,12 @@ st.caption(f"{tables.plural(diff.same, 'key')} the same in all "
            f"{tables.plural(len(runs), 'run')}" + ("" if show_all else " (hidden)")
            + "; a blank cell: the run does not have the key.")
 if diff.rows:
-    tables.show(tables.frame(diff.rows), key="compare_keys", column_order=diff.columns)
+    # the runs share what the key columns leave of a page about 1000 px wide (1440 px
+    # with the sidebar open): a long value (a platform string) is cut in its cell, not the
+    # runs after it off the page
+    tables.show(tables.frame(diff.rows), key="compare_keys", column_order=diff.columns,
+                widths={"group": 100, "key": 240}
+                | dict.fromkeys(names, max(120, 620 // len(names))))
 else:
     st.caption("No key differs between these runs.")
 
