@@ -201,3 +201,22 @@ def _drawn_by_tables(at: AppTest) -> None:
         floats = [c for c in table.columns if table[c].dtype.kind == "f"]
         assert not floats, (floats, table.head())
         assert not table.isna().any().any(), table.head()
+
+
+def test_regression_a_log_cut_mid_line_is_said_to_stop_there(
+        runs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A log cut in the middle of a record (the process killed while writing) read as a
+    whole log: nothing on the Logs page said that it stops mid-line."""
+    whole = (runs / "nan_in_batch" / "train.log").read_bytes()
+    root = tmp_path / "runs"
+    (root / "cut").mkdir(parents=True)
+    (root / "cut" / "train.log").write_bytes(whole[: len(whole) // 2 + 7])
+    (root / "whole").mkdir()
+    (root / "whole" / "train.log").write_bytes(whole)
+    assert not whole[: len(whole) // 2 + 7].endswith(b"\n")
+    monkeypatch.setenv("FORENSICS_RUNS", str(root))
+    at = _logs("cut")
+    total = len(whole[: len(whole) // 2 + 7].split(b"\n"))
+    warned = [w.value for w in at.warning if "stops mid-line" in w.value]
+    assert warned and f"The last line ({total})" in warned[0], [w.value for w in at.warning]
+    assert not any("stops mid-line" in w.value for w in _logs("whole").warning)

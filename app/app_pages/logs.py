@@ -49,15 +49,16 @@ def _lines(path: str) -> Any:
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
-def line_count(path: str, digest: str) -> int:
-    """How many lines the log has (a last line without its newline counts)."""
-    count = 0
+def line_count(path: str, digest: str) -> tuple[int, bool]:
+    """How many lines the log has (a last line without its newline counts), and whether
+    its last line lacks its newline (the log stops mid-line)."""
+    count, cut = 0, False
     try:
-        for number, _ in _lines(path):
-            count = number
+        for number, piece in _lines(path):
+            count, cut = number, not piece.endswith("\n")
     except OSError:
-        return 0
-    return count
+        return 0, False
+    return count, cut
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
@@ -145,7 +146,7 @@ def show_viewer(run: Run, focus: tuple[str, int] | None) -> None:
         st.session_state["logs_file"] = paths[0]
     path = st.selectbox("Log", paths, key="logs_file", format_func=lambda p: runinfo.rel(
         p, run.path), disabled=len(paths) == 1)
-    total = line_count(path, sel.ref.digest)
+    total, cut = line_count(path, sel.ref.digest)
     if not 1 <= st.session_state.get("logs_goto", 1) <= max(total, 1):
         st.session_state["logs_goto"] = max(total, 1)
     modes = ["First lines", "Last lines", "Around a line"]
@@ -161,6 +162,10 @@ def show_viewer(run: Run, focus: tuple[str, int] | None) -> None:
                            placeholder="show only lines holding this text (case-insensitive)")
     marks = {e.location.line or 0: e.kind for e in marked(run, path)}
     st.caption(f"{total} lines in `{runinfo.rel(path, run.path)}`")
+    if cut:
+        st.warning(f"The last line ({total}) of `{runinfo.rel(path, run.path)}` has no line "
+                   "end: the log stops mid-line, as a process killed while writing leaves "
+                   "it (or one still writing). What it logged after that line is not here.")
     if needle:
         found, more = matching(path, sel.ref.digest, needle)
         st.caption(f"{len(found)}{'+' if more else ''} lines hold “{needle}”"
