@@ -118,7 +118,7 @@ if diff.rows:
     # with the sidebar open): a long value (a platform string) is cut in its cell, not the
     # runs after it off the page
     tables.show(tables.frame(diff.rows), key="compare_keys", column_order=diff.columns,
-                widths={"group": 100, "key": 240}
+                widths={"group": 120, "key": 220}
                 | dict.fromkeys(names, max(120, 620 // len(names))))
 else:
     st.caption("No key differs between these runs.")
