@@ -21,6 +21,10 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))  # the event generator benchmark
 REAL_FIXTURES = os.path.join(os.path.dirname(ROOT), "shared", "fixtures", "real-tfevents")
 
 
+_MAIN = sys.modules["__main__"]
+"""pytest's own __main__, as the session started."""
+
+
 @pytest.fixture(autouse=True)
 def _sys_path_without_repeats() -> Iterator[None]:
     """After each test, sys.path without the repeats of an entry (the first of each kept,
@@ -33,6 +37,11 @@ def _sys_path_without_repeats() -> Iterator[None]:
     yield
     if len(set(sys.path)) < len(sys.path):
         sys.path[:] = list(dict.fromkeys(sys.path))
+    # AppTest runs the entry script as a module named __main__ and leaves it there: a
+    # process spawned afterwards (a Dask nanny's worker, a spawn pool) re-ran
+    # app/streamlit_app.py as its own __main__ and died before it started.
+    if sys.modules.get("__main__") is not _MAIN:
+        sys.modules["__main__"] = _MAIN
 
 
 def write_summary_run(folder: str, values: dict[str, Sequence[float]], *,
