@@ -11,9 +11,10 @@ from plotly.subplots import make_subplots
 
 from app.views import Curve, FloatArray, Grid, Marker, OwnPanel, clip, ema, log_scale, num
 
-LOG_TICKS = ".3~g"
-"""Tick labels of a log axis: 1e+35 and 0.001 as numbers, where Plotly's default mixes SI
-suffixes with powers (10M, 100T, then 10^21 on one axis: T read as a unit)."""
+LOG_TICKS = "power"
+"""How a log axis writes its decades: as powers of ten (10^35, 10^-3), where Plotly's
+default mixes SI suffixes with powers (10M, 100T, then 10^21 on one axis: T read as a
+unit). A number format on every tick instead crowds a short axis with 9e+7, 8e+7, ..."""
 COLOURS = {
     "first non-finite": "#d62728",
     "last finite": "#2ca02c",
@@ -211,7 +212,7 @@ def timeline(panels: Mapping[str, list[Curve]], marks: list[Marker],
             trace.xaxis, trace.yaxis = _ref("x", row), pin
             fig.add_trace(trace)
         if as_log:
-            fig.update_yaxes(type="log", tickformat=LOG_TICKS, row=row, col=1)
+            fig.update_yaxes(type="log", exponentformat=LOG_TICKS, row=row, col=1)
         else:
             fig.update_yaxes(tickformat=".3~g", range=_flat_range(curves_), row=row, col=1)
         top = fig.layout[_axis("y", row)].domain[1]
@@ -268,7 +269,7 @@ def own_axis(panel: OwnPanel) -> go.Figure:
     if panel.first is not None and panel.first.step is not None:
         fig.add_vline(x=panel.first.step, line_color=COLOURS["first non-finite"], line_width=2)
     if log_scale(panel.curves):
-        fig.update_yaxes(type="log", tickformat=LOG_TICKS)
+        fig.update_yaxes(type="log", exponentformat=LOG_TICKS)
     else:
         fig.update_yaxes(tickformat=".3~g", range=_flat_range(panel.curves))
     numbers = np.concatenate([c.steps for c in panel.curves] or [np.zeros(1, dtype=np.int64)])
@@ -376,7 +377,7 @@ def checkpoint_norms(steps: list[int | None], norms: Mapping[str, list[float | N
                                  + "</extra>"))
     if bad_from is not None and bad_from < len(xs):
         fig.add_vline(x=xs[bad_from], line_color=COLOURS["first non-finite"], line_width=2)
-    fig.update_yaxes(type="log", tickformat=LOG_TICKS, title_text="weight norm")
+    fig.update_yaxes(type="log", exponentformat=LOG_TICKS, title_text="weight norm")
     fig.update_layout(height=360, margin={"l": 10, "r": 10, "t": 30, "b": 10}, colorway=LINES,
                       xaxis_title="step of the save")
     return _ink(fig)
