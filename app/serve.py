@@ -27,6 +27,8 @@ import threading
 # does).
 _ABOVE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if sys.path[:1] != [_ABOVE]:
+    if _ABOVE in sys.path:  # once: each rerun of the script comes through here again
+        sys.path.remove(_ABOVE)
     sys.path.insert(0, _ABOVE)
 
 WARM = ("pandas", "pyarrow", "plotly.graph_objects", "plotly.subplots", "analyzer.pipeline",

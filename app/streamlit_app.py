@@ -13,6 +13,8 @@ import sys
 # ``app`` package from the folder above, ahead of any other ``app`` the path may hold.
 _ABOVE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if sys.path[:1] != [_ABOVE]:
+    if _ABOVE in sys.path:  # once: each rerun of the script comes through here again
+        sys.path.remove(_ABOVE)
     sys.path.insert(0, _ABOVE)
 
 from app import serve  # noqa: E402

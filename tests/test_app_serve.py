@@ -93,3 +93,15 @@ def test_without_a_warm_up_a_page_does_not_wait(monkeypatch: pytest.MonkeyPatch)
 
     monkeypatch.setattr(serve, "_warming", None)
     serve.wait()  # AppTest, a bare `streamlit run`: returns at once
+
+
+def test_regression_reruns_of_the_dashboard_do_not_grow_sys_path() -> None:
+    from streamlit.testing.v1 import AppTest
+
+    entry = ROOT / "app" / "streamlit_app.py"
+    at = AppTest.from_file(str(entry), default_timeout=120).run()
+    size = len(sys.path)
+    for _ in range(3):
+        at.run()
+    assert len(sys.path) == size
+    assert sys.path.count(str(ROOT)) <= 1
