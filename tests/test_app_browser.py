@@ -209,14 +209,11 @@ def test_run_page_shows_a_lightning_runs_segments_and_settings(
 
 
 @pytest.fixture(scope="module")
-def served_sweep(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The dashboard over a generated sweep of 20 real trainings."""
-    pytest.importorskip("analyzer.scenarios.sweep")
-    from analyzer.scenarios.sweep import generate
-
-    base = tmp_path_factory.mktemp("browser_sweep")
-    generate(str(base / "runs"), 20, 0, str(base / "manifest.json"))
-    with _serve(base / "runs") as address:
+def served_sweep(sweep_of: Callable[[int, str], tuple[Path, dict[str, Any]]]) -> Iterator[str]:
+    """The dashboard over the session's generated sweep (tests/conftest.py), its first 20
+    trials: real trainings, made once for every module that needs them."""
+    root, _ = sweep_of(20, "browser_sweep")
+    with _serve(root) as address:
         yield address
 
 
