@@ -263,10 +263,11 @@ def markers(result: RunResult, growth: Growth | None) -> list[Marker]:
                     text = f"{segment[e.location.file]} begins: {text}"
             out.append(Marker(e.kind.replace("_", " "), step, text))
     if run.checkpoints is not None:
-        bad = run.checkpoints.first_nonfinite
-        for i, save in enumerate(run.checkpoints.saves):
+        for save in run.checkpoints.saves:
             if save.step is not None:
-                state = "non-finite" if bad is not None and i >= bad else "finite"
+                # each save's own evidence: an optimizer.pt saved beside non-finite weights
+                # may hold none (the Layers page's saves table counts the same)
+                state = "non-finite" if save.nonfinite_tensors else "finite"
                 out.append(Marker("checkpoint", save.step,
                                   f"{os.path.basename(save.path)}: {state}"))
     return out

@@ -627,3 +627,19 @@ def test_regression_log_axes_label_ticks_as_numbers_not_si_suffixes(
             and isinstance(v, dict) and v.get("type") == "log"]
     assert logs
     assert all(v.get("exponentformat") == charts.LOG_TICKS != "B" for v in logs)
+
+
+def test_regression_a_finite_save_after_the_first_non_finite_one_is_marked_finite(
+        hf_served: Path) -> None:
+    """hf_nan's checkpoint-16/optimizer.pt holds no non-finite tensor (its weights beside
+    it do): the Timeline marked it 'non-finite' (every save from the first non-finite one
+    on), while the Layers page's saves table counts 0 for it."""
+    at = AppTest.from_file(str(ENTRY), default_timeout=300)
+    at.query_params["run"] = "hf_nan"
+    at.switch_page("app_pages/timeline.py").run()
+    _ok(at)
+    marks = frame_of(at, "mark")
+    saves = marks[marks["mark"] == "checkpoint"]
+    by = {(int(step), what) for step, what in zip(saves["step"], saves["what"], strict=True)}
+    assert (16, "optimizer.pt: finite") in by and (16, "model.safetensors: non-finite") in by
+    assert (8, "model.safetensors: finite") in by
