@@ -458,7 +458,9 @@ def test_regression_layers_page_with_two_checkpoints_at_one_step(
     at.switch_page("app_pages/layers.py").run()
     no_error(at)
     counts = next(f.value for f in at.dataframe if "step 10 (last.ckpt)" in f.value.columns)
-    assert list(counts.columns) == ["step 10 (epoch=0-step=10.ckpt)", "step 10 (last.ckpt)"]
+    # the layer is a column (tables.show draws no index), then one column per save
+    assert list(counts.columns) == ["layer", "step 10 (epoch=0-step=10.ckpt)",
+                                    "step 10 (last.ckpt)"]
 
 
 def test_save_labels_are_distinct() -> None:
