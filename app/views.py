@@ -406,6 +406,25 @@ def log_hits(result: RunResult) -> list[LogHit]:
         held = hits.get(loc.file)
         if held is None or (hit.line < held.line):
             hits[loc.file] = hit
+    # a log's own non-finite value that no incident points at: the locator keeps one
+    # incident per tag, and at a tie of sources it points at the event file
+    logs = {log.path for log in run.logs}
+    for series in run.series:
+        if series.source not in logs:
+            continue
+        bad = np.flatnonzero(~np.isfinite(series.values))
+        if not bad.size or series.position_unit != "line":
+            continue
+        i = int(bad[np.argmin(series.positions[bad])])
+        line, step = int(series.positions[i]), int(series.steps[i])
+        held = hits.get(series.source)
+        if held is None or line < held.line:
+            value = float(series.values[i])
+            kind = "nan" if math.isnan(value) else "+inf" if value > 0 else "-inf"
+            benign = (" (at a step the loss scaler skipped: its benign overflow)"
+                      if step in result.overflow_skips else "")
+            hits[series.source] = log_hit(run, series.source, line, step,
+                                          f"{series.tag} = {kind}{benign}")
     for e in run.events:
         if e.kind in ("nonfinite", "error") and e.location.line is not None:
             held = hits.get(e.location.file)

@@ -220,3 +220,30 @@ def test_regression_a_log_cut_mid_line_is_said_to_stop_there(
     warned = [w.value for w in at.warning if "stops mid-line" in w.value]
     assert warned and f"The last line ({total})" in warned[0], [w.value for w in at.warning]
     assert not any("stops mid-line" in w.value for w in _logs("whole").warning)
+
+
+def test_regression_a_logs_own_nonfinite_value_is_found_when_the_incident_is_the_event_files(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A log and an event file log the same tag, non-finite at the same step: the locator's
+    one incident for the tag points at the event file, and the Logs page said 'the log
+    reader recognised no non-finite value in this line' of the log line whose +inf the
+    step table beside it listed (lightning_nan's train_loss)."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    run = tmp_path / "runs" / "tie"
+    values = [1.7764, 1.2501, 1.536, 1.4939, 1.3972, 1.2717, 1.2822, 1.2579, 1.1337]
+    values += [float("inf")] * 3
+    writer = SummaryWriter(str(run))
+    for step, value in enumerate(values):
+        writer.add_scalar("loss", value, step)
+    writer.close()
+    (run / "train.log").write_text("".join(
+        f"{{'loss': {'inf' if value == float('inf') else value}, 'grad_norm': 1.5, "
+        f"'learning_rate': 0.001, 'epoch': {(step + 1) / 12:.2f}}}\n"
+        for step, value in enumerate(values)))
+    monkeypatch.setenv("FORENSICS_RUNS", str(tmp_path / "runs"))
+    at = _logs("tie")
+    assert "train.log line 10: step 9 (record 10)" in [s.value for s in at.subheader]
+    shown = texts(at)
+    assert "loss = +inf" in shown
+    assert "recognised no non-finite value" not in shown
