@@ -409,6 +409,7 @@ def log_hits(result: RunResult) -> list[LogHit]:
     # a log's own non-finite value that no incident points at: the locator keeps one
     # incident per tag, and at a tie of sources it points at the event file
     logs = {log.path for log in run.logs}
+    found: dict[str, LogHit] = {}
     for series in run.series:
         if series.source not in logs:
             continue
@@ -417,14 +418,14 @@ def log_hits(result: RunResult) -> list[LogHit]:
             continue
         i = int(bad[np.argmin(series.positions[bad])])
         line, step = int(series.positions[i]), int(series.steps[i])
-        held = hits.get(series.source)
-        if held is None or line < held.line:
+        held = found.get(series.source)
+        if series.source not in hits and (held is None or line < held.line):
             value = float(series.values[i])
             kind = "nan" if math.isnan(value) else "+inf" if value > 0 else "-inf"
             benign = (" (at a step the loss scaler skipped: its benign overflow)"
                       if step in result.overflow_skips else "")
-            hits[series.source] = log_hit(run, series.source, line, step,
-                                          f"{series.tag} = {kind}{benign}")
+            found[series.source] = log_hit(run, series.source, line, step,
+                                           f"{series.tag} = {kind}{benign}")
     for e in run.events:
         if e.kind in ("nonfinite", "error") and e.location.line is not None:
             held = hits.get(e.location.file)
@@ -433,8 +434,13 @@ def log_hits(result: RunResult) -> list[LogHit]:
                 placed_after = e.step is None and step is not None
                 hits[e.location.file] = log_hit(run, e.location.file, e.location.line, step,
                                                 e.message, placed_after)
-    return sorted(hits.values(),
-                  key=lambda h: (not h.aligned, h.step is None, h.step or 0, h.file))
+    # at one step, a line an incident or event points at comes before one found this way
+    # (hf_nan: the console's 'grad_norm': 'nan' before trainer_state.json's NaN)
+    ranked = [(h, False) for h in hits.values()]
+    ranked += [(h, True) for file, h in found.items() if file not in hits]
+    ranked.sort(key=lambda p: (not p[0].aligned, p[0].step is None, p[0].step or 0, p[1],
+                               p[0].file))
+    return [h for h, _ in ranked]
 
 
 def step_at_line(run: Run, file: str, line: int) -> int | None:
