@@ -152,6 +152,10 @@ def _config(shown: pd.DataFrame, numbers: set[str],
     columns = [str(c) for c in shown.columns]
     for k, col in enumerate(columns):
         if col in given:
+            cfg = given[col]
+            if col in numbers and isinstance(cfg, dict) and _text(cfg) \
+                    and cfg.get("alignment") is None:
+                config[col] = {**cfg, "alignment": "right"}  # numbers made text, as others
             continue
         if col in numbers:
             config[col] = st.column_config.TextColumn(alignment="right", pinned=k == 0 or None)
@@ -163,7 +167,15 @@ def _config(shown: pd.DataFrame, numbers: set[str],
                 help="Long cells: widen the column, or hover a cell to read it whole.")
         elif k == 0:
             config[col] = st.column_config.Column(pinned=True)
-    return config | dict(given)
+    return dict(given) | config
+
+
+def _text(config: Any) -> bool:
+    """A column config of a text column (st.column_config.TextColumn or a bare label)."""
+    if isinstance(config, str):
+        return True
+    kind = config.get("type_config", {}).get("type") if isinstance(config, dict) else None
+    return kind == "text"
 
 
 def show(frame_: pd.DataFrame, key: str, *, column_config: dict[str, Any] | None = None,
@@ -175,7 +187,9 @@ def show(frame_: pd.DataFrame, key: str, *, column_config: dict[str, Any] | None
     widths in pixels (their cells shown as any other's), so that a table of many columns
     fits the page instead of running past its edge."""
     given = dict(column_config or {})
-    shown, numbers = display(frame_, keep=given)
+    # a column configured as text (a label, a help) is still shown the dashboard's way; one
+    # configured otherwise (a number format, a progress bar) gets its values as they are
+    shown, numbers = display(frame_, keep=[c for c, cfg in given.items() if not _text(cfg)])
     config = _config(shown, numbers, given)
     for col, px in (widths or {}).items():
         if col in shown.columns and col not in given:

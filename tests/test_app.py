@@ -1028,3 +1028,22 @@ def test_each_tab_is_titled_by_its_page_and_run() -> None:
     assert ui.tab_title("Timeline", "nan_in_batch") == "Timeline · nan_in_batch · NaN Forensics"
     assert ui.tab_title("Runs", "nan_in_batch") == "Runs · NaN Forensics"
     assert ui.tab_title("Fleet", None) == "Fleet · NaN Forensics"
+
+
+def test_regression_a_column_configured_as_text_is_still_shown_without_none() -> None:
+    import streamlit as st
+
+    from app import tables
+
+    # The Runs table names its columns through TextColumn configs: show() left every
+    # configured column as it was, so a missing step was drawn "None" and a float in full.
+    raw = tables.frame([{"first_when": "12", "norm": 9.640987946362755e+37, "n": 3},
+                        {"first_when": None, "norm": None, "n": 4}])
+    keep = [c for c, cfg in {"first_when": st.column_config.TextColumn("first"),
+                             "n": st.column_config.NumberColumn("n", format="%d")}.items()
+            if not tables._text(cfg)]
+    shown, numbers = tables.display(raw, keep=keep)
+    assert list(shown["first_when"]) == ["12", ""] and list(shown["norm"]) == ["9.641e+37", ""]
+    assert list(shown["n"]) == [3, 4]
+    config = tables._config(shown, numbers, {"norm": st.column_config.TextColumn("norm")})
+    assert config["norm"]["label"] == "norm" and config["norm"]["alignment"] == "right"
