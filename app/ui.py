@@ -270,6 +270,15 @@ def run_page(title: str, replay: bool = False) -> tuple[Selected, RunResult]:
     return sel, result
 
 
+def stop_if_unreadable(result: RunResult) -> None:
+    """End a page that draws what a run logged when nothing of it could be read: 'not
+    logged by this run: loss, ...' and 'no per-layer norms' would say what is unknown."""
+    if result.status == "unreadable":
+        st.info("Nothing of this run could be read (see the read issues above), so there "
+                "is nothing to draw here.")
+        st.stop()
+
+
 def page_links(run: str, here: str) -> None:
     cols = st.columns(len(RUN_PAGES))
     for col, title in zip(cols, RUN_PAGES, strict=True):

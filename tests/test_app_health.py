@@ -167,6 +167,18 @@ def test_regression_the_headline_of_an_unreadable_run_says_so_and_shows_its_issu
     assert "`events.out.tfevents.1.host` at byte 0: not_event_file: " in box
 
 
+@pytest.mark.parametrize("page", ["timeline", "layers"])
+def test_regression_pages_that_draw_what_was_logged_say_nothing_of_an_unreadable_run_logged(
+        served: Path, page: str) -> None:
+    """Timeline said 'Not logged by this run: loss, grad norm, ...' and Layers 'This run
+    logged no per-layer norms' of a run none of whose files could be read."""
+    at = _run_page("unreadable", page)
+    shown = [str(e.value) for kind in ("caption", "info", "markdown")
+             for e in at.get(kind)]
+    assert not any("Not logged by this run" in t or "logged no" in t for t in shown), shown
+    assert any("nothing to draw here" in t for t in shown), shown
+
+
 @pytest.mark.parametrize("page", ["run", "timeline", "findings"])
 def test_regression_a_truncated_run_reads_damaged_on_every_page_with_its_cut(
         served: Path, page: str) -> None:

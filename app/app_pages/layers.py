@@ -18,6 +18,7 @@ from analyzer.wording import (
 from app import charts, data, runinfo, tables, ui, views
 
 sel, result = ui.run_page("Layers")
+ui.stop_if_unreadable(result)
 
 run = result.run
 roles = data.tag_roles(sel.ref.path, sel.ref.digest, tuple(run.tags()))

@@ -23,6 +23,7 @@ if clicked is not None and clicked != st.session_state.get(CLICKED):
     st.query_params["step"] = str(clicked)
 
 sel, result = ui.run_page("Timeline")
+ui.stop_if_unreadable(result)
 
 run = result.run
 roles = data.tag_roles(sel.ref.path, sel.ref.digest, tuple(run.tags()))
