@@ -386,26 +386,63 @@ def siblings_of(ref: RunRef, refs: list[RunRef]) -> Siblings:
     return _siblings_by_run([ref], refs)[ref.path]
 
 
+_SiblingFacts = list[tuple[str, str, bool, Mapping[str, Any] | None]]
+_PARENTS: dict[str, tuple[str, _SiblingFacts]] = {}
+"""Per parent folder: a digest of its runs (names, folders, fingerprints) and their facts."""
+_PARENTS_LOCK = threading.Lock()
+
+
+def _parent_facts(parent: str, members: list[RunRef]) -> _SiblingFacts:
+    """The facts (healthy or not, env.json) of the runs of one parent folder, kept for the
+    process under the digest of those runs: a page that loads n runs of one folder looks
+    the n runs' facts up once, not once per run (each look-up copies a cached result)."""
+    key = _digest([f"{r.name}\0{r.path}\0{r.digest}" for r in members])
+    with _PARENTS_LOCK:
+        held = _PARENTS.get(parent)
+    if held is not None and held[0] == key:
+        return held[1]
+    facts: _SiblingFacts = []
+    for r in members:
+        known = _facts(r.path, r.digest)
+        if known is not None:
+            facts.append((r.path, r.name, known.unhealthy, known.env))
+    with _PARENTS_LOCK:
+        _PARENTS[parent] = (key, facts)
+    return facts
+
+
 def _siblings_by_run(wanted: list[RunRef], refs: list[RunRef]) -> dict[str, Siblings]:
     from analyzer.pipeline import healthy_siblings, same_folder
 
     by_name = {r.name: r for r in refs}
-    facts: dict[str, list[tuple[str, str, bool, Mapping[str, Any] | None]]] = {}
+    members: dict[str, list[RunRef]] = {}
+    for r in refs:
+        members.setdefault(same_folder(r.path), []).append(r)
     out = {}
     for ref in wanted:
         parent = same_folder(ref.path)
-        if parent not in facts:
-            facts[parent] = []
-            for r in refs:
-                if same_folder(r.path) != parent:
-                    continue
-                known = _facts(r.path, r.digest)
-                if known is not None:
-                    facts[parent].append((r.path, r.name, known.unhealthy, known.env))
-        envs = healthy_siblings(ref.path, facts[parent])
+        facts = _parent_facts(parent, members.get(parent, []))
+        envs = healthy_siblings(ref.path, facts)
         key = _digest([f"{n}\0{by_name[n].digest}" for n in sorted(envs)])
         out[ref.path] = Siblings(key, envs)
     return out
+
+
+@st.cache_data(max_entries=100_000, show_spinner=False)
+def _status(path: str, digest: str) -> str:
+    from app.health import health
+
+    kept = _alone(path, digest).slim
+    return health(kept.result, kept.error).status
+
+
+def status_of(ref: RunRef, refs: list[RunRef]) -> str:
+    """The run's health (failed, finite, damaged or unreadable: :func:`app.health.health`)
+    as its read gives it, with neither its siblings nor its replay: what Compare's healthy
+    defaults need, a short text cached per run (no copy of its analysis). ``refs`` is the
+    runs below the root, for the same call as :func:`load_fast`'s."""
+    del refs  # health is the run's own: its siblings change its findings, not its health
+    return _status(ref.path, ref.digest)
 
 
 def _ranked(loaded: Loaded, siblings: Siblings) -> Loaded:

@@ -23,8 +23,8 @@ def _loaded(name: str) -> data.Loaded:
 
 
 def _healthy(candidate: compare.Candidate) -> bool:
-    loaded = _loaded(candidate.name)
-    return compare.healthy(loaded.result, loaded.error)
+    # the run's health as its read gives it: no copy of its analysis, no ranking
+    return data.status_of(by_name[candidate.name], sel.refs) == "finite"
 
 
 # A damaged run (a file cut short) is no healthy baseline. The health of a few siblings is
