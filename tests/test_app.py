@@ -1047,3 +1047,47 @@ def test_regression_a_column_configured_as_text_is_still_shown_without_none() ->
     assert list(shown["n"]) == [3, 4]
     config = tables._config(shown, numbers, {"norm": st.column_config.TextColumn("norm")})
     assert config["norm"]["label"] == "norm" and config["norm"]["alignment"] == "right"
+
+
+def test_regression_siblings_are_looked_up_once_per_folder_not_once_per_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from app import data
+
+    # A page loading n runs of one folder looked every sibling's facts up for each run (n²
+    # cached copies: 199 sibling look-ups per run on a folder of 200).
+    refs = [data.RunRef(f"r{i}", str(tmp_path / "sweep" / f"r{i}"), f"d{i}") for i in range(30)]
+    refs.append(data.RunRef("other", str(tmp_path / "elsewhere" / "other"), "d"))
+    calls: list[str] = []
+
+    def facts(path: str, digest: str) -> Any:
+        calls.append(path)
+        return data._Facts(path.endswith("r3"), {"seed": path[-1]})
+
+    monkeypatch.setattr(data, "_facts", facts)
+    monkeypatch.setattr(data, "_PARENTS", {}, raising=False)
+    seen = [data.siblings_of(ref, refs) for ref in refs]
+    assert len(calls) == len(refs)  # each run once, not once per run asking
+    assert set(seen[0].envs) == {f"r{i}" for i in range(1, 30) if i != 3}
+    assert "r0" not in seen[0].envs and seen[-1].envs == {}
+    # the siblings' digest names them with their fingerprints: a changed run changes it
+    refs[1] = data.RunRef("r1", refs[1].path, "changed")
+    again = data.siblings_of(refs[0], refs)
+    assert len(calls) == 2 * len(refs) - 1 and again.digest != seen[0].digest
+
+
+def test_status_of_is_the_runs_health_from_its_read(tmp_path: Path) -> None:
+    import os
+    import shutil
+
+    from app import data
+
+    samples = ENTRY.parent.parent / "sample_runs"
+    if not (samples / "healthy_control").is_dir():
+        pytest.skip("no sample runs")
+    shutil.copytree(samples / "healthy_control", tmp_path / "healthy")
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "events.out.tfevents.1.host").write_bytes(os.urandom(4096))
+    refs = data.list_runs(str(tmp_path))
+    assert not isinstance(refs, str)
+    status = {r.name: data.status_of(r, refs) for r in refs}
+    assert status == {"healthy": "finite", "junk": "unreadable"}
