@@ -121,8 +121,8 @@ def display(frame_: pd.DataFrame, keep: Iterable[str] = ()) -> tuple[pd.DataFram
         values = out[col]
         if pd.api.types.is_bool_dtype(values.dtype):
             continue
-        if pd.api.types.is_integer_dtype(values.dtype):
-            continue
+        if pd.api.types.is_integer_dtype(values.dtype) and not values.isna().any():
+            continue  # a nullable integer column with a gap goes on: pd.NA draws "None"
         whole = _whole(values)
         if whole and not any(_missing(v) or (isinstance(v, float) and math.isnan(v))
                              for v in values):

@@ -960,6 +960,9 @@ def test_regression_table_cells_show_no_none_and_no_float_digits_run_on() -> Non
     # A whole float past int64 (a gradient norm of 1e20) is no count: it stays text.
     big, _ = tables.display(pd.DataFrame({"max": [1e20, 2.0]}))
     assert list(big["max"]) == ["1e+20", "2"]
+    # A nullable integer column (the Fleet table's first step) drew pd.NA as "None".
+    steps, numbers = tables.display(pd.DataFrame({"step": pd.array([40, None], dtype="Int64")}))
+    assert list(steps["step"]) == ["40", ""] and "step" in numbers
 
 
 def test_regression_a_column_blank_in_every_row_is_left_out_when_asked() -> None:
@@ -1091,3 +1094,35 @@ def test_status_of_is_the_runs_health_from_its_read(tmp_path: Path) -> None:
     assert not isinstance(refs, str)
     status = {r.name: data.status_of(r, refs) for r in refs}
     assert status == {"healthy": "finite", "junk": "unreadable"}
+
+
+def test_regression_the_runs_table_fits_the_page_and_draws_no_none(runs: Path) -> None:
+    """The Runs table went to st.dataframe as it was: 'None' in every cell a healthy run
+    has no value for, fifteen columns cut at the page's edge at 1440 px."""
+    import json
+
+    at = open_app()
+    no_error(at)
+    frame = at.dataframe[0]
+    table = frame.value
+    shown = [c for c in table.columns if c in frame.proto.column_order]
+    assert not table[shown].isna().any().any()
+    assert not (table[shown].astype(str) == "None").any().any()
+    healthy = table.set_index("run").loc["healthy_control"]
+    assert healthy["first_when"] == "" and healthy["tag"] == ""
+    config = json.loads(frame.proto.columns)
+    widths = [config[c]["width"] for c in frame.proto.column_order]
+    assert all(isinstance(w, int) for w in widths) and sum(widths) + 40 <= 980, widths
+    at.toggle(key="runs_every_column").set_value(True).run()
+    assert "first_issue" in at.dataframe[0].proto.column_order
+    # a picked row links to every run page, Compare too
+    at.session_state["runs_table"] = {"selection": {"rows": [0], "columns": []}}
+    at.run()
+    pages = {link.proto.page.rsplit("/", 1)[-1] for link in at.get("page_link")}
+    assert "compare" in " ".join(pages), pages
+
+
+def test_regression_the_runs_page_writes_no_stray_text_above_its_title(runs: Path) -> None:
+    # A bare string at a page's top level is written on the page by Streamlit's magic.
+    at = open_app()
+    assert not [m.value for m in at.markdown if "columns shown by default" in m.value]

@@ -222,7 +222,7 @@ def test_a_run_whose_analysis_fails_is_counted_unreadable(
     at = open_fleet()
     assert metrics(at) == {"failed": 1, "finite": 0, "unreadable": 1}
     assert "a reader broke" in texts(at)
-    assert "1 run(s) could not be analysed" in [e.label for e in at.expander]
+    assert "1 run could not be analysed" in [e.label for e in at.expander]
 
 
 def test_strip_cut_lies_between_the_sides_on_the_axis_drawn() -> None:

@@ -122,3 +122,33 @@ def test_model_records_hold_no_wording() -> None:
     import analyzer.model as model
 
     assert not hasattr(model, "step_words")
+
+
+def _app_strings() -> list[tuple[str, int, str]]:
+    """(file, line, text) of every string literal of the dashboard's code."""
+    import io
+    import tokenize
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    out = []
+    for path in sorted((root / "app").rglob("*.py")):
+        tokens = tokenize.generate_tokens(io.StringIO(path.read_text("utf-8")).readline)
+        out += [(path.relative_to(root).as_posix(), t.start[0], t.string) for t in tokens
+                if t.type == tokenize.STRING]
+    return out
+
+
+def test_regression_the_dashboard_counts_with_plural_not_an_s_in_brackets() -> None:
+    """'3 run(s)', '1 folder(s) passed over', '139 key(s) not tested': a count says its
+    noun as English does (tables.plural: '1 run', '2 runs')."""
+    import re
+
+    def words(literal: str) -> str:  # an f-string's text, less the code in its braces
+        while (bare := re.sub(r"\{[^{}]*\}", "", literal)) != literal:
+            literal = bare
+        return literal
+
+    found = [f"{f}:{n}: {s}" for f, n, s in _app_strings()
+             if re.search(r"[a-z]\(s\)", words(s))]
+    assert not found, found

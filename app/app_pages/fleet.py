@@ -7,7 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from analyzer.report.summary import effect
-from app import charts, data, fleetviews, ui
+from app import charts, data, fleetviews, tables, ui
 
 CAUSE_KEY = "fleet_cause"
 _CLICKED = "_fleet_cause_clicked"
@@ -28,9 +28,10 @@ finite.metric("finite", summary.finite)
 unreadable.metric("unreadable", summary.unreadable + len(fleet.unanalysed),
                   help="nothing could be read, or the analysis of the run failed")
 if fleet.unanalysed:
-    with st.expander(f"{len(fleet.unanalysed)} run(s) could not be analysed"):
-        st.dataframe(pd.DataFrame(fleet.unanalysed, columns=["run", "why"]), hide_index=True,
-                     key="fleet_unanalysed")
+    with st.expander(f"{tables.plural(len(fleet.unanalysed), 'run')} could not be "
+                     "analysed"):
+        tables.show(pd.DataFrame(fleet.unanalysed, columns=["run", "why"]),
+                    key="fleet_unanalysed")
 
 st.header("Causes")
 causes = fleetviews.cause_rows(summary)
@@ -53,9 +54,9 @@ else:
         if picked in labels:
             st.session_state[CAUSE_KEY] = picked
     with right:
-        st.dataframe(pd.DataFrame(causes), hide_index=True, key="fleet_causes",
-                     column_config={"share of failed": st.column_config.ProgressColumn(
-                         "share of failed", format="percent", min_value=0.0, max_value=1.0)})
+        tables.show(pd.DataFrame(causes), key="fleet_causes",
+                    column_config={"share of failed": st.column_config.ProgressColumn(
+                        "share of failed", format="percent", min_value=0.0, max_value=1.0)})
 
 st.header("First non-finite step")
 steps = summary.steps
@@ -85,8 +86,7 @@ else:
             st.markdown(f"**{s.key}** separates the failed runs from the healthy "
                         f"(p = {fleetviews.p_text(s.p_adjusted)} after Holm, {s.runs} runs): "
                         f"{effect(s)}")
-    st.dataframe(pd.DataFrame(fleetviews.separator_rows(summary)), hide_index=True,
-                 key="fleet_separators")
+    tables.show(tables.frame(fleetviews.separator_rows(summary)), key="fleet_separators")
     top = fleetviews.top_numeric(summary)
     if top is not None:
         shown = fleetviews.strip(summary, top)
@@ -94,7 +94,7 @@ else:
         st.plotly_chart(charts.separator_strip(shown.key, shown.values, shown.names,
                                                shown.cut, shown.log), key="fleet_strip")
 if summary.skipped:
-    st.caption(f"{len(summary.skipped)} key(s) not tested: "
+    st.caption(f"{tables.plural(len(summary.skipped), 'key')} not tested: "
                + ", ".join(f"{k.key} ({k.reason.replace('_', ' ')})"
                            for k in summary.skipped[:12])
                + (", ..." if len(summary.skipped) > 12 else "") + ".")
@@ -105,12 +105,12 @@ if st.session_state.get(CAUSE_KEY) not in [fleetviews.EVERY_CAUSE, *labels]:
 choice = st.selectbox("Cause", [fleetviews.EVERY_CAUSE, *labels], key=CAUSE_KEY)
 cause = choice if choice == fleetviews.EVERY_CAUSE else fleetviews.cause_code(summary, choice)
 table = fleetviews.fleet_runs(fleet.frames["runs"], summary, keys, cause, fleet.ties)
-st.caption(f"{len(table)} run(s). Pick a row to open the run.")
-event = st.dataframe(table, hide_index=True, on_select="rerun", selection_mode="single-row",
-                     key="fleet_runs", column_config={
-                         "run": st.column_config.TextColumn("run", pinned=True),
-                         "first_step": st.column_config.NumberColumn("first non-finite step",
-                                                                     format="%d")})
+st.caption(f"{tables.plural(len(table), 'run')}. Pick a row to open the run.")
+# the first step as text: a finite run has none, which a number column draws "None"
+event = tables.show(table, key="fleet_runs", on_select="rerun", selection_mode="single-row",
+                    column_config={
+                        "run": st.column_config.TextColumn("run", pinned=True),
+                        "first_step": st.column_config.TextColumn("first non-finite step")})
 rows = list(event.selection.rows) if event is not None else []
 picked = [str(table.iloc[r]["run"]) for r in rows if r < len(table)]
 if picked != st.session_state.get("_fleet_picked"):

@@ -8,24 +8,27 @@ import streamlit as st
 from analyzer.wording import step_words
 from app import data, tables, ui
 
+# Widths in pixels: the table's first columns fit the page at 1440 px beside the sidebar
+# (about 980 px, the row picker's column too); the others come with "Every column".
 COLUMNS = {
-    "run": st.column_config.TextColumn("run", pinned=True),
-    "status": st.column_config.TextColumn("status"),
+    "run": st.column_config.TextColumn("run", pinned=True, width=140),
+    "status": st.column_config.TextColumn("status", width=80),
     "first_step": None,
     "first_when": st.column_config.TextColumn(
-        "first non-finite step",
-        help="'>N': after step N (a log line that names no step); '#N': a log's own record "
-             "or iteration N, for a log not placed on the run's steps"),
-    "tag": st.column_config.TextColumn("tag"),
-    "kind": st.column_config.TextColumn("value"),
+        "first non-finite", width=90,
+        help="The first non-finite step. '>N': after step N (a log line that names no "
+             "step); '#N': a log's own record or iteration N, for a log not placed on the "
+             "run's steps"),
+    "tag": st.column_config.TextColumn("tag", width=140),
+    "kind": st.column_config.TextColumn("value", width=55),
     "last_finite": None,
-    "last_when": st.column_config.TextColumn("last finite step"),
-    "layer": st.column_config.TextColumn("layer"),
-    "cause": st.column_config.TextColumn("top cause"),
+    "last_when": st.column_config.TextColumn("last finite", width=80),
+    "layer": st.column_config.TextColumn("layer", width=120),
+    "cause": st.column_config.TextColumn("top cause", width=150),
     "confidence": st.column_config.TextColumn("confidence"),
     "replay": st.column_config.TextColumn("replay"),
     "sources": st.column_config.TextColumn("sources found"),
-    "issues": st.column_config.NumberColumn("read issues", format="%d"),
+    "issues": st.column_config.NumberColumn("read issues", format="%d", width=70),
     "first_issue": st.column_config.TextColumn("first read issue"),
     "first_after": None,
     "first_unit": None,
@@ -37,6 +40,8 @@ COLUMNS = {
 }
 ORDER = ["run", "status", "first_when", "tag", "kind", "last_when", "layer", "cause",
          "confidence", "replay", "sources", "grouping", "placement", "issues", "first_issue"]
+# The columns shown by default: what fits the page (a bare string here would be shown).
+SHORT = ["run", "status", "first_when", "tag", "kind", "last_when", "layer", "cause", "issues"]
 
 # Each status a run can have, in the filter's order (rows.run_row sets them). A bare
 # string here would be shown: Streamlit's magic writes a page's top-level expressions.
@@ -53,7 +58,7 @@ def _partial(rows: pd.DataFrame, done: int) -> None:
     with filling.container():
         st.caption(f"Reading the runs: {done} of {len(refs)} read; a top cause may change "
                    "once the runs beside it are read too.")
-        st.dataframe(rows, hide_index=True, column_config=COLUMNS, column_order=ORDER)
+        tables.show(rows, key="runs_partial", column_config=COLUMNS, column_order=SHORT)
 
 
 table = data.runs_table(refs, moved, _partial)
@@ -69,16 +74,20 @@ st.caption(f"{tables.plural(len(table), 'run')}: {counts['failed']} failed, "
 
 skipped = data.passed_over(data.root())
 if skipped:
-    with st.expander(f"{len(skipped)} folder(s) passed over while looking for runs"):
+    with st.expander(f"{tables.plural(len(skipped), 'folder')} passed over while looking "
+                     "for runs"):
         st.code("\n".join(skipped), language=None)
 
-left, mid, right, far = st.columns([3, 2, 3, 2])
+left, mid, right, far, wide = st.columns([3, 4, 3, 2, 2])  # room for four status chips
 needle = left.text_input("Run name contains", key="runs_filter_name")
 known = [s for s in STATUSES if s in set(table["status"])] or STATUSES[:2]
 statuses = mid.multiselect("Status", known, default=known, key="runs_filter_status")
 causes = sorted(c for c in table["cause"].dropna().unique())
 picked_causes = right.multiselect("Top cause", causes, key="runs_filter_cause")
 only_issues = far.toggle("Only runs with read issues", key="runs_filter_issues")
+every = wide.toggle("Every column", key="runs_every_column",
+                    help="Confidence, replay, sources, layout, how steps were placed and the "
+                         "first read issue too (scroll the table sideways).")
 
 shown = table[table["status"].isin(statuses)]
 if needle:
@@ -88,8 +97,9 @@ if picked_causes:
 if only_issues:
     shown = shown[shown["issues"] > 0]
 
-event = st.dataframe(shown, hide_index=True, column_config=COLUMNS, column_order=ORDER,
-                     on_select="rerun", selection_mode="single-row", key="runs_table")
+event = tables.show(shown, key="runs_table", column_config=COLUMNS,
+                    column_order=ORDER if every else SHORT, on_select="rerun",
+                    selection_mode="single-row")
 rows = list(event.selection.rows) if event is not None else []
 picked = [str(shown.iloc[r]["run"]) for r in rows if r < len(shown)]
 if picked != st.session_state.get("_runs_picked"):
@@ -114,7 +124,7 @@ if picked:
         st.caption(f"Layout: {row['grouping']}.")
     if row["placement"]:
         st.caption(f"Steps placed: {row['placement']}.")
-    pages = ["run", "timeline", "layers", "findings", "replay", "logs"]
+    pages = ["run", "timeline", "compare", "layers", "findings", "replay", "logs"]
     cols = st.columns(len(pages))
     for col, page in zip(cols, pages, strict=True):
         with col:
