@@ -280,11 +280,11 @@ def stop_if_unreadable(result: RunResult) -> None:
 
 
 def page_links(run: str, here: str) -> None:
-    cols = st.columns(len(RUN_PAGES))
-    for col, title in zip(cols, RUN_PAGES, strict=True):
+    # the other pages side by side, without a blank slot where this page's link would be
+    others = [title for title in RUN_PAGES if title.lower() != here]
+    for col, title in zip(st.columns(len(others)), others, strict=True):
         with col:
-            if title.lower() != here:
-                link(title.lower(), title, run)
+            link(title.lower(), title, run)
 
 
 def step_views(run: Run, step: int, key: str) -> None:

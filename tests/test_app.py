@@ -1126,3 +1126,18 @@ def test_regression_the_runs_page_writes_no_stray_text_above_its_title(runs: Pat
     # A bare string at a page's top level is written on the page by Streamlit's magic.
     at = open_app()
     assert not [m.value for m in at.markdown if "columns shown by default" in m.value]
+
+
+def test_regression_the_links_to_the_other_pages_leave_no_blank_slot(runs: Path) -> None:
+    at = open_app("nan_in_batch")
+    at.switch_page("app_pages/run.py").run()
+    no_error(at)
+    holding = [c for c in at.columns if any(True for _ in c.get("page_link"))]
+    assert len(holding) == len(ui_pages()) - 1
+    assert not [c for c in at.columns if not c.children], "an empty column beside the links"
+
+
+def ui_pages() -> list[str]:
+    from app import ui
+
+    return ui.RUN_PAGES
