@@ -78,14 +78,14 @@ if skipped:
                      "for runs"):
         st.code("\n".join(skipped), language=None)
 
-left, mid, right, far, wide = st.columns([3, 4, 3, 2, 2])  # room for four status chips
+left, mid, right, far, wide = st.columns([3, 5, 3, 3, 3])  # room for four status chips
 needle = left.text_input("Run name contains", key="runs_filter_name")
 known = [s for s in STATUSES if s in set(table["status"])] or STATUSES[:2]
 statuses = mid.multiselect("Status", known, default=known, key="runs_filter_status")
 causes = sorted(c for c in table["cause"].dropna().unique())
 picked_causes = right.multiselect("Top cause", causes, key="runs_filter_cause")
-only_issues = far.toggle("Only runs with read issues", key="runs_filter_issues")
-every = wide.toggle("Every column", key="runs_every_column",
+only_issues = far.toggle("With read issues", key="runs_filter_issues")
+every = wide.toggle("All columns", key="runs_every_column",
                     help="Confidence, replay, sources, layout, how steps were placed and the "
                          "first read issue too (scroll the table sideways).")
 
