@@ -229,7 +229,7 @@ def test_fleet_page_in_chromium_names_the_separator(served_sweep: str,
     assert state["charts"] >= 3 and state["plotted"] == state["charts"], state["charts"]
     titles = json.loads(browser.evaluate(_AXIS_TITLES_JS))
     assert {"lr", "first non-finite step", "failed runs explained"} <= set(titles), titles
-    assert "20 run(s). Pick a row" in text
+    assert "20 runs. Pick a row" in text
     # A click on the causes chart's last (smallest) bar lists that cause's runs alone.
     bar = json.loads(browser.evaluate(_LAST_BAR_JS))
     for kind in ("mouseMoved", "mousePressed", "mouseReleased"):
@@ -239,7 +239,7 @@ def test_fleet_page_in_chromium_names_the_separator(served_sweep: str,
     shown = None
     while time.monotonic() < deadline and shown is None:
         time.sleep(0.5)
-        found = re.search(r"(\d+) run\(s\)\. Pick a row", browser.state()["text"])
+        found = re.search(r"(\d+) runs?\. Pick a row", browser.state()["text"])
         shown = int(found[1]) if found and int(found[1]) < 20 else None
     browser.screenshot(SHOTS / "fleet_cause_clicked.png")
     assert shown is not None and 0 < shown < 20, (shown, bar)

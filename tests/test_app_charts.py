@@ -643,3 +643,17 @@ def test_regression_a_finite_save_after_the_first_non_finite_one_is_marked_finit
     by = {(int(step), what) for step, what in zip(saves["step"], saves["what"], strict=True)}
     assert (16, "optimizer.pt: finite") in by and (16, "model.safetensors: non-finite") in by
     assert (8, "model.safetensors: finite") in by
+
+
+def test_regression_a_few_printed_zeros_do_not_flatten_a_loss_onto_a_linear_axis() -> None:
+    # healthy_control's train.log prints its loss to four decimals: two of its 200 values
+    # read 0.0000, which kept the whole curve on a linear axis, its tail flat on 0.
+    from analyzer import api
+
+    run = api.read(str(SAMPLES / "healthy_control"))[0]
+    logged = [s for s in run.series if s.tag == "loss" and s.source.endswith("train.log")]
+    assert logged and 0 < int((logged[0].values == 0).sum()) <= 0.1 * len(logged[0])
+    curves = views.curves(run, ["loss"])
+    assert views.log_scale(curves)
+    negative = views.Curve("x", "x", "s", np.arange(3), np.array([-1.0, 1.0, 1000.0]))
+    assert not views.log_scale([negative])
