@@ -234,7 +234,7 @@ _PIECE = 1 << 16
 """Characters of a line read at a time, so that a line of a gigabyte costs no gigabyte."""
 
 
-def _text_lines(path: str) -> Iterator[tuple[int, str]]:
+def text_lines(path: str) -> Iterator[tuple[int, str]]:
     """(1-based line number, text) of a text file opened safely (a FIFO or device is not
     opened); a line longer than _PIECE comes in pieces under one number.
 
@@ -693,7 +693,7 @@ def first_mention(path: str, digest: str) -> int | None:
     word = re.compile(r"(?<![\w.])[-+]?(nan|inf|infinity)(?![\w])", re.IGNORECASE)
     read = 0
     try:
-        for number, text in _text_lines(path):
+        for number, text in text_lines(path):
             if word.search(text):
                 return number
             read += len(text)
@@ -714,7 +714,7 @@ def log_lines(path: str, first: int, last: int, digest: str) -> list[tuple[int, 
     """Lines ``first``..``last`` (1-based, inclusive) of a text file, read lazily."""
     out: dict[int, str] = {}
     try:
-        for number, text in _text_lines(path):
+        for number, text in text_lines(path):
             if number > last:
                 break
             if number >= first:  # a long line's pieces keep both ends

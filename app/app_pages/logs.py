@@ -9,7 +9,6 @@ lines the log reader recognised as events can be jumped to.
 from __future__ import annotations
 
 import os
-from typing import Any
 
 import streamlit as st
 
@@ -29,23 +28,6 @@ _SHORT = {"overflow_skip": "skip", "loss_scale": "scale", "min_loss_scale": "sca
           "nonfinite": "non-finite", "checkpoint_save": "save",
           "model_description": "model"}
 _FILTER_LIMIT = 200  # lines a text filter lists at most
-_PIECE = 1 << 16
-
-
-def _lines(path: str) -> Any:
-    """(1-based number, text) of a log opened safely; a long line comes in pieces under
-    one number, as app.data counts them (lines end at ``\\n`` only)."""
-    import io
-
-    from analyzer.ingest.safeio import open_regular
-
-    handle, _ = open_regular(path)
-    with io.TextIOWrapper(handle, encoding="utf-8", errors="replace", newline="\n") as fh:
-        number = 1
-        while piece := fh.readline(_PIECE):
-            yield number, piece
-            if piece.endswith("\n"):
-                number += 1
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
@@ -54,7 +36,7 @@ def line_count(path: str, digest: str) -> tuple[int, bool]:
     its last line lacks its newline (the log stops mid-line)."""
     count, cut = 0, False
     try:
-        for number, piece in _lines(path):
+        for number, piece in data.text_lines(path):
             count, cut = number, not piece.endswith("\n")
     except OSError:
         return 0, False
@@ -67,7 +49,7 @@ def matching(path: str, digest: str, needle: str) -> tuple[list[int], bool]:
     _FILTER_LIMIT of them, and whether there were more."""
     low, found, more = needle.lower(), [], False
     try:
-        for number, piece in _lines(path):
+        for number, piece in data.text_lines(path):
             if low in piece.lower() and (not found or found[-1] != number):
                 if len(found) == _FILTER_LIMIT:
                     more = True
