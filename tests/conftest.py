@@ -42,6 +42,12 @@ def _sys_path_without_repeats() -> Iterator[None]:
     # app/streamlit_app.py as its own __main__ and died before it started.
     if sys.modules.get("__main__") is not _MAIN:
         sys.modules["__main__"] = _MAIN
+    # The dashboard replays on a background thread of this process: a replay an app test
+    # queued must not run on into the next tests, whose subprocesses and timeouts it would
+    # starve of CPU (a pool test's 60 s and torchrun's error files were lost so in a full run).
+    data = sys.modules.get("app.data")
+    if data is not None:
+        data.replays.drain(timeout=600)
 
 
 def write_summary_run(folder: str, values: dict[str, Sequence[float]], *,
