@@ -45,6 +45,13 @@ def _sys_path_without_repeats() -> Iterator[None]:
     # The dashboard replays on a background thread of this process: a replay an app test
     # queued must not run on into the next tests, whose subprocesses and timeouts it would
     # starve of CPU (a pool test's 60 s and torchrun's error files were lost so in a full run).
+    # A signal left ignored by a test (a server's or a cluster's own handling) is inherited
+    # by every process started afterwards: a child that ignores SIGINT cannot be
+    # interrupted, and the test of interrupting a pool waited 60 s for it in a full run.
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     data = sys.modules.get("app.data")
     if data is not None:
         data.replays.drain(timeout=600)

@@ -426,7 +426,9 @@ def test_regression_an_interrupt_stops_a_pool_whose_worker_hangs(drift_fleet: Pa
         [sys.executable, "-c", _HANGING_POOL, str(drift_fleet)], stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL, text=True, start_new_session=True,
         cwd=Path(__file__).resolve().parent.parent,
-        env={**os.environ, "NF_TEST_HANGING": str(marker)})
+        env={**os.environ, "NF_TEST_HANGING": str(marker)},
+        # As from a shell: SIGINT not ignored, whatever this process inherited.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert child.stdout is not None
         given = [child.stdout.readline().strip() for _ in range(3)]
