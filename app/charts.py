@@ -76,10 +76,6 @@ PIN = "pin"
 PIN_TOP, PIN_BOTTOM = 0.95, 0.04
 
 
-def _spelled(v: float) -> str:
-    return "nan" if math.isnan(v) else ("+inf" if v > 0 else "-inf")
-
-
 SKIPPED = "non-finite at an overflow skip (benign)"
 """A value the loss scaler's overflow made non-finite at a step it skipped: not a failure."""
 
@@ -98,7 +94,7 @@ def _bad_traces(curve: Curve, legend: str | None, shown: set[str], unit: str = "
             (curve.bad & benign, SKIPPED, COLOURS["overflow skip"], PIN_TOP - 0.08)):
         if not mask.any():
             continue
-        texts = [f"{curve.label}: {_spelled(v)}" for v in curve.values[mask]]
+        texts = [f"{curve.label}: {num(v)}" for v in curve.values[mask]]
         trace = go.Scatter(x=curve.steps[mask], y=np.full(int(mask.sum()), y), mode="markers",
                            marker={"symbol": "x-thin-open", "size": 11, "color": colour,
                                    "line": {"width": 2}},

@@ -303,16 +303,8 @@ def log_default(lines: Sequence[Line]) -> bool:
     zero (as the Timeline's), or six decades even beside a zero: a run that diverged to
     1e37 flattens a healthy run's loss onto 0 on a linear axis, and a log rounded to 0.0000
     must not keep the panel linear. A zero is not drawn on a log axis (the toggle says)."""
-    import numpy as np
-
-    curves = [ln.curve for ln in lines]
-    if views.log_scale(curves):
-        return True
-    vals = np.concatenate([c.values[np.isfinite(c.values)] for c in curves] or [np.zeros(0)])
-    positive = vals[vals > 0]
-    if positive.size < 2 or (vals < 0).any():
-        return False
-    return bool(positive.max() / positive.min() >= 1e6)
+    span, _ = views.positive_span([ln.curve for ln in lines])
+    return views.log_scale([ln.curve for ln in lines]) or (span is not None and span >= 1e6)
 
 
 def figure(drawn: Mapping[str, list[Line]], names: Sequence[str], mode: str,
@@ -361,8 +353,7 @@ def figure(drawn: Mapping[str, list[Line]], names: Sequence[str], mode: str,
                                   (c.bad & benign, SKIPPED, 0.88)):
                 if not mask.any():
                     continue
-                words = ["nan" if np.isnan(v) else ("+inf" if v > 0 else "-inf")
-                         for v in c.values[mask]]
+                words = [views.num(v) for v in c.values[mask]]
                 fig.add_trace(go.Scatter(
                     x=c.steps[mask], y=np.full(int(mask.sum()), y), mode="markers",
                     name=kind, legendgroup=kind, showlegend=kind not in marked,

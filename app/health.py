@@ -20,9 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from analyzer.ingest import storage
 from analyzer.ingest.tb import is_event_file
 from analyzer.model import IngestIssue, RunResult
+from app.runinfo import rel
 
 HealthStatus = Literal["failed", "finite", "damaged", "unreadable"]
 COSTLESS = frozenset({"empty_file", "not_regular", "unsafe_checkpoint", "not_followed",
@@ -66,14 +66,6 @@ class Health:
     @property
     def costly(self) -> list[IngestIssue]:
         return [i for i in self.issues if i.kind not in COSTLESS]
-
-
-def rel(path: str, root: str) -> str:
-    try:
-        out = storage.relative(path, root)
-    except ValueError:
-        return path
-    return path if out.startswith("..") else out
 
 
 def where_words(issue: IngestIssue) -> str:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import pandas as pd
 import streamlit as st
 
 from analyzer.model import Run, RunResult
@@ -22,7 +23,7 @@ from analyzer.wording import (
     place_words,
     step_words,
 )
-from app import data, health, tables, views
+from app import data, health, runinfo, tables, views
 
 PAGES: list[tuple[str, str, str]] = [
     ("app_pages/runs.py", "Runs", ":material/table_rows:"),
@@ -63,6 +64,22 @@ def open_run(name: str) -> None:
     and then ``st.rerun()``, so that the sidebar, drawn before the page, shows it too."""
     st.session_state[CHOSEN] = name
     st.query_params[RUN_KEY] = name
+
+
+def picked_row(event: Any, table: pd.DataFrame, key: str) -> str | None:
+    """The run of the row picked in ``table`` (a single-row ``st.dataframe`` selection
+    ``event``), which a newly picked row makes the chosen run of every page and of the
+    sidebar (the page reruns). Only a change of the table's selection counts, remembered
+    under ``key``: a run picked later in the sidebar is not taken back by a row still
+    selected here."""
+    rows = list(event.selection.rows) if event is not None else []
+    picked = [str(table.iloc[r]["run"]) for r in rows if r < len(table)]
+    if picked != st.session_state.get(key):
+        st.session_state[key] = picked
+        if picked and picked[0] != st.session_state.get(CHOSEN):
+            open_run(picked[0])
+            st.rerun()
+    return picked[0] if picked else None
 
 
 def _picked() -> None:
@@ -230,7 +247,7 @@ def headline_text(name: str, result: RunResult, h: health.Health) -> str:
 
 def issue_lines(h: health.Health, run_path: str) -> list[str]:
     """One line per read issue: the file, where in it, the kind and the message."""
-    return [f"`{health.rel(i.location.file, run_path)}` at {health.where_words(i)}: "
+    return [f"`{runinfo.rel(i.location.file, run_path)}` at {health.where_words(i)}: "
             f"{i.kind}: {i.message}" for i in h.issues]
 
 

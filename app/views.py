@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from analyzer.ingest import storage
 from analyzer.ingest.tb import is_event_file
 from analyzer.model import Event, Incident, IngestIssue, Location, Run, RunResult, Series
 from analyzer.tags import TagRole, layer_from_tag, role
@@ -27,6 +26,7 @@ from analyzer.wording import (
     place_words,
     step_words,
 )
+from app.runinfo import rel
 
 if TYPE_CHECKING:
     from analyzer.model.checkpoints import SaveRef
@@ -138,11 +138,7 @@ def where(loc: Location | None, run_path: str) -> str:
     """A location with its file relative to the run's folder."""
     if loc is None:
         return ""
-    try:
-        rel = storage.relative(loc.file, run_path)  # a URL's too
-    except ValueError:
-        rel = loc.file
-    return str(Location(loc.file if rel.startswith("..") else rel, loc.offset, loc.line))
+    return str(Location(rel(loc.file, run_path), loc.offset, loc.line))
 
 
 def _placed(run: Run) -> list[Series]:
@@ -215,16 +211,23 @@ loss printed to four decimals logs 0.0000 once it is small, and those few zeros 
 flatten the whole curve onto a linear axis."""
 
 
-def log_scale(curves_: list[Curve]) -> bool:
+def positive_span(curves_: Sequence[Curve]) -> tuple[float | None, float]:
+    """How many times over the curves' positive finite values span (max / min), None when
+    some finite value is negative or fewer than two are positive; and the share of the
+    finite values that are exact zeros."""
+    vals = np.concatenate([c.values[np.isfinite(c.values)] for c in curves_] or [np.zeros(0)])
+    positive = vals[vals > 0]
+    zeros = (vals.size - positive.size) / vals.size if vals.size else 0.0
+    if positive.size < 2 or (vals < 0).any():
+        return None, zeros
+    return float(positive.max() / positive.min()), zeros
+
+
+def log_scale(curves_: Sequence[Curve]) -> bool:
     """A log axis when no finite value is negative, the positive ones span two decades or
     more, and at most :data:`ZEROS_ON_LOG` of the values are exact zeros."""
-    vals = np.concatenate([c.values[np.isfinite(c.values)] for c in curves_] or [np.zeros(0)])
-    if vals.size < 2 or (vals < 0).any():
-        return False
-    positive = vals[vals > 0]
-    if positive.size < 2 or (vals.size - positive.size) > ZEROS_ON_LOG * vals.size:
-        return False
-    return bool(positive.max() / positive.min() >= 100.0)
+    span, zeros = positive_span(curves_)
+    return span is not None and span >= 100.0 and zeros <= ZEROS_ON_LOG
 
 
 @dataclass(frozen=True)
@@ -431,7 +434,7 @@ def log_hits(result: RunResult) -> list[LogHit]:
         held = found.get(series.source)
         if series.source not in hits and (held is None or line < held.line):
             value = float(series.values[i])
-            kind = "nan" if math.isnan(value) else "+inf" if value > 0 else "-inf"
+            kind = num(value)
             benign = (" (at a step the loss scaler skipped: its benign overflow)"
                       if step in result.overflow_skips else "")
             found[series.source] = log_hit(run, series.source, line, step,
