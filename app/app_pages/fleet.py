@@ -111,15 +111,8 @@ event = tables.show(table, key="fleet_runs", on_select="rerun", selection_mode="
                     column_config={
                         "run": st.column_config.TextColumn("run", pinned=True),
                         "first_step": st.column_config.TextColumn("first non-finite step")})
-rows = list(event.selection.rows) if event is not None else []
-picked = [str(table.iloc[r]["run"]) for r in rows if r < len(table)]
-if picked != st.session_state.get("_fleet_picked"):
-    st.session_state["_fleet_picked"] = picked  # a change of selection only, as on Runs
-    if picked and picked[0] != st.session_state.get(ui.CHOSEN):
-        ui.open_run(picked[0])
-        st.rerun()
-if picked:
-    name = picked[0]
+name = ui.picked_row(event, table, "_fleet_picked")
+if name is not None:
     pages = [title.lower() for title in ui.RUN_PAGES]
     for col, page in zip(st.columns(len(pages)), pages, strict=True):
         with col:

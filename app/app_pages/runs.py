@@ -100,20 +100,10 @@ if only_issues:
 event = tables.show(shown, key="runs_table", column_config=COLUMNS,
                     column_order=ORDER if every else SHORT, on_select="rerun",
                     selection_mode="single-row")
-rows = list(event.selection.rows) if event is not None else []
-picked = [str(shown.iloc[r]["run"]) for r in rows if r < len(shown)]
-if picked != st.session_state.get("_runs_picked"):
-    # A row picked just now: it becomes the run of every page and of the sidebar. Only a
-    # change of the table's selection counts, so that a run picked later in the sidebar is
-    # not taken back by a row still selected here.
-    st.session_state["_runs_picked"] = picked
-    if picked and picked[0] != st.session_state.get(ui.CHOSEN):
-        ui.open_run(picked[0])
-        st.rerun()
-if picked:
-    name = picked[0]
+name = ui.picked_row(event, shown, "_runs_picked")
+if name is not None:
     st.subheader(name)
-    row = shown.iloc[rows[0]]
+    row = shown[shown["run"] == name].iloc[0]
     if row["status"] == "failed":
         step = None if pd.isna(row["first_step"]) else int(row["first_step"])
         where = step_words(step, bool(row["first_after"]), "at", mark="**",
