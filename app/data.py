@@ -368,13 +368,10 @@ def _alone(path: str, digest: str) -> _Alone:
     if result is None:
         return _Alone(loaded, None)
     _, _, unhealthy, env = pipeline.sibling_facts(result)
-    facts = _Facts(unhealthy, env)
-    try:
-        ranked = pipeline.rank(result, {})
-    except Exception as exc:  # the rest of the analysis is still worth showing
-        return _Alone(Loaded(replace(result, run=result.run.slim()),
-                             f"the rules failed: {type(exc).__name__}: {exc}"), facts)
-    return _Alone(Loaded(replace(ranked, run=ranked.run.slim())), facts)
+    ranked = _with_rules(loaded, lambda r: pipeline.rank(r, {}))
+    assert ranked.result is not None
+    return _Alone(Loaded(replace(ranked.result, run=ranked.result.run.slim()), ranked.error),
+                  _Facts(unhealthy, env))
 
 
 def _facts(path: str, digest: str) -> _Facts | None:
@@ -445,15 +442,21 @@ def status_of(ref: RunRef, refs: list[RunRef]) -> str:
     return _status(ref.path, ref.digest)
 
 
-def _ranked(loaded: Loaded, siblings: Siblings) -> Loaded:
-    from analyzer import pipeline
-
+def _with_rules(loaded: Loaded, rules: Callable[[RunResult], RunResult]) -> Loaded:
+    """``loaded`` with ``rules`` applied to its result (a ranking); when they fail, the
+    result as it was, with the reason: the rest of the analysis is still worth showing."""
     if loaded.result is None:
         return loaded
     try:
-        return Loaded(pipeline.rank(loaded.result, siblings.envs))
-    except Exception as exc:  # the rest of the analysis is still worth showing
+        return Loaded(rules(loaded.result))
+    except Exception as exc:
         return Loaded(loaded.result, f"the rules failed: {type(exc).__name__}: {exc}")
+
+
+def _ranked(loaded: Loaded, siblings: Siblings) -> Loaded:
+    from analyzer import pipeline
+
+    return _with_rules(loaded, lambda r: pipeline.rank(r, siblings.envs))
 
 
 @st.cache_data(max_entries=48, show_spinner=False, hash_funcs=_BY_DIGEST)
@@ -545,11 +548,8 @@ def _brief(path: str, name: str, digest: str, siblings: Siblings, replayed: bool
                                                   loaded.error)
         return _Brief(run_row(name, kept.result, kept.error), kept)
     kept = _alone(path, digest).slim
-    if kept.result is not None and kept.error is None and siblings.envs:
-        try:
-            kept = Loaded(pipeline.rank_siblings(kept.result, siblings.envs))
-        except Exception as exc:  # the rest of the analysis is still worth showing
-            kept = Loaded(kept.result, f"the rules failed: {type(exc).__name__}: {exc}")
+    if kept.error is None and siblings.envs:
+        kept = _with_rules(kept, lambda r: pipeline.rank_siblings(r, siblings.envs))
     return _Brief(_row(name, kept), kept)
 
 
@@ -837,13 +837,8 @@ class _Replays:
             self._run(key, paths)
 
     def _run(self, key: tuple[str, str], paths: tuple[str, ...]) -> ReplayOutcome:
-        from analyzer.pipeline import attempt_replay
-
-        start = time.monotonic()
         try:
-            result, error, refused = attempt_replay(key[0], device="cpu", dtype="as-run",
-                                                    import_paths=paths)
-            outcome = ReplayOutcome(result, error, time.monotonic() - start, refused)
+            outcome = _replay_now(key[0], "cpu", "as-run", paths)
         except BaseException as exc:  # the worker and its waiters live on
             # attempt_replay reports what it foresees; a SystemExit from the capture's code,
             # say, would otherwise end this thread with every later replay still waiting.
@@ -868,11 +863,18 @@ def replay(capture: str, digest: str, device: str, dtype: str,
     """Replay a captured step in memory, kept under the run's fingerprint (which holds the
     trust in force). ``trust_code`` imports the capture's code wherever it is, for this
     replay only: the Replay page passes it once the user has said so."""
+    return _replay_now(capture, device, dtype, import_paths(), trust_code)
+
+
+def _replay_now(capture: str, device: str, dtype: str, paths: tuple[str, ...],
+                trust_code: bool = False) -> ReplayOutcome:
+    """Replay a capture now, timed: the one call of the replay behind the Replay page's
+    button and the background replays the analysis makes."""
     from analyzer.pipeline import attempt_replay
 
     start = time.monotonic()
     result, error, refused = attempt_replay(capture, device=device, dtype=dtype,
-                                            import_paths=import_paths(), trust_code=trust_code)
+                                            import_paths=paths, trust_code=trust_code)
     return ReplayOutcome(result, error, time.monotonic() - start, refused)
 
 
