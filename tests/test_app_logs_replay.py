@@ -247,3 +247,17 @@ def test_regression_a_logs_own_nonfinite_value_is_found_when_the_incident_is_the
     shown = texts(at)
     assert "loss = +inf" in shown
     assert "recognised no non-finite value" not in shown
+
+
+def test_regression_a_blank_log_line_is_one_row_of_the_viewer(
+        runs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The viewer drew each blank line of a log twice (its frame, then a row of its own)."""
+    lines = _log_lines(runs, "nan_in_batch")[:6]
+    root = tmp_path / "runs"
+    (root / "gaps").mkdir(parents=True)
+    (root / "gaps" / "train.log").write_text("\n".join([*lines[:3], "", *lines[3:]]) + "\n",
+                                             encoding="utf-8")
+    monkeypatch.setenv("FORENSICS_RUNS", str(root))
+    rows = _viewer(_logs("gaps")).splitlines()
+    numbers = [row.split("|", 1)[0].strip(" *→") for row in rows]
+    assert numbers == [str(n) for n in range(1, 8)], rows

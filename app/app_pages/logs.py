@@ -9,6 +9,7 @@ lines the log reader recognised as events can be jumped to.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import streamlit as st
 
@@ -75,16 +76,21 @@ def _jump(path: str, line: int) -> None:
     st.session_state["logs_filter"] = ""
 
 
-def _text(path: str, first: int, last: int, marks: dict[int, str], focus: int | None) -> str:
+def _numbered(lines: list[tuple[int, str]], focus: int | None, flag: Callable[[int], str]
+              ) -> str:
+    """Lines as a terminal shows them (:func:`views.frames`), each row after its flag and
+    number; the frames of one line after the first under a blank number."""
     rows = []
-    for n, text in data.log_lines(path, first, last, sel.ref.digest):
-        # not ">": that marks the excerpt around the non-finite line above
-        flag = "→" if n == focus else "*" if n in marks else " "
+    for n, text in lines:
         for k, frame in enumerate(views.frames(text, n == focus)):
-            rows.append(f"{flag} {n:>6} | {frame}" if k == 0 else f"{flag} {'':>6} | {frame}")
-        if not text.strip():
-            rows.append(f"{flag} {n:>6} |")
+            rows.append(f"{flag(n)} {n if k == 0 else '':>6} | {frame}")
     return "\n".join(rows)
+
+
+def _text(path: str, first: int, last: int, marks: dict[int, str], focus: int | None) -> str:
+    # not ">": that marks the excerpt around the non-finite line above
+    return _numbered(data.log_lines(path, first, last, sel.ref.digest), focus,
+                     lambda n: "→" if n == focus else "*" if n in marks else " ")
 
 
 def _step(e: Event) -> str:
@@ -268,12 +274,8 @@ else:
     lines = data.log_lines(target.file, first, target.line + radius, sel.ref.digest)
     st.subheader(target.heading)
     st.caption(target.what)
-    rows = []
-    for n, text in lines:
-        for k, frame in enumerate(views.frames(text, n == target.line)):
-            mark = ">" if n == target.line else " "
-            rows.append(f"{mark} {n:>6} | {frame}" if k == 0 else f"{mark} {'':>6} | {frame}")
-    st.code("\n".join(rows) or "(the line could not be read)", language=None)
+    excerpt = _numbered(lines, target.line, lambda n: ">" if n == target.line else " ")
+    st.code(excerpt or "(the line could not be read)", language=None)
     other_sources(target)
 
 for path, found in events.items():
