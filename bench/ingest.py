@@ -1,38 +1,246 @@
-"""Event-file ingest: this reader against TensorBoard's EventAccumulator and tbparse.
+"""Event-file ingest: this reader against rustboard, EventAccumulator and tbparse.
 
-Generates a 200,000-step x 10-tag scalar file (about 120 MB) and a variant with histograms,
-then times, on the same files in the same process:
+The files (200,000 steps x 10 scalar tags by default, the loss NaN at 75% of the steps):
 
-  * "frame": all scalars into one long pandas DataFrame (run, tag, step, value, ...)
-  * "first": the first non-finite step of the run
+  * ``synthetic``: ``bench/eventgen.py``'s ``write_run``, the benchmark's historical file
+  * ``scalars``, ``histograms``, ``tensorboardx``, ``tensor_scalars``: the layouts of the real
+    writers (``bench/realwriters.py``: torch's SummaryWriter, with ``add_histogram`` every 200
+    steps, tensorboardX, ``new_style`` tensor scalars). A real writer needs minutes for
+    200,000 steps, so each is first run on ``--check-steps`` steps and eventgen's generator
+    must give its records byte for byte; the full-size file is then eventgen's (``--real``
+    writes it with the real writer instead, cached in the temporary directory).
 
-for this reader with CRCs verified and with verification off, EventAccumulator (every size
-guidance 0, i.e. keep everything) and tbparse. Ratios are what count: the machine is shared.
-Last, the peak memory of reading the scalar file, and a file with a 1 GiB zero tail.
+On each file, alternately, best of ``--repeat``:
 
-    python bench/ingest.py                 # full size, both references
-    python bench/ingest.py --steps 20000   # quicker
-    python bench/ingest.py --skip-refs     # this reader only
+  * this reader, ``read_event_file`` with every CRC verified, in a child process pinned to one
+    core; its peak RSS growth (``VmHWM`` after reading less before) is given as a share of the
+    file's size
+  * rustboard (``bench/rustboard.py``), TensorBoard's Rust data server with ``--checksum``,
+    timed from its start until ``ListScalars`` shows every tag at its last step, then
+    ``ReadScalars`` apart; its peak RSS is the whole server's
+
+and both must have read the same number of points and non-finite values. Then, on smaller
+files (``--ref-steps``, as they read at about 1 MB/s), EventAccumulator (every size guidance 0)
+and tbparse against this reader for a long DataFrame ("frame") and the first non-finite step
+("first"); ``--jobs 2`` against ``--jobs 1`` on a run of four files; and hostile files: a
+1 GiB zero tail and a record whose length field claims 2**60 bytes. The last table says, per
+file, whether the goal holds: at least 2x rustboard's ingest and peak RSS below 0.5x the file.
+
+    python bench/ingest.py                       # everything, full size (about 10 minutes)
+    python bench/ingest.py --steps 20000         # quicker
+    python bench/ingest.py --only histograms     # one part (repeatable): a file, refs, jobs,
+                                                 # hostile
+    python bench/ingest.py --skip-refs           # no EventAccumulator / tbparse
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import eventgen
+import realwriters
+import rustboard
 
 import analyzer
 
+FILE_KINDS = ("synthetic", *realwriters.KINDS)
+PARTS = (*FILE_KINDS, "refs", "jobs", "hostile")
+EVENTS = "events.out.tfevents.1700000000.host.1.0"
+
+
+def load() -> str:
+    try:
+        one, five, fifteen = os.getloadavg()
+        return f"{one:.2f} {five:.2f} {fifteen:.2f}"
+    except OSError:
+        return "?"
+
+
+def one_core() -> set[int]:
+    return {min(os.sched_getaffinity(0))}
+
+
+# ---------------------------------------------------------------- files
+
+@dataclass
+class BenchFile:
+    kind: str
+    path: str  # the event file, alone in its folder (the run rustboard sees)
+    size: int
+    tags: list[str]
+    last_step: int
+    made: str  # how it was written
+
+
+def make_file(kind: str, root: str, steps: int, tags: int, check_steps: int,
+              real: bool) -> BenchFile:
+    folder = os.path.join(root, kind)
+    os.makedirs(folder)
+    t0 = time.perf_counter()
+    if kind == "synthetic":
+        path = os.path.join(folder, EVENTS)
+        size = eventgen.write_run(path, steps=steps, tags=tags, nan_step=int(steps * 0.75))
+        names = realwriters.Spec(steps=steps, tags=tags).tag_names()
+        return BenchFile(kind, path, size, names, steps - 1,
+                         f"eventgen.write_run in {time.perf_counter() - t0:.1f} s")
+    spec = realwriters.Spec(kind=kind, steps=steps, tags=tags)
+    if real:
+        source = realwriters.ensure(spec)
+        path = os.path.join(folder, os.path.basename(source))
+        shutil.copyfile(source, path)
+        made = f"the real writer (cached), copied in {time.perf_counter() - t0:.1f} s"
+    else:
+        check = realwriters.Spec(kind=kind, steps=check_steps, tags=tags,
+                                 hist_every=min(spec.hist_every, max(1, check_steps // 10)))
+        with tempfile.TemporaryDirectory(prefix="forensics-check-") as tmp:
+            theirs = realwriters.ensure(check, root=tmp)
+            mine = os.path.join(tmp, "mine")
+            eventgen.write_spec(mine, check)
+            with open(theirs, "rb") as a, open(mine, "rb") as b:
+                differs = realwriters.same_bytes(a.read(), b.read())
+        if differs:
+            raise SystemExit(f"{kind}: eventgen's records are not the real writer's "
+                             f"({differs}); rerun with --real")
+        t1 = time.perf_counter()
+        path = os.path.join(folder, EVENTS)
+        eventgen.write_spec(path, spec)
+        made = (f"eventgen.write_spec in {time.perf_counter() - t1:.1f} s, its records equal to "
+                f"the real writer's on {check_steps} steps (checked in {t1 - t0:.1f} s)")
+    return BenchFile(kind, path, os.path.getsize(path), spec.tag_names(), steps - 1, made)
+
+
+# ---------------------------------------------------------------- this reader, in a child
+
+_CHILD = """
+import json, math, resource, sys, time
+from analyzer.ingest.tb import read_event_file
+
+def hwm():  # VmHWM is this process's own; ru_maxrss may carry the parent's over a fork
+    with open("/proc/self/status") as fh:
+        return next(int(l.split()[1]) for l in fh if l.startswith("VmHWM:")) * 1024
+
+before = hwm()
+cpu0 = time.process_time()
+t0 = time.perf_counter()
+result = read_event_file(sys.argv[1], verify=sys.argv[2] == "1")
+seconds = time.perf_counter() - t0
+cpu = time.process_time() - cpu0
+peak = hwm()
+points = sum(len(s.values) for s in result.series)
+nonfinite = sum(int((~__import__("numpy").isfinite(s.values)).sum()) for s in result.series)
+print(json.dumps({"seconds": seconds, "cpu": cpu, "before": before, "peak": peak,
+                  "records": result.records, "points": points, "nonfinite": nonfinite,
+                  "issues": [i.kind for i in result.issues]}))
+"""
+
+
+def ours(path: str, verify: bool = True, timeout: float = 600.0) -> dict[str, object]:
+    cpus = one_core()
+    done = subprocess.run([sys.executable, "-c", _CHILD, path, "1" if verify else "0"],
+                          capture_output=True, text=True, check=True, timeout=timeout,
+                          preexec_fn=lambda: os.sched_setaffinity(0, cpus))
+    out: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    return out
+
+
+# ---------------------------------------------------------------- ours against rustboard
+
+@dataclass
+class Versus:
+    file: BenchFile
+    ours_s: float
+    ours_cpu: float
+    ours_growth: int
+    ours_peak: int
+    rb_ingest: float | None
+    rb_read: float | None
+    rb_rss: int | None
+    rb_cpu: float | None
+    agree: str
+
+
+def versus(bf: BenchFile, repeat: int, rb_ok: bool) -> Versus:
+    mine: list[dict[str, object]] = []
+    theirs: list[rustboard.Result] = []
+    expected = dict.fromkeys(bf.tags, bf.last_step)
+    for _ in range(repeat):
+        mine.append(ours(bf.path))
+        if rb_ok:
+            theirs.append(rustboard.measure(os.path.dirname(bf.path), expected))
+    best = min(mine, key=lambda r: float(r["seconds"]))  # type: ignore[arg-type]
+    growth = max(int(r["peak"]) - int(r["before"]) for r in mine)  # type: ignore[call-overload]
+    peak = max(int(r["peak"]) for r in mine)  # type: ignore[call-overload]
+    agree = "-"
+    if theirs:
+        rb_points = sum(theirs[0].points.values())
+        agree = ("same points" if (rb_points, theirs[0].nonfinite) == (best["points"],
+                                                                       best["nonfinite"])
+                 else f"DIFFER: ours {best['points']} points, {best['nonfinite']} non-finite; "
+                      f"rustboard {rb_points}, {theirs[0].nonfinite}")
+    if best["issues"]:
+        agree += f"; our issues: {','.join(best['issues'])}"  # type: ignore[arg-type]
+    return Versus(
+        bf, float(best["seconds"]), float(best["cpu"]), growth, peak,  # type: ignore[arg-type]
+        min(r.ingest_s for r in theirs) if theirs else None,
+        min(r.read_s for r in theirs) if theirs else None,
+        max(r.peak_rss for r in theirs) if theirs else None,
+        min(r.cpu_s for r in theirs) if theirs else None, agree)
+
+
+def print_versus(v: Versus) -> None:
+    mb = v.file.size / 1e6
+    print(f"\n{v.file.kind}: {mb:.1f} MB ({v.file.made})")
+    print(f"  this reader, CRCs verified, one core: {v.ours_s:6.2f} s ({v.ours_cpu:.2f} s CPU) "
+          f"{mb / v.ours_s:7.1f} MB/s  peak RSS +{v.ours_growth / 2**20:.0f} MiB "
+          f"({v.ours_growth / v.file.size:.2f}x the file; process {v.ours_peak / 2**20:.0f} MiB)")
+    if v.rb_ingest is not None:
+        assert v.rb_read is not None and v.rb_rss is not None and v.rb_cpu is not None
+        print(f"  rustboard --checksum:                 {v.rb_ingest:6.2f} s ingest "
+              f"({v.rb_cpu:.2f} s CPU) {mb / v.rb_ingest:7.1f} MB/s + {v.rb_read:.2f} s "
+              f"ReadScalars  peak RSS {v.rb_rss / 2**20:.0f} MiB "
+              f"({v.rb_rss / v.file.size:.2f}x)")
+        print(f"  ours / rustboard: {v.rb_ingest / v.ours_s:.2f}x its ingest, "
+              f"{(v.rb_ingest + v.rb_read) / v.ours_s:.2f}x ingest + ReadScalars; {v.agree}")
+    else:
+        print(f"  rustboard not run; {v.agree}")
+
+
+def print_summary(rows: list[Versus]) -> None:
+    print("\nDone when: this reader >= 2x rustboard's ingest, peak RSS < 0.5x the file "
+          f"(load {load()})")
+    print(f"  {'file':<15} {'MB':>6} {'ours s':>7} {'rustboard s':>11} {'ratio':>6} "
+          f"{'RSS/file':>8}  verdict")
+    for v in rows:
+        ratio = v.rb_ingest / v.ours_s if v.rb_ingest is not None else None
+        share = v.ours_growth / v.file.size
+        fails = []
+        if ratio is None:
+            fails.append("no rustboard")
+        elif ratio < 2:
+            fails.append("speed")
+        if share >= 0.5:
+            fails.append("memory")
+        verdict = "PASS" if not fails else "FAIL (" + ", ".join(fails) + ")"
+        rb = f"{v.rb_ingest:11.2f}" if v.rb_ingest is not None else f"{'-':>11}"
+        rs = f"{ratio:5.2f}x" if ratio is not None else f"{'-':>6}"
+        print(f"  {v.file.kind:<15} {v.file.size / 1e6:6.1f} {v.ours_s:7.2f} {rb} {rs} "
+              f"{share:8.2f}  {verdict}")
+
+
+# ---------------------------------------------------------------- EventAccumulator, tbparse
 
 def timed(fn: Callable[[], object], repeat: int) -> tuple[float, object]:
     best, result = float("inf"), None
@@ -81,8 +289,15 @@ def tbparse_frame(run: str) -> object:
     return SummaryReader(run, pivot=False).scalars
 
 
-def bench_file(label: str, run: str, size: int, repeat: int, skip_refs: bool) -> None:
-    mb = size / 1e6
+def bench_refs(bf: BenchFile, repeat: int) -> None:
+    # imported before the clocks start: imports are not what is timed
+    import pandas  # noqa: F401
+    import tbparse  # noqa: F401
+    from tensorboard.backend.event_processing import event_accumulator  # noqa: F401
+
+    import analyzer.frames  # noqa: F401
+
+    run, mb = os.path.dirname(bf.path), bf.size / 1e6
     rows: list[tuple[str, str, float]] = []
     for verify in (True, False):
         name = "forensics" + ("" if verify else " --no-verify")
@@ -91,78 +306,83 @@ def bench_file(label: str, run: str, size: int, repeat: int, skip_refs: bool) ->
         t, step = timed(lambda v=verify: ours_first(run, v), repeat)  # type: ignore[misc]
         rows.append((name, "first", t))
         print(f"  {name:<24} first non-finite step {step}", flush=True)
-    if not skip_refs:
-        for name, fn in (("EventAccumulator", accumulator_frame), ("tbparse", tbparse_frame)):
-            t0 = time.perf_counter()
-            frame = fn(run)
-            t_frame = time.perf_counter() - t0
-            step = first_from_frame(frame)
-            t_first = time.perf_counter() - t0
-            rows.append((name, "frame", t_frame))
-            rows.append((name, "first", t_first))
-            print(f"  {name:<24} first non-finite step {step}", flush=True)
-    print(f"\n{label}: {mb:.1f} MB")
+    for name, fn in (("EventAccumulator", accumulator_frame), ("tbparse", tbparse_frame)):
+        t0 = time.perf_counter()
+        frame = fn(run)
+        t_frame = time.perf_counter() - t0
+        step = first_from_frame(frame)
+        t_first = time.perf_counter() - t0
+        rows += [(name, "frame", t_frame), (name, "first", t_first)]
+        print(f"  {name:<24} first non-finite step {step}", flush=True)
+    print(f"\n{bf.kind} (references): {mb:.1f} MB, load {load()}")
     print(f"  {'reader':<24} {'task':<6} {'seconds':>8} {'MB/s':>8}   ratios")
     refs = {(n, task): t for n, task, t in rows if not n.startswith("forensics")}
     for name, task, t in rows:
         ratio = ""
-        if name.startswith("forensics") and refs:
+        if name.startswith("forensics"):
             ratio = "  ".join(f"{t_ref / t:5.1f}x vs {ref}" for (ref, rtask), t_ref in refs.items()
                               if rtask == task)
         print(f"  {name:<24} {task:<6} {t:8.2f} {mb / t:8.1f}   {ratio}")
 
 
-def bench_parallel(tmp: str, steps: int, repeat: int) -> None:
-    run = os.path.join(tmp, "parallel")
-    os.makedirs(run)
-    total = 0
-    parts = 4
-    for k in range(parts):
-        total += eventgen.write_run(
-            os.path.join(run, f"events.out.tfevents.{1700000000 + k}.host.1.0"),
-            steps=steps // parts, tags=10, first_step=k * (steps // parts), seed=k)
-    print(f"\nseveral files: {parts} files, {total / 1e6:.1f} MB in all")
-    base = None
-    for jobs in (1, 2):
-        t, _ = timed(lambda j=jobs: analyzer.analyze(run, jobs=j), repeat)  # type: ignore[misc]
-        base = base or t
-        print(f"  jobs={jobs}: {t:6.2f} s  {total / 1e6 / t:7.1f} MB/s  speed-up {base / t:4.2f}x")
+# ---------------------------------------------------------------- --jobs
 
-
-_CHILD = """
-import resource, sys, time
-from analyzer.ingest.tb import read_event_file
-
-def peak():  # VmHWM is this process's own; ru_maxrss may carry the parent's over a fork
-    try:
-        with open("/proc/self/status") as fh:
-            return next(int(l.split()[1]) for l in fh if l.startswith("VmHWM:")) * 1024
-    except (OSError, StopIteration):
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-before = peak()
+_JOBS_CHILD = """
+import sys, time
+import analyzer
 t0 = time.perf_counter()
-result = read_event_file(sys.argv[1])
-seconds = time.perf_counter() - t0
-print(seconds, peak() - before, result.records, ",".join(i.kind for i in result.issues) or "-")
+runs = analyzer.read(sys.argv[1], jobs=int(sys.argv[2]))
+print(time.perf_counter() - t0, sum(len(s.values) for r in runs for s in r.series))
 """
 
 
-def bench_memory(tmp: str, large: str) -> None:
-    """Peak RSS growth of reading one file, in a child process: the large scalar file, and a
-    small file followed by a sparse 1 GiB zero tail (it costs no disk)."""
-    tail = os.path.join(tmp, "events.out.tfevents.1700000009.host.tail")
-    written = eventgen.write_run(tail, steps=1000, tags=10)
+def bench_jobs(root: str, steps: int, tags: int, repeat: int) -> None:
+    run = os.path.join(root, "parallel")
+    os.makedirs(run)
+    total, parts = 0, 4
+    for k in range(parts):
+        total += eventgen.write_run(
+            os.path.join(run, f"events.out.tfevents.{1700000000 + k}.host.1.0"),
+            steps=steps // parts, tags=tags, first_step=k * (steps // parts), seed=k)
+    best: dict[int, float] = {}
+    points: dict[int, int] = {}
+    for _ in range(repeat):
+        for jobs in (1, 2):
+            done = subprocess.run([sys.executable, "-c", _JOBS_CHILD, run, str(jobs)],
+                                  capture_output=True, text=True, check=True, timeout=600)
+            seconds, n = done.stdout.split()[-2:]
+            best[jobs] = min(best.get(jobs, float("inf")), float(seconds))
+            points[jobs] = int(n)
+    print(f"\nseveral files: {parts} files, {total / 1e6:.1f} MB in all, analyzer.read in a "
+          f"child process, best of {repeat} alternating, load {load()}")
+    for jobs in (1, 2):
+        print(f"  jobs={jobs}: {best[jobs]:6.2f} s  {total / 1e6 / best[jobs]:7.1f} MB/s  "
+              f"speed-up {best[1] / best[jobs]:4.2f}x  ({points[jobs]} points)")
+
+
+# ---------------------------------------------------------------- hostile files
+
+def bench_hostile(root: str, tags: int) -> None:
+    """A small file followed by a sparse 1 GiB zero tail (it costs no disk), and one whose
+    last record's length field, with a valid CRC, claims 2**60 bytes."""
+    folder = os.path.join(root, "hostile")
+    os.makedirs(folder)
+    tail = os.path.join(folder, "events.out.tfevents.1700000009.host.tail")
+    written = eventgen.write_run(tail, steps=1000, tags=tags)
     os.truncate(tail, written + (1 << 30))
-    print("\nmemory (peak RSS growth while reading, in a child process)")
-    for label, path in (("scalars", large), ("1 GiB zero tail", tail)):
+    huge = os.path.join(folder, "events.out.tfevents.1700000010.host.huge")
+    written = eventgen.write_run(huge, steps=1000, tags=tags)
+    header = struct.pack("<Q", 1 << 60)
+    with open(huge, "ab") as fh:
+        fh.write(header + eventgen._masked(header) + b"\x5a" * 4096)
+    print(f"\nhostile files (this reader in a child, one core, CRCs verified, load {load()})")
+    for label, path in (("1 GiB zero tail", tail), ("length 2**60", huge)):
         size = os.path.getsize(path)
-        done = subprocess.run([sys.executable, "-c", _CHILD, path], capture_output=True,
-                              text=True, check=True)
-        seconds, grown, records, kinds = done.stdout.split()
-        print(f"  {label:<16} {size / 1e6:8.1f} MB  {float(seconds):6.2f} s  "
-              f"peak +{int(grown) / 2**20:6.0f} MiB ({int(grown) / size:.2f} of the file)  "
-              f"{records} records, issues: {kinds}")
+        r = ours(path)
+        grown = int(r["peak"]) - int(r["before"])  # type: ignore[call-overload]
+        print(f"  {label:<16} {size / 1e6:8.1f} MB  {float(r['seconds']):6.2f} s  "  # type: ignore[arg-type]
+              f"peak RSS +{grown / 2**20:5.0f} MiB ({grown / size:.3f}x the file)  "
+              f"{r['records']} records, issues: {','.join(r['issues']) or '-'}")  # type: ignore[arg-type]
 
 
 def main() -> None:
@@ -170,24 +390,52 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=200_000)
     parser.add_argument("--tags", type=int, default=10)
-    parser.add_argument("--repeat", type=int, default=3, help="best of N for this reader")
+    parser.add_argument("--repeat", type=int, default=3, help="best of N, alternating")
+    parser.add_argument("--ref-steps", type=int, default=20_000,
+                        help="steps of the files EventAccumulator and tbparse read")
+    parser.add_argument("--check-steps", type=int, default=2_000,
+                        help="steps on which eventgen is checked against each real writer")
+    parser.add_argument("--real", action="store_true",
+                        help="full-size files from the real writers (minutes each, cached)")
     parser.add_argument("--skip-refs", action="store_true")
+    parser.add_argument("--no-rustboard", action="store_true")
+    parser.add_argument("--only", action="append", choices=PARTS, metavar="PART",
+                        help=f"run only these parts: {', '.join(PARTS)}")
     args = parser.parse_args()
+    parts = set(args.only or PARTS)
+    if args.skip_refs:
+        parts.discard("refs")
+    rb_ok = not args.no_rustboard
+    if rb_ok:
+        try:
+            rustboard.binary()
+        except rustboard.Unavailable as exc:
+            print(f"rustboard skipped: {exc}")
+            rb_ok = False
+    print(f"python bench/ingest.py {' '.join(sys.argv[1:])}".rstrip()
+          + f"\nload average {load()}, {os.cpu_count()} CPUs; this reader runs on CPU "
+            f"{min(one_core())}, rustboard on any")
     tmp = tempfile.mkdtemp(prefix="forensics-bench-")
     try:
-        nan_step = int(args.steps * 0.75)
-        for label, hist_every in (("scalars", 0), ("scalars + histograms", 10)):
-            run = os.path.join(tmp, label.replace(" ", "").replace("+", "_"))
-            os.makedirs(run)
-            path = os.path.join(run, "events.out.tfevents.1700000000.host.1.0")
-            t0 = time.perf_counter()
-            size = eventgen.write_run(path, steps=args.steps, tags=args.tags, nan_step=nan_step,
-                                      hist_every=hist_every)
-            print(f"generated {label}: {size / 1e6:.1f} MB in {time.perf_counter() - t0:.1f} s; "
-                  f"NaN written at step {nan_step}", flush=True)
-            bench_file(label, run, size, args.repeat, args.skip_refs)
-        bench_parallel(tmp, args.steps, args.repeat)
-        bench_memory(tmp, os.path.join(tmp, "scalars", "events.out.tfevents.1700000000.host.1.0"))
+        rows = []
+        for kind in FILE_KINDS:
+            if kind in parts:
+                bf = make_file(kind, tmp, args.steps, args.tags, args.check_steps, args.real)
+                rows.append(versus(bf, args.repeat, rb_ok))
+                print_versus(rows[-1])
+                os.unlink(bf.path)  # the disk holds one large file at a time
+        if "refs" in parts:
+            refs = os.path.join(tmp, "refs")
+            os.makedirs(refs)
+            for kind in ("synthetic", "histograms"):
+                bench_refs(make_file(kind, refs, args.ref_steps, args.tags, args.check_steps,
+                                     False), args.repeat)
+        if "jobs" in parts:
+            bench_jobs(tmp, args.steps, args.tags, args.repeat)
+        if "hostile" in parts:
+            bench_hostile(tmp, args.tags)
+        if rows:
+            print_summary(rows)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -52,7 +52,7 @@ class Spec:
     steps: int = 200_000
     tags: int = 10
     nan_fraction: float = 0.75
-    hist_every: int = 100
+    hist_every: int = 200
     hist_size: int = 256
     seed: int = 0
 
@@ -154,7 +154,10 @@ def ensure(spec: Spec, root: str | None = None, timeout: float = 3600.0) -> str:
                 "--steps", str(spec.steps), "--tags", str(spec.tags),
                 "--nan-fraction", repr(spec.nan_fraction), "--hist-every", str(spec.hist_every),
                 "--hist-size", str(spec.hist_size), "--seed", str(spec.seed)]
-        subprocess.run(args, check=True, timeout=timeout, stdout=subprocess.DEVNULL)
+        # the writers print a warning per non-finite scalar: shown only if the child fails
+        done = subprocess.run(args, timeout=timeout, capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(f"writing {spec} failed:\n{done.stderr[-4000:]}")
         try:
             os.rename(staging, final)
         except OSError:  # another process cached it first
