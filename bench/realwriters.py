@@ -189,7 +189,10 @@ def same_bytes(real: bytes, fast: bytes) -> str | None:
     record whose wall time is the writer's clock; else where they differ."""
     from tensorboard.compat.proto import event_pb2
 
-    a, b = records(real), records(fast)
+    try:
+        a, b = records(real), records(fast)
+    except ValueError as exc:
+        return f"not whole records: {exc}"
     if len(a) != len(b):
         return f"{len(a)} records against {len(b)}"
     if not a:

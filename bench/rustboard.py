@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -80,7 +81,8 @@ class Server:
         self._tmp = tempfile.mkdtemp(prefix="forensics-rustboard-")
 
     def __enter__(self) -> Server:
-        self.start()
+        if self.proc is None:
+            self.start()
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
@@ -94,6 +96,8 @@ class Server:
         except ImportError as exc:
             raise Unavailable(f"grpc or tensorboard's data provider protos missing ({exc})") \
                 from exc
+        if self.proc is not None:
+            raise RuntimeError("this server is already started")
         port_file = os.path.join(self._tmp, "port")
         args = [binary(), "--logdir", self.logdir, "--host", "127.0.0.1", "--port", "0",
                 "--port-file", port_file, "--reload", "once", "--die-after-stdin",
@@ -109,25 +113,31 @@ class Server:
         self.started = time.perf_counter()
         self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL, preexec_fn=pin)
+        try:
+            port = self._port(port_file)
+        except BaseException:
+            self.stop()
+            raise
+        self.channel = grpc.insecure_channel(
+            f"127.0.0.1:{port}", options=[("grpc.max_receive_message_length", -1)])
+        self.stub = data_provider_pb2_grpc.TensorBoardDataProviderStub(self.channel)
+
+    def _port(self, port_file: str) -> int:
+        assert self.proc is not None
         deadline = self.started + self.start_timeout
-        port = None
-        while port is None:
+        while True:
             if self.proc.poll() is not None:
                 raise Unavailable(f"rustboard exited with status {self.proc.returncode}")
             try:
                 with open(port_file) as fh:
                     text = fh.read()
                 if text.endswith("\n"):
-                    port = int(text)
+                    return int(text)
             except (OSError, ValueError):
                 pass
-            if port is None:
-                if time.perf_counter() > deadline:
-                    raise TimeoutError(f"rustboard wrote no port in {self.start_timeout} s")
-                time.sleep(0.005)
-        self.channel = grpc.insecure_channel(
-            f"127.0.0.1:{port}", options=[("grpc.max_receive_message_length", -1)])
-        self.stub = data_provider_pb2_grpc.TensorBoardDataProviderStub(self.channel)
+            if time.perf_counter() > deadline:
+                raise TimeoutError(f"rustboard wrote no port in {self.start_timeout} s")
+            time.sleep(0.005)
 
     def list_scalars(self, timeout: float = 30.0) -> dict[str, int]:
         """{"run/tag": max_step} as the server sees it now."""
@@ -200,9 +210,7 @@ class Server:
                 proc.wait(timeout=timeout)
         if proc is not None and proc.stdin is not None:
             proc.stdin.close()
-        for name in os.listdir(self._tmp):
-            os.unlink(os.path.join(self._tmp, name))
-        os.rmdir(self._tmp)
+        shutil.rmtree(self._tmp, ignore_errors=True)
 
 
 def measure(logdir: str, expected: Mapping[str, int], *, checksum: bool = True,
