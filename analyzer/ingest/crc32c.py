@@ -1,9 +1,17 @@
 """CRC-32C (Castagnoli) as TFRecord framing uses it, for one buffer or many at once.
 
 Event files hold millions of records of a few dozen bytes each. Calling a C CRC routine
-once per record costs more in call overhead than in hashing, so records of equal length are
-checked together: a 2-D array of shape (records, length) is hashed four bytes at a time
-with slicing-by-4 tables, every record of the block at once.
+once per record costs more in call overhead than in hashing. Two ways around it:
+
+* records of equal length checked together: a 2-D array of shape (records, length) is
+  hashed four bytes at a time with slicing-by-4 tables, every record of the block at once;
+* a whole run of records checked in one C call (:func:`neutral_fields`): CRC-32C is affine,
+  so the stored CRC of each record can be replaced by the 32-bit value that makes the
+  record's bytes, from its header to its CRC field, leave a CRC register started at zero
+  at zero, when (and, but for chance, only when) the stored CRC is right. Then the register
+  over the whole run ends at zero exactly when, but for a chance of about 2**-32 per run,
+  every record's payload checks. Unlike XORing records together, errors in different
+  records cannot cancel by repeating each other: each is shifted by its place in the run.
 """
 
 from __future__ import annotations
@@ -56,6 +64,12 @@ def crc32c_rows(rows: npt.NDArray[np.uint8], start: int = 0) -> U32:
     return crc ^ np.uint32(0xFFFFFFFF)
 
 
+def unmask(stored: U32) -> U32:
+    """The CRC a masked CRC was made from."""
+    x = stored - np.uint32(_MASK_DELTA)
+    return (x << np.uint32(15)) | (x >> np.uint32(17))
+
+
 def mask(crc: U32) -> U32:
     """TFRecord's masking: rotate right by 15 bits and add a constant, modulo 2**32."""
     rotated = (crc >> 15) | (crc << 17)
@@ -83,4 +97,39 @@ def crc32c_extend(crc: int, data: bytes | memoryview) -> int:
     except ImportError:  # pragma: no cover - the dependency is declared; keep working without
         arr = np.frombuffer(data, dtype=np.uint8)[None, :]
         return int(crc32c_rows(arr, crc)[0])
-    return int(google_crc32c.extend(crc, bytes(data)))
+    return int(google_crc32c.extend(crc, data if isinstance(data, bytes) else bytes(data)))
+
+
+# Per payload length n: the value K[n] such that a record of n payload bytes whose payload
+# CRC is c leaves a CRC register started at zero at zero after its CRC field, when that
+# field holds c ^ K[n] instead of the masked c. Filled on first use of each length.
+NEUTRAL_MAX = 4096
+_NEUTRAL = np.zeros(NEUTRAL_MAX + 1, dtype=np.uint32)
+_NEUTRAL_DONE = np.zeros(NEUTRAL_MAX + 1, dtype=bool)
+
+
+def neutral_keys(lengths: npt.NDArray[np.int64]) -> U32:
+    """K[n] for each length (all at most :data:`NEUTRAL_MAX`).
+
+    A record is header H (12 bytes) | payload P (n) | CRC field. The register started at
+    zero, R0, after H|P is crc(H|P) ^ crc(0^(12+n)) (crc with its usual start and final
+    inversion), and crc(H|P) = shift_n(crc(H)) ^ crc(P), where shift_n(crc(H)) =
+    crc(H|0^n) ^ crc(0^n). A field holding R0's four bytes (little-endian, the register's
+    bit order) brings the register back to zero, so K[n] = crc(H|0^n) ^ crc(0^n) ^
+    crc(0^(12+n)) with H the header of a length-n record (it depends on n alone).
+    """
+    present = np.flatnonzero(np.bincount(lengths.astype(np.intp), minlength=1))
+    todo = present[~_NEUTRAL_DONE[present]]
+    for n in todo.tolist():
+        length = int(n).to_bytes(8, "little")
+        header = length + mask_int(crc32c_extend(0, length)).to_bytes(4, "little")
+        _NEUTRAL[n] = (crc32c_extend(0, header + bytes(n)) ^ crc32c_extend(0, bytes(n))
+                       ^ crc32c_extend(0, bytes(12 + n)))
+        _NEUTRAL_DONE[n] = True
+    keys: U32 = _NEUTRAL[lengths.astype(np.intp)]
+    return keys
+
+
+def register_is_zero(data: bytes) -> bool:
+    """Whether a CRC register started at zero ends at zero over ``data``."""
+    return crc32c_extend(0xFFFFFFFF, data) == 0xFFFFFFFF

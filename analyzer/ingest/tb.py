@@ -42,10 +42,23 @@ from analyzer.model import Event, Histogram, IngestIssue, Location, Series
 EVENT_FILE = re.compile(r"tfevents")
 _TIMESTAMP = re.compile(r"tfevents\.(\d+)")
 
-# Fast-path layout (protobuf wire bytes):
-#   09 <f64 wall_time> [10 <varint step>] 2a <len> 0a <len> 0a <taglen> <tag> 15 <f32 value>
+# Fast-path layouts (protobuf wire bytes):
+#   09 <f64 wall_time> [10 <varint step>] 2a <len> 0a <len> 0a <taglen> <tag> <value>
+# where <value> is either simple_value, 15 <f32> (torch SummaryWriter, tensorboardX, TF1),
+# or a float32 tensor scalar with the scalars plugin's metadata (torch's
+# add_scalar(new_style=True), the layout of TF2's tf.summary.scalar for a float32):
+#   42 08 08 01 2a 04 <f32> 4a 0b 0a 09 0a 07 "scalars"
 _WALL, _STEP, _SUMMARY, _VALUE, _TAG, _SIMPLE = 0x09, 0x10, 0x2A, 0x0A, 0x0A, 0x15
+_TENSOR_HEAD = bytes.fromhex("420808012a04")
+_TENSOR_TAIL = bytes.fromhex("4a0b0a090a07") + b"scalars"
+# Each value layout: the bytes between the tag and the f32, and those after the f32.
+_LAYOUTS = ((bytes([_SIMPLE]), b""), (_TENSOR_HEAD, _TENSOR_TAIL))
 _FAST_MIN, _FAST_MAX = 20, 137  # shortest possible such record; single-byte length fields
+# Records of one length are decoded in blocks of about this many bytes.
+_BLOCK_BYTES = 1 << 21
+# The file_version record writers put first: 09 <f64 wall_time> 1a <len> <version>, with
+# torch's 52 <len> 0a <len> <writer name> (source_metadata) after it.
+_VERSION, _SOURCE = 0x1A, 0x52
 
 Bytes = npt.NDArray[np.uint8]
 IntArray = npt.NDArray[np.int64]
@@ -110,30 +123,44 @@ class _Decoder:
         self.path = path
         self.log = log
         self.points = Points()
-        self.offsets: list[IntArray] = []
         self.count = 0
+        self.file_version: str | None = None
         self.slow: Any = None  # a tb_proto.SlowDecoder, made when a record needs one
 
     def add(self, window: Window) -> None:
-        leftover = _decode_fast(window.data, window.offsets, window.lengths, self.points,
-                                self.count)
+        skip = self.count == 0 and window.offsets.size and self._version(window)
+        leftover = _decode_fast(window, self.points)
+        if skip:
+            leftover = leftover[1:] if leftover.size and leftover[0] == 0 else leftover
         if leftover.size:
             if self.slow is None:
                 from analyzer.ingest import tb_proto
 
                 self.slow = tb_proto.SlowDecoder(self.path, self.log)
+                self.slow.file_version = self.file_version
             self.slow.decode(window, leftover, self.count, self.points)
-        self.offsets.append(window.offsets + window.base)
+        self.points.flush()
         self.count += int(window.offsets.shape[0])
 
+    def _version(self, window: Window) -> bool:
+        """Read the file's first record when it is the file_version record in one of the
+        writers' layouts, as the protobuf path would (see :func:`_version_of`)."""
+        rel, n = int(window.offsets[0]), int(window.lengths[0])
+        found = _version_of(bytes(window.data[rel + HEADER: rel + HEADER + n]))
+        if found is None:
+            return False
+        wall, self.file_version = found
+        self.points.check_walls(np.array([window.base + rel], dtype=np.int64),
+                                np.array([wall]))
+        return True
+
     def result(self, size: int, framer: Framer) -> EventFile:
-        offsets = np.concatenate(self.offsets) if self.offsets else np.zeros(0, np.int64)
         points = self.points
         if points.bad_walls:
-            self.log.add(int(offsets[points.first_bad_wall]), "bad_record", (
+            self.log.add(points.first_bad_wall, "bad_record", (
                 f"{points.bad_walls} record(s) with a non-finite wall time (NaN or Inf), the "
                 "first at this offset; their steps and values are kept"))
-        series = _group_series(self.path, offsets, points)
+        series = points.series(self.path)
         slow = self.slow
         events = (list(slow.events) if slow else []) + _step_restarts(series)
         events.sort(key=lambda e: e.location.offset or 0)
@@ -145,40 +172,91 @@ class _Decoder:
             histograms=slow.hists.build(self.path) if slow else (),
             events=tuple(events),
             issues=tuple(framer.finish()),
-            file_version=slow.file_version if slow else None,
+            file_version=slow.file_version if slow else self.file_version,
         )
 
 
-def _decode_fast(data: Bytes, offsets: IntArray, lengths: IntArray, points: Points,
-                 first: int) -> IntArray:
-    """Decode every record with the common scalar layout; return the indices left over.
-    Records are numbered from ``first`` on."""
-    leftover = [np.flatnonzero((lengths < _FAST_MIN) | (lengths > _FAST_MAX))]
-    in_range = np.flatnonzero((lengths >= _FAST_MIN) & (lengths <= _FAST_MAX))
-    for n in np.unique(lengths[in_range]).tolist():
-        idx = in_range[lengths[in_range] == n]
-        block = rows(data, offsets[idx] + HEADER, n)
-        has_step = block[:, 9] == _STEP
-        # Length of the step varint: the first byte at 10.. without the continuation bit.
-        width = min(10, n - 10)
-        ends = block[:, 10: 10 + width] < 0x80
-        vlen = np.where(ends.any(axis=1), ends.argmax(axis=1) + 1, 99)
-        start = np.where(has_step, 10 + vlen, 9)  # where the summary field begins
-        ok_head = block[:, 0] == _WALL
-        for s in np.unique(start[ok_head]).tolist():
-            sel = np.flatnonzero(ok_head & (start == s))
-            taken = _decode_layout(block[sel], n, s, idx[sel] + first, points)
-            leftover.append(idx[sel[~taken]])
-        leftover.append(idx[~ok_head])
-    return np.sort(np.concatenate(leftover)) if leftover else np.zeros(0, dtype=np.int64)
+def _version_of(payload: bytes) -> tuple[float, str] | None:
+    """Wall time and version of a file_version record with no step, laid out as torch's
+    and tensorboardX's writers lay it out; None for anything else (the protobuf path
+    reads it then)."""
+    n = len(payload)
+    if n < 11 or payload[0] != _WALL or payload[9] != _VERSION or payload[10] >= 0x80:
+        return None
+    end = 11 + payload[10]
+    if end != n:  # then only torch's source_metadata may follow, one string in it
+        if (end + 4 > n or payload[end] != _SOURCE or payload[end + 1] != n - end - 2
+                or payload[end + 2] != 0x0A or payload[end + 3] != n - end - 4
+                or n - end - 2 >= 0x80):
+            return None
+        try:
+            payload[end + 4:].decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    try:
+        version = payload[11:end].decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    wall = float(np.frombuffer(payload, "<f8", 1, 1)[0])
+    return wall, version
 
 
-def _decode_layout(block: Bytes, n: int, s: int, record: IntArray,
-                   points: Points) -> npt.NDArray[np.bool_]:
-    """Decode block whose summary field starts at byte ``s``; return which ones matched."""
-    taglen = n - s - 11
+def _decode_fast(window: Window, points: Points) -> IntArray:
+    """Decode every record of the window with a common scalar layout into ``points``;
+    return the indices of the records left over (in order)."""
+    lengths = window.lengths
+    fits = (lengths >= _FAST_MIN) & (lengths <= _FAST_MAX)
+    leftover = [np.flatnonzero(~fits)]
+    candidates = np.flatnonzero(fits)
+    if candidates.size:
+        # A stable sort of one-byte keys is a radix sort: records grouped by length, each
+        # group in file order.
+        order = candidates[np.argsort(lengths[candidates].astype(np.uint8), kind="stable")]
+        cuts = np.flatnonzero(np.diff(lengths[order])) + 1
+        for group in np.split(order, cuts):
+            n = int(lengths[group[0]])
+            per_block = max(1, _BLOCK_BYTES // n)
+            for lo in range(0, group.shape[0], per_block):
+                idx = group[lo: lo + per_block]
+                block = rows(window.data, window.offsets[idx] + HEADER, n)
+                taken = _decode_block(block, n, window.offsets[idx] + window.base, points)
+                leftover.append(idx[~taken])
+    return np.sort(np.concatenate(leftover))
+
+
+def _decode_block(block: Bytes, n: int, positions: IntArray,
+                  points: Points) -> npt.NDArray[np.bool_]:
+    """Decode the records of ``block`` (payloads of ``n`` bytes, one a row) that have a
+    fast-path layout; return which ones did."""
+    taken = np.zeros(block.shape[0], dtype=bool)
+    has_step = block[:, 9] == _STEP
+    # Length of the step varint: the first byte at 10.. without the continuation bit.
+    width = min(10, n - 10)
+    ends = block[:, 10: 10 + width] < 0x80
+    vlen = np.where(ends.any(axis=1), ends.argmax(axis=1) + 1, 99)
+    start = np.where(has_step, 10 + vlen, 9)  # where the summary field begins
+    ok_head = block[:, 0] == _WALL
+    for s in np.unique(start[ok_head]).tolist():
+        at_s = np.flatnonzero(ok_head & (start == s))
+        part = block if at_s.shape[0] == block.shape[0] else block[at_s]
+        for head, tail in _LAYOUTS:
+            match = _match(part, n, s, head, tail)
+            if match is None:
+                continue
+            hit = at_s[match]
+            matched = part if hit.shape[0] == part.shape[0] else part[match]
+            _decode_layout(matched, n, s, head, tail, positions[hit], points)
+            taken[hit] = True
+    return taken
+
+
+def _match(block: Bytes, n: int, s: int, head: bytes, tail: bytes
+           ) -> npt.NDArray[np.bool_] | None:
+    """Which rows have the layout whose summary field starts at byte ``s``, with ``head``
+    and ``tail`` around the value after the tag; None when none can."""
+    taglen = n - s - 6 - len(head) - 4 - len(tail)
     if taglen < 0 or n - s - 2 >= 0x80:
-        return np.zeros(block.shape[0], dtype=bool)
+        return None
     match: npt.NDArray[np.bool_] = (
         (block[:, s] == _SUMMARY)
         & (block[:, s + 1] == n - s - 2)
@@ -186,70 +264,80 @@ def _decode_layout(block: Bytes, n: int, s: int, record: IntArray,
         & (block[:, s + 3] == n - s - 4)
         & (block[:, s + 4] == _TAG)
         & (block[:, s + 5] == taglen)
-        & (block[:, s + 6 + taglen] == _SIMPLE)
     )
-    block = block[match]
-    if not block.shape[0]:
-        return match
+    at = s + 6 + taglen
+    for k, byte in enumerate(head):
+        match &= block[:, at + k] == byte
+    at += len(head) + 4
+    for k, byte in enumerate(tail):
+        match &= block[:, at + k] == byte
+    return match if match.any() else None
+
+
+def _decode_layout(block: Bytes, n: int, s: int, head: bytes, tail: bytes,
+                   positions: IntArray, points: Points) -> None:
+    """Decode rows that all have the layout :func:`_match` checked."""
+    taglen = n - s - 6 - len(head) - 4 - len(tail)
     wall = np.ascontiguousarray(block[:, 1:9]).view("<f8")[:, 0].astype(np.float64)
     step = np.zeros(block.shape[0], dtype=np.uint64)
     for k in range(s - 10):
         step |= (block[:, 10 + k] & 0x7F).astype(np.uint64) << np.uint64(7 * k)
-    value = np.ascontiguousarray(block[:, s + 7 + taglen: s + 11 + taglen]).view("<f4")[:, 0]
-    tag_ids = _tag_ids(np.ascontiguousarray(block[:, s + 6: s + 6 + taglen]), points)
-    with np.errstate(invalid="ignore"):  # a signalling NaN stays a NaN, without a warning
-        value64 = value.astype(np.float64)
-    points.add(record[match], tag_ids, step.view(np.int64), value64, wall)
-    points.check_walls(record[match], wall)
-    return match
+    at = s + 6 + taglen + len(head)
+    value = np.ascontiguousarray(block[:, at: at + 4]).view("<f4")[:, 0]
+    tag_ids = _tag_ids(block, s + 6, taglen, points)
+    points.add(positions, tag_ids, step.view(np.int64), value, wall)
+    points.check_walls(positions, wall)
 
 
-def _tag_ids(tag_bytes: Bytes, points: Points) -> IntArray:
-    """Map each row of tag bytes to a tag id by hashing rows, not sorting byte strings."""
-    n, width = tag_bytes.shape
-    padded = np.zeros((n, -(-width // 8) * 8), dtype=np.uint8)
-    padded[:, :width] = tag_bytes
-    words = padded.view("<u8")
-    h = words[:, 0].copy()
+def _tag_ids(block: Bytes, col: int, width: int, points: Points) -> IntArray:
+    """The tag id of each row, whose tag is bytes ``col`` to ``col + width`` of the row.
+
+    Rows are told apart by a hash of their tag bytes, read as 8-byte words in place; the
+    distinct hashes are looked up among those of the first rows, where every tag of a
+    writer's cycle appears, and only rows whose hash is not among them are sorted. Each
+    row's words are then compared with those of the row its tag was named from, so that a
+    collision can only cost speed (exact keys are used then), never a wrong tag.
+    """
+    words = _words(block, col, width)
+    h = words[0].copy()
     with np.errstate(over="ignore"):
-        for j in range(1, words.shape[1]):
-            h = (h * np.uint64(0x9E3779B97F4A7C15)) ^ words[:, j]
-    _, first, inverse = np.unique(h, return_index=True, return_inverse=True)
-    inverse = inverse.reshape(-1)
-    if not (words == words[first][inverse]).all():  # a hash collision: use exact keys
-        _, first, inverse = np.unique(padded.view(f"V{padded.shape[1]}")[:, 0],
-                                      return_index=True, return_inverse=True)
+        for w in words[1:]:
+            h = (h * np.uint64(0x9E3779B97F4A7C15)) ^ w
+    known, first = np.unique(h[:_SAMPLE], return_index=True)
+    inverse = np.minimum(np.searchsorted(known, h), known.shape[0] - 1)
+    if not (known[inverse] == h).all():
+        _, first, inverse = np.unique(h, return_index=True, return_inverse=True)
         inverse = inverse.reshape(-1)
-    ids = np.array([points.tag_id(bytes(tag_bytes[i]).decode("utf-8", "replace"))
+    if not all((w == w[first][inverse]).all() for w in words):  # a collision: exact keys
+        # (tags under 8 bytes are their own hash and cannot collide)
+        tags = np.ascontiguousarray(block[:, col: col + width])
+        _, first, inverse = np.unique(tags.view(f"V{width}")[:, 0], return_index=True,
+                                      return_inverse=True)
+        inverse = inverse.reshape(-1)
+    ids = np.array([points.tag_id(bytes(block[i, col: col + width]).decode("utf-8", "replace"))
                     for i in first.tolist()], dtype=np.int64)
-    return ids[inverse]
+    tag_ids: IntArray = ids[inverse]
+    return tag_ids
 
 
-def _group_series(path: str, offsets: IntArray, points: Points) -> tuple[Series, ...]:
-    if not points.record:
-        return ()
-    record = _take(points.record)
-    tags = _take(points.tag)
-    order = np.lexsort((record, tags))  # by tag, then file order
-    tags = tags[order]
-    record = record[order]
-    steps = _take(points.step)[order]
-    values = _take(points.value)[order]
-    walls = _take(points.wall)[order]
-    bounds = np.searchsorted(tags, np.arange(len(points.names) + 1))
-    out = []
-    for name, t in sorted(points.names.items()):
-        lo, hi = int(bounds[t]), int(bounds[t + 1])
-        out.append(Series(tag=name, steps=steps[lo:hi], values=values[lo:hi],
-                          wall_times=walls[lo:hi], source=path, positions=offsets[record[lo:hi]]))
-    return tuple(out)
+# Rows whose hashes name the tags a block is expected to hold.
+_SAMPLE = 256
 
 
-def _take(parts: list[Any]) -> Any:
-    """One array from a list of parts, emptying the list so that the parts can be freed."""
-    whole = np.concatenate(parts)
-    parts.clear()
-    return whole
+def _words(block: Bytes, col: int, width: int) -> list[npt.NDArray[np.uint64]]:
+    """The tag bytes of every row as 8-byte words: read in place where the tag holds at
+    least 8 bytes (the last word ends at the tag's end, overlapping the one before), from
+    a zero-padded copy otherwise."""
+    rows_, n = block.shape
+    if width < 8:
+        padded = np.zeros((rows_, 8), dtype=np.uint8)
+        padded[:, :width] = block[:, col: col + width]
+        return [padded.view("<u8")[:, 0]]
+    if not block.flags.c_contiguous:
+        block = np.ascontiguousarray(block)
+    starts = [*range(col, col + width - 8, 8), col + width - 8]
+    return [np.ndarray((rows_,), dtype="<u8", buffer=block, offset=c, strides=(n,))
+            for c in starts]
 
 
 def _step_restarts(series: tuple[Series, ...]) -> list[Event]:

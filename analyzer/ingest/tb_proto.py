@@ -53,7 +53,7 @@ def is_session_start(event: Any) -> bool:
 
 @dataclass
 class ScalarSink:
-    record: list[int] = field(default_factory=list)
+    record: list[int] = field(default_factory=list)  # the file offset of each value's record
     tag: list[str] = field(default_factory=list)
     step: list[int] = field(default_factory=list)
     value: list[float] = field(default_factory=list)
@@ -114,7 +114,8 @@ class SlowDecoder:
     def decode(self, window: Window, which: npt.NDArray[np.int64], first: int,
                points: Points) -> None:
         """Decode records ``which`` of ``window`` (numbered from ``first``) into ``points``
-        (scalars) and this decoder (histograms, restarts, the file version)."""
+        (scalars, by the file offset of their record) and this decoder (histograms,
+        restarts, the file version)."""
         raw = window.data.data
         for i in which.tolist():
             rel = int(window.offsets[i])
@@ -140,10 +141,10 @@ class SlowDecoder:
     def _event(self, event: Any, record: int, offset: int, points: Points) -> None:
         wall = event.wall_time
         if not math.isfinite(wall):
-            points.check_walls(np.array([record], dtype=np.int64), np.array([wall]))
+            points.check_walls(np.array([offset], dtype=np.int64), np.array([wall]))
         what = event.WhichOneof("what")
         if what == "summary":
-            problems = collect_summary(event, record, self.scalars, self.hists, offset)
+            problems = collect_summary(event, offset, self.scalars, self.hists, offset)
             if problems:
                 self.log.add(offset, "bad_record", "; ".join(problems))
         elif what == "file_version":

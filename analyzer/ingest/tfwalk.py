@@ -7,11 +7,13 @@ what the results mean, and what is reported, is decided in :mod:`analyzer.ingest
 
 from __future__ import annotations
 
+import itertools
 import struct
 
 import numpy as np
 import numpy.typing as npt
 
+from analyzer.ingest import crc32c
 from analyzer.ingest.crc32c import masked_crc32c, masked_crc32c_rows
 
 HEADER = 12  # u64 length + u32 length CRC
@@ -25,6 +27,8 @@ _LUT_MAX = 1 << 20
 # Up to this many records are checked one by one in C: numpy calls cost more for so few
 # (after damage, the walk between two damaged spots is often a record or two).
 _FEW = 8
+# A run of records is checked at once in pieces of about this many bytes.
+_RUN_BYTES = 4 << 20
 
 _LEN = struct.Struct("<Q")
 
@@ -70,7 +74,10 @@ def walk(data: Bytes, pos: int, most: int, until: int | None = None) -> tuple[In
     repeat with a short period. Once the recent lengths show a period, the walk predicts the
     following records and checks the prediction against every length field at once (see
     :func:`_predict`); the result is the one a record-by-record walk gives, at a fraction of
-    the cost.
+    the cost. The period is looked for in suffixes of the history, so that a one-off record
+    (the file_version record, a histogram among scalars) delays it by a few records only;
+    and after a one-off breaks a prediction, the walk picks the same cycle up again as soon
+    as the records after it match one phase of it (:class:`_Cycle`).
     """
     raw = data.data
     size = int(data.shape[0])
@@ -78,6 +85,7 @@ def walk(data: Bytes, pos: int, most: int, until: int | None = None) -> tuple[In
     done: list[IntArray] = []
     offsets: list[int] = []
     recent: list[int] = []
+    cycle: _Cycle | None = None
     unpack = _LEN.unpack_from
     last = size - HEADER
     while pos <= last:
@@ -88,30 +96,106 @@ def walk(data: Bytes, pos: int, most: int, until: int | None = None) -> tuple[In
         offsets.append(pos)
         recent.append(n)
         pos = end
-        if len(recent) in _PERIOD_CHECKS:
-            period = _period(recent)
-            if period:
-                done.append(ints(offsets))
-                offsets = []
-                pos, predicted = _predict(data, pos, recent[-period:], fit)
-                done.append(predicted)
-            if period or len(recent) == _PERIOD_CHECKS[-1]:
-                recent = []
+        lengths = cycle.resume(n) if cycle is not None else None
+        if lengths is None and not len(recent) % _CHECK_EVERY:
+            lengths = _suffix_period(recent)
+            if lengths is not None:
+                cycle = _Cycle(lengths)
+        if lengths is None:
+            if len(recent) >= 2 * _HISTORY:
+                del recent[:-_HISTORY]
+            continue
+        done.append(ints(offsets))
+        offsets = []
+        pos, predicted = _predict(data, pos, lengths, fit)
+        done.append(predicted)
+        recent = []
+        if cycle is not None:
+            cycle.after(lengths, int(predicted.shape[0]))
     done.append(ints(offsets))
     return np.concatenate(done), pos
 
 
-# History lengths at which the walk looks for a period (doubling keeps the search cheap).
-_PERIOD_CHECKS = (32, 64, 128, 256, 512, 1024)
+# The walk looks for a period every this many records, in suffixes of the history of
+# 32, 64, ... records (each suffix size as often as it has records), up to _HISTORY.
+_CHECK_EVERY = 32
+_HISTORY = 1024
+
+
+def _suffix_period(recent: list[int]) -> list[int] | None:
+    """The lengths of one cycle, when a recent suffix of ``recent`` repeats with a period
+    (the shortest period of the shortest such suffix), in the phase that comes next."""
+    count = len(recent)
+    k = _CHECK_EVERY
+    while k <= min(count, _HISTORY):
+        if count % k:
+            break
+        suffix = recent[-k:]
+        period = _period(suffix)
+        if period:
+            return suffix[-period:]
+        k *= 2
+    return None
 
 
 def _period(lengths: list[int]) -> int | None:
     """The shortest period of the whole recent history, if it repeats at least twice."""
     n = len(lengths)
+    last = lengths[-1]
     for p in range(1, n // 2 + 1):
-        if lengths[p:] == lengths[:-p]:
+        if lengths[-1 - p] == last and lengths[p:] == lengths[:-p]:
             return p
     return None
+
+
+class _Cycle:
+    """The cycle of lengths last found, kept across the one-off records that break it.
+
+    After a prediction stops at a record of another length, the walk goes on record by
+    record; each record narrows the phases of the cycle the records since the break could
+    be at, and once one phase is left, prediction resumes from the phase after it. A cycle
+    whose resumed predictions keep failing at once is dropped (the lengths changed for
+    good: a step's varint grew a byte), and the period is looked for afresh.
+    """
+
+    def __init__(self, lengths: list[int]) -> None:
+        self.lengths = lengths
+        self.where: dict[int, list[int]] = {}
+        for j, n in enumerate(lengths):
+            self.where.setdefault(n, []).append(j)
+        self.phases: list[int] = []
+        self.misses = 0
+        self.live = True
+
+    def resume(self, n: int) -> list[int] | None:
+        """The record after a break has length ``n``: the cycle's lengths from the next
+        record on, when the records since the break fix its phase."""
+        if not self.live:
+            return None
+        size = len(self.lengths)
+        cycle = self.lengths
+        phases = [q for q in ((j + 1) % size for j in self.phases) if cycle[q] == n]
+        if not phases:
+            phases = self.where.get(n, [])
+        self.phases = phases
+        if len(phases) != 1:
+            return None
+        j = (phases[0] + 1) % size
+        return cycle[j:] + cycle[:j]
+
+    def after(self, lengths: list[int], accepted: int) -> None:
+        """A prediction of ``lengths`` accepted ``accepted`` records: less than a cycle
+        counts as a miss."""
+        self.phases = []
+        if accepted >= len(lengths):
+            self.misses = 0
+            return
+        self.misses += 1
+        self.live = self.misses <= _MISSES
+
+
+# Resumed predictions that may fail in a row before the cycle is given up.
+_MISSES = 4
 
 
 def _predict(data: Bytes, pos: int, cycle: list[int], fit: int) -> tuple[int, IntArray]:
@@ -178,13 +262,65 @@ def headers_ok(data: Bytes, offsets: IntArray) -> BoolArray:
 def payloads_ok(data: Bytes, offsets: IntArray, lengths: IntArray) -> BoolArray:
     """Whether each record's payload matches its stored CRC (records lie inside ``data``).
 
-    Records of one length are hashed together, four bytes of every record per step: that
-    costs a few numpy calls per four bytes of length, so a length shared by few records
-    (histograms, long or odd records) is hashed record by record in C instead.
+    Records that follow one another (as a walk gives them) are checked a run at a time, in
+    one C call per few megabytes (:func:`_runs_ok`); only a run that fails is checked record
+    by record, to find which records fail.
     """
     if offsets.size <= _FEW:
         return np.array([payload_ok(data, pos, n) for pos, n in
                          zip(offsets.tolist(), lengths.tolist(), strict=True)], dtype=bool)
+    ok = np.ones(offsets.shape[0], dtype=bool)
+    ends = offsets + OVERHEAD + lengths
+    if not (offsets[1:] == ends[:-1]).all():
+        return _each_ok(data, offsets, lengths)
+    for lo, hi in _pieces(ends - int(offsets[0])):
+        if not _run_ok(data, offsets[lo:hi], lengths[lo:hi]):
+            ok[lo:hi] = _each_ok(data, offsets[lo:hi], lengths[lo:hi])
+    return ok
+
+
+def _pieces(ends: IntArray) -> list[tuple[int, int]]:
+    """Consecutive index ranges of records of about :data:`_RUN_BYTES` each (``ends``: where
+    each record ends, counted from the first one's start)."""
+    cuts = np.searchsorted(ends, np.arange(_RUN_BYTES, int(ends[-1]), _RUN_BYTES), side="right")
+    bounds = [0, *dict.fromkeys(int(c) for c in cuts.tolist() if 0 < c < ends.shape[0]),
+              int(ends.shape[0])]
+    return list(itertools.pairwise(bounds))
+
+
+def _run_ok(data: Bytes, offsets: IntArray, lengths: IntArray) -> bool:
+    """Whether every payload of a run of consecutive records checks, in one C call (see
+    :func:`analyzer.ingest.crc32c.neutral_keys`): a copy of the run with each stored CRC
+    replaced by the value that leaves a zero CRC register at zero after a record whose
+    payload matches it. A record too long for the table of those values is checked on its
+    own and left out of the run (zeroed in the copy: zeros keep the register at zero)."""
+    start = int(offsets[0])
+    run = data[start: int(offsets[-1]) + OVERHEAD + int(lengths[-1])].copy()
+    rel = offsets - start
+    long = np.flatnonzero(lengths > crc32c.NEUTRAL_MAX)
+    for i in long.tolist():
+        if not payload_ok(data, int(offsets[i]), int(lengths[i])):
+            return False
+        run[int(rel[i]): int(rel[i]) + OVERHEAD + int(lengths[i])] = 0
+    short = np.flatnonzero(lengths <= crc32c.NEUTRAL_MAX) if long.size else None
+    at = rel + HEADER + lengths
+    n = lengths
+    if short is not None:
+        at, n = at[short], n[short]
+    fields = np.lib.stride_tricks.sliding_window_view(run, 4, writeable=True)
+    stored = np.ascontiguousarray(fields[at]).view("<u4")[:, 0]
+    wanted = crc32c.unmask(stored) ^ crc32c.neutral_keys(n)
+    fields[at] = wanted.astype("<u4").view(np.uint8).reshape(-1, 4)
+    return crc32c.register_is_zero(run.tobytes())
+
+
+def _each_ok(data: Bytes, offsets: IntArray, lengths: IntArray) -> BoolArray:
+    """Whether each record's payload checks, record by record (grouped by length).
+
+    Records of one length are hashed together, four bytes of every record per step: that
+    costs a few numpy calls per four bytes of length, so a length shared by few records
+    (histograms, long or odd records) is hashed record by record in C instead.
+    """
     ok = np.ones(offsets.shape[0], dtype=bool)
     short = np.flatnonzero(lengths <= _VECTOR_MAX)
     single = [np.flatnonzero(lengths > _VECTOR_MAX)]
