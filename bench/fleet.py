@@ -13,6 +13,8 @@ on each, every configuration in a child process of its own:
 * ``no --json``: the reference and ``-j 1`` again with the text report only, since
   writing the JSON report of every run at once is a cost of its own (the check is then the
   counts in the text report's last line);
+* with ``--baseline COMMIT``: ``-j 1`` and ``-j 2`` of that commit's package too, exported
+  the same way and measured in the same rounds (before and after a change);
 * with ``--s3-sizes``: the same fleet uploaded to moto's S3 server on loopback (started in
   a process of its own, ``tests/s3server.py``) and analysed as ``s3://fleet/fleet-N``.
 
@@ -22,7 +24,11 @@ same configuration on the local copy); ``peak RSS`` is the largest
 resident set of any one process of the command (``ru_maxrss`` from ``os.wait4``, which
 takes the maximum over the command and the workers it reaped); ``peak PSS`` the largest sum
 over the command's process tree, sampled ten times a second from
-``/proc/PID/smaps_rollup`` (proportional, so pages shared by forked workers count once).
+``/proc/PID/smaps_rollup`` (proportional, so pages shared by forked workers count once);
+``analysing process`` the peak resident set of the command's own process alone, its workers
+not counted (its ``ru_maxrss``, written at exit): what holds the results, whose growth from
+the smallest fleet to the largest, per run, is printed last, with a table of ``-j 2``
+against ``-j 1`` at each size.
 This process imports nothing large, so that its own size does not pass into its children's
 ``ru_maxrss``. Every report is checked against the reference's, run by run (status, first
 step and tag, finding codes), and the fleet (files and, for S3, objects) against what it was
@@ -31,9 +37,9 @@ before: nothing may be written into it.
 With ``--rounds N`` every configuration is measured N times, in turn, and the fastest
 round is kept (with the largest peaks of any round).
 
-Usage: ``python bench/fleet.py [--sizes 100,500] [--s3-sizes 100] [--rounds 1] [--seed 0]``
-(a few minutes); the full figures in docs/performance.md are ``--sizes 100,500,1000,2000
---s3-sizes 1000``.
+Usage: ``python bench/fleet.py [--sizes 250,1000] [--s3-sizes 100] [--rounds 1] [--seed 0]
+[--configs "-j 1,-j 2"] [--baseline COMMIT] [--code COMMIT]`` (a few minutes); the full
+figures in docs/performance.md are ``--sizes 100,500,1000,2000 --s3-sizes 1000``.
 """
 
 from __future__ import annotations
@@ -62,6 +68,7 @@ class Config:
     flags: tuple[str, ...]
     reference: bool = False
     json: bool = True  # False: the text report only, whose counts are checked
+    baseline: bool = False  # the --baseline commit's package
 
 
 CONFIGS = (
@@ -73,6 +80,8 @@ CONFIGS = (
     Config("-j 1, no --json", ("-j", "1"), json=False),
 )
 S3_CONFIGS = ("-j 1", "-j 2")
+BASELINE_CONFIGS = (Config("baseline -j 1", ("-j", "1"), baseline=True),
+                    Config("baseline -j 2", ("-j", "2"), baseline=True))
 
 
 @dataclass(frozen=True)
@@ -84,6 +93,7 @@ class Measure:
     exit_code: int
     max_rss_mib: float
     peak_pss_mib: float
+    parent_mib: float
     load: float
     report: str
     summary: str
@@ -119,13 +129,26 @@ def _tree(pid: int) -> list[int]:
     return out
 
 
+_PARENT_PEAK = """
+import atexit, resource, runpy, sys
+# The analysing process's own peak (its workers, forked or spawned, exit without atexit).
+out = sys.argv.pop(1)
+atexit.register(lambda: open(out, "w").write(
+    str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)))
+sys.argv[0] = "forensics"
+runpy.run_module("analyzer.cli", run_name="__main__")
+"""
+"""``python -m analyzer.cli`` that writes its own ``ru_maxrss`` (KiB) into a file at exit."""
+
+
 def run_cli(config: Config, target: str, runs: int, where: str, code_root: str, work: str,
             env: dict[str, str]) -> Measure:
     """One ``forensics analyze`` of ``target`` in a child process, timed and measured."""
     slug = f"{where}-{runs}-{config.name}".replace(" ", "_").replace(":", "").replace("-", "")
     report = os.path.join(work, f"report-{slug}.json") if config.json else ""
     stdout = os.path.join(work, f"stdout-{slug}.txt")
-    cmd = [PYTHON, "-m", "analyzer.cli", "analyze", target, "-q",
+    parent_file = os.path.join(work, f"parent-{slug}.txt")
+    cmd = [PYTHON, "-c", _PARENT_PEAK, parent_file, "analyze", target, "-q",
            *(("--json", report) if report else ()), *config.flags]
     child_env = {**os.environ, **env, "PYTHONPATH": code_root}
     load = os.getloadavg()[0]
@@ -143,13 +166,15 @@ def run_cli(config: Config, target: str, runs: int, where: str, code_root: str, 
             time.sleep(0.1)
         seconds = time.perf_counter() - start
     proc.returncode = os.waitstatus_to_exitcode(status)
+    with open(parent_file) as handle:
+        parent = int(handle.read())
     with open(stdout, errors="replace") as handle:
         lines = [line.rstrip() for line in handle if line.strip()]
     if proc.returncode not in (0, 1):
         raise SystemExit(f"{config.name} on {target} exited {proc.returncode}:\n"
                          + "\n".join(lines[-20:]))
     return Measure(config.name, where, runs, seconds, proc.returncode,
-                   usage.ru_maxrss / 1024, peak / 1024, load, report,
+                   usage.ru_maxrss / 1024, peak / 1024, parent / 1024, load, report,
                    lines[-1] if lines else "")
 
 
@@ -233,11 +258,12 @@ def s3_server(folders: Sequence[str]) -> Iterator[tuple[dict[str, str], list[boo
     same.append(bool(after) and json.loads(after) == started["objects"])
 
 
-def _plan(sizes: Sequence[int], s3_sizes: Sequence[int]) -> list[tuple[str, int, Config]]:
+def _plan(sizes: Sequence[int], s3_sizes: Sequence[int], configs: Sequence[Config] = CONFIGS,
+          ) -> list[tuple[str, int, Config]]:
     """(where, runs, configuration) in the order one round measures them."""
     plan = []
     for n in sorted(set(sizes) | set(s3_sizes)):
-        plan += [("local", n, c) for c in CONFIGS
+        plan += [("local", n, c) for c in configs
                  if n in sizes or (c.reference and c.json) or c.name in S3_CONFIGS]
         if n in s3_sizes:
             plan += [("s3", n, c) for c in CONFIGS if c.name in S3_CONFIGS]
@@ -248,17 +274,22 @@ def _best(rounds: Sequence[Measure]) -> Measure:
     """The fastest round's figures, with the largest peaks any round reached."""
     fastest = min(rounds, key=lambda m: m.seconds)
     return replace(fastest, max_rss_mib=max(m.max_rss_mib for m in rounds),
-                   peak_pss_mib=max(m.peak_pss_mib for m in rounds))
+                   peak_pss_mib=max(m.peak_pss_mib for m in rounds),
+                   parent_mib=max(m.parent_mib for m in rounds))
 
 
 def bench(sizes: Sequence[int], s3_sizes: Sequence[int], seed: int, rounds: int,
-          code: str | None, keep: bool) -> None:
+          code: str | None, keep: bool, configs: Sequence[Config] = CONFIGS,
+          baseline: str | None = None) -> None:
     work = tempfile.mkdtemp(prefix="fleet-bench-")
     measured: dict[tuple[str, int, str], list[Measure]] = {}
     problems: list[str] = []
     try:
         reference = export(REFERENCE, os.path.join(work, "reference"))
         new = ROOT if code is None else export(code, os.path.join(work, "new"))
+        old = export(baseline, os.path.join(work, "baseline")) if baseline else new
+        if baseline:
+            configs = [*configs, *BASELINE_CONFIGS]
         fleets = {n: make_fleet(work, n, seed) for n in sorted(set(sizes) | set(s3_sizes))}
         snapshots = {n: _snapshot(f) for n, f in fleets.items()}
         with ExitStack() as stack:
@@ -268,10 +299,11 @@ def bench(sizes: Sequence[int], s3_sizes: Sequence[int], seed: int, rounds: int,
                 env, unchanged = stack.enter_context(s3_server([fleets[n] for n in s3_sizes]))
             for k in range(rounds):
                 print(f"round {k + 1} of {rounds}", flush=True)
-                for where, n, config in _plan(sizes, s3_sizes):
+                for where, n, config in _plan(sizes, s3_sizes, configs):
                     target = fleets[n] if where == "local" else f"s3://fleet/fleet-{n}"
-                    m = run_cli(config, target, n, where, reference if config.reference
-                                else new, work, env if where == "s3" else {})
+                    root = reference if config.reference else old if config.baseline else new
+                    m = run_cli(config, target, n, where, root, work,
+                                env if where == "s3" else {})
                     measured.setdefault((where, n, config.name), []).append(m)
                     print(_line(m, [ms[-1] for ms in measured.values()]), flush=True)
         if s3_sizes and not all(unchanged):
@@ -288,6 +320,8 @@ def bench(sizes: Sequence[int], s3_sizes: Sequence[int], seed: int, rounds: int,
             shutil.rmtree(work, ignore_errors=True)
     print()
     print(_table(measures))
+    print()
+    print(_jobs_table(measures))
     print(f"\n{os.cpu_count()} cores; best of {rounds} round(s) (peaks: the largest of them); "
           "load average (1 min) when the best one started")
     if problems:
@@ -298,10 +332,11 @@ def bench(sizes: Sequence[int], s3_sizes: Sequence[int], seed: int, rounds: int,
 
 def _check(measures: Sequence[Measure]) -> list[str]:
     problems = []
-    refs = {m.runs: _outcomes(m.report) for m in measures
-            if m.config.startswith("reference") and m.report}
-    counts = {m.runs: re.findall(r"\d+", m.summary) for m in measures
-              if m.config.startswith("reference")}
+    # The reference's reports, or -j 1's where the reference was not measured.
+    base = [m for m in measures if m.config.startswith("reference")] or \
+        [m for m in measures if m.config.startswith("-j 1")]
+    refs = {m.runs: _outcomes(m.report) for m in base if m.report}
+    counts = {m.runs: re.findall(r"\d+", m.summary) for m in base}
     for m in measures:
         what = f"{m.config} ({m.where}, {m.runs})"
         if not m.report:  # the text report: its last line's counts
@@ -334,21 +369,48 @@ def _base(m: Measure, measures: Sequence[Measure]) -> Measure | None:
 
 def _line(m: Measure, measures: Sequence[Measure]) -> str:
     base = _base(m, measures)
-    ratio = f"{base.seconds / m.seconds:.2f}x" if base is not None else "1.00x"
+    ratio = f"{base.seconds / m.seconds:.2f}x" if base is not None else \
+        "1.00x" if m.config.startswith("reference") else "-"
     return (f"| {m.where} | {m.config} | {m.runs:,} | {m.seconds:.1f} s | "
             f"{m.runs / m.seconds:.1f} | {ratio} | {m.max_rss_mib:,.0f} MiB | "
-            f"{m.peak_pss_mib:,.0f} MiB | {m.load:.1f} |")
+            f"{m.peak_pss_mib:,.0f} MiB | {m.parent_mib:,.0f} MiB | {m.load:.1f} |")
 
 
 def _table(measures: Sequence[Measure]) -> str:
     head = ("| fleet | configuration | runs | time | runs/s | ratio | peak RSS (largest process) "
-            "| peak PSS (all processes) | load |\n|---|---|---|---|---|---|---|---|---|")
+            "| peak PSS (all processes) | peak RSS (analysing process) | load |\n"
+            "|---|---|---|---|---|---|---|---|---|---|")
     return "\n".join([head, *(_line(m, measures) for m in measures)])
+
+
+def _jobs_table(measures: Sequence[Measure]) -> str:
+    """-j 2 against -j 1 (with --json, local) at each size: wall times, their ratio, and
+    the peak RSS of the analysing process alone, with what it grew by per run."""
+    rows = ["| code | runs | -j 1 | -j 2 | -j 1 time / -j 2 time | analysing process's peak "
+            "RSS, -j 1 / -j 2 | load |", "|---|---|---|---|---|---|---|"]
+    growth = []
+    for prefix in ("", "baseline "):
+        got = {(m.runs, m.config): m for m in measures if m.where == "local" and m.report}
+        sizes = sorted(n for n, c in got if c == f"{prefix}-j 1" and (n, f"{prefix}-j 2") in got)
+        for n in sizes:
+            one, two = got[(n, f"{prefix}-j 1")], got[(n, f"{prefix}-j 2")]
+            rows.append(f"| {prefix.strip() or 'this'} | {n:,} | {one.seconds:.1f} s | "
+                        f"{two.seconds:.1f} s | {one.seconds / two.seconds:.2f}x | "
+                        f"{one.parent_mib:,.0f} / {two.parent_mib:,.0f} MiB | "
+                        f"{one.load:.1f} / {two.load:.1f} |")
+        if len(sizes) > 1:
+            lo, hi = sizes[0], sizes[-1]
+            for jobs in ("1", "2"):
+                a, b = got[(lo, f"{prefix}-j {jobs}")], got[(hi, f"{prefix}-j {jobs}")]
+                growth.append(f"{prefix or 'this: '}-j {jobs}: the analysing process grew by "
+                              f"{(b.parent_mib - a.parent_mib) * 1024 / (hi - lo):.1f} KiB a "
+                              f"run from {lo:,} to {hi:,} runs")
+    return "\n".join([*rows, "", *growth])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", default="100,500",
+    parser.add_argument("--sizes", default="250,1000",
                         help="fleet sizes analysed locally by every configuration")
     parser.add_argument("--s3-sizes", default="100",
                         help="fleet sizes also analysed over loopback S3 ('' for none)")
@@ -360,10 +422,20 @@ def main() -> None:
                         help="measure this commit's package (exported like the reference's) "
                              "instead of the working tree's")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
+    parser.add_argument("--configs", default=",".join(c.name for c in CONFIGS),
+                        help="the local configurations to measure, by name (default: all)")
+    parser.add_argument("--baseline", metavar="COMMIT",
+                        help="also measure -j 1 and -j 2 of this commit's package, in the same "
+                             "rounds (before and after a change)")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s]
     s3_sizes = [int(s) for s in args.s3_sizes.split(",") if s]
-    bench(sizes, s3_sizes, args.seed, args.rounds, args.code, args.keep)
+    names = [c.strip() for c in args.configs.split(",") if c.strip()]
+    unknown = set(names) - {c.name for c in CONFIGS}
+    if unknown:
+        parser.error(f"unknown configurations: {', '.join(sorted(unknown))}")
+    bench(sizes, s3_sizes, args.seed, args.rounds, args.code, args.keep,
+          [c for c in CONFIGS if c.name in names], args.baseline)
 
 
 if __name__ == "__main__":

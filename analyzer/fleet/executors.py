@@ -32,9 +32,10 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.context import BaseContext
+from queue import SimpleQueue
 from types import TracebackType
 from typing import Any
 
@@ -50,9 +51,16 @@ Status = Callable[[str], None]
 DASK_EXTRA = "pip install 'nan-forensics[dask]'"
 THREADED = ("torch", "streamlit", "tornado")
 """Modules that run threads once loaded: a process holding one is not forked."""
+PRELOAD = ("analyzer.rules", "analyzer.ingest.logs", "analyzer.ingest.tb_proto",
+           "analyzer.ingest.metadata.read", "analyzer.ingest.checkpoints",
+           "analyzer.ingest.ckpt.scan")
+"""What :func:`analyze_run` imports on its first run (the rules, the log and metadata
+readers, protobuf and the checkpoint scan; about 0.2 s): imported before a pool's workers
+start from this process, so that each is born with them rather than importing them again.
+None of them loads a module of :data:`THREADED`."""
 
-__all__ = ["DASK_EXTRA", "Executor", "Pool", "Serial", "Task", "guarded",
-           "machine_size", "needs_gpu", "not_analysed"]
+__all__ = ["DASK_EXTRA", "PRELOAD", "Executor", "Pool", "Serial", "Task", "guarded",
+           "machine_size", "needs_gpu", "not_analysed", "preload"]
 
 
 def machine_size() -> int:
@@ -212,23 +220,27 @@ class Pool(Executor):
                                    mp_context=context, initializer=_remember,
                                    initargs=(started,))
         finished_all = False
+        # Each future puts itself here as it completes: one wait per result, where
+        # wait(FIRST_COMPLETED) over every pending future cost a pass over all of them per
+        # result (quadratic in the runs: 2 s of this process's CPU for 1,000 runs).
+        completed: SimpleQueue[Future[RunResult]] = SimpleQueue()
         try:
-            futures: dict[Future[RunResult], int] = {
-                pool.submit(_tracked, k, task, runs[k], options): k for k in ks}
+            futures: dict[Future[RunResult], int] = {}
+            for k in ks:
+                future = pool.submit(_tracked, k, task, runs[k], options)
+                futures[future] = k
+                future.add_done_callback(completed.put)
             serial = Serial(guard=True)
             for k in here:
                 yield k, serial.one(runs[k], options, task, status)
-            pending = set(futures)
-            while pending:
-                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+            while futures:
                 # Each future is let go once its result is given: a caller that keeps no
                 # result holds none.
-                for future in sorted(finished, key=futures.__getitem__):
-                    k = futures.pop(future)
-                    result = _outcome(future, runs[k])
-                    del future
-                    yield k, result
-                del finished
+                future = completed.get()
+                k = futures.pop(future)
+                result = _outcome(future, runs[k])
+                del future
+                yield k, result
             finished_all = True
         finally:
             if finished_all:
@@ -287,6 +299,14 @@ def _outcome(future: Future[RunResult], found: RunFiles) -> RunResult:
                                    f"({type(exc).__name__}: {exc})")
 
 
+def preload() -> None:
+    """Import :data:`PRELOAD` here (a process that forks workers shares them)."""
+    import importlib
+
+    for name in PRELOAD:
+        importlib.import_module(name)
+
+
 def pool_context(*, forking: bool = True) -> BaseContext:
     """How a pool's workers start: forked from this process when nothing here runs threads
     (torch, a server) and ``forking`` allows it (the fastest start); else forked from a
@@ -298,9 +318,10 @@ def pool_context(*, forking: bool = True) -> BaseContext:
     methods = multiprocessing.get_all_start_methods()
     threaded = any(m in sys.modules for m in THREADED)
     if forking and not threaded and "fork" in methods:
+        preload()  # once here, not once in each worker
         return multiprocessing.get_context("fork")
     if "forkserver" in methods:
         context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(["analyzer.fleet.executors"])
+        context.set_forkserver_preload(["analyzer.fleet.executors", *PRELOAD])
         return context
     return multiprocessing.get_context("spawn")
