@@ -6,16 +6,26 @@ For each sample model this times, in the same process and on the CPU:
     anomaly   the same step under torch.autograd.detect_anomaly(check_nan=True)
     instr.    the instrumented pass alone (module hooks, op trace, anomaly mode,
               gradient hooks, update check)
-    replay    a whole replay_step: the instrumented pass, two plain passes in the
-              run's configuration and one in float64, plus copying the state for each
+    default   replay_step as `forensics replay` and `analyze` run it (passes="auto") on
+              the healthy step: one plain pass watching the module outputs, which is all a
+              step that stays finite needs
+    all       replay_step(passes="all"): the instrumented pass, two plain passes in the
+              run's configuration and one in float64, each on a fresh copy of the state
+    failing   the default replay of the same step with a loss that goes non-finite
+              (log of 0 in the loss): the plain pass, the instrumented pass and the
+              float64 pass the verdict needs
 
-and prints each as a multiple of the plain step (the median of several repeats).
+and prints each as a multiple of the plain step, with the load average beside them. The
+measurements take turns, one of each per round, and the figure is the fastest round of each
+(``--stat median`` for the median): on a loaded machine the fastest is the one least
+disturbed by the rest.
 Run: ``.venv/bin/python bench/replay.py`` (add ``--threads N``; default 1).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 import warnings
@@ -30,6 +40,7 @@ from torch import nn
 from analyzer.replayer import replay_step
 from analyzer.replayer.passes import instrumented_pass
 from analyzer.replayer.state import StepConfig, TrainState, clone_state
+from analyzer.replayer.steps import StepBatch, StepCall
 from analyzer.scenarios import models
 
 
@@ -42,6 +53,10 @@ class Case:
 
 def _loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(outputs, targets)
+
+
+def _failing_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(outputs, targets) + torch.log(outputs - outputs).mean()
 
 
 CASES = (
@@ -63,22 +78,29 @@ def _step(model: nn.Module, opt: torch.optim.Optimizer, x: Any, y: Any) -> None:
     opt.step()
 
 
-def _median(func: Callable[[], object], repeats: int) -> float:
-    func()  # warm-up: first calls pay for lazy imports and allocations
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+def _timed(funcs: dict[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:
+    """Each function once per round, in turn, so that a change of the machine's load
+    falls on all of them alike; one warm-up round first (lazy imports, allocations)."""
+    for func in funcs.values():
         func()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    times: dict[str, list[float]] = {name: [] for name in funcs}
+    for _ in range(rounds):
+        for name, func in funcs.items():
+            start = time.perf_counter()
+            func()
+            times[name].append(time.perf_counter() - start)
+    return times
 
 
-def measure(case: Case, repeats: int) -> dict[str, float]:
+def measure(case: Case, rounds: int, stat: Callable[[list[float]], float]
+            ) -> dict[str, float]:
     torch.manual_seed(0)
     model = case.build()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     x, y = case.batch()
-    plain = _median(lambda: _step(model, opt, x, y), repeats * 4)
+
+    def plain() -> None:
+        _step(model, opt, x, y)
 
     def anomaly() -> None:
         with warnings.catch_warnings():
@@ -88,32 +110,40 @@ def measure(case: Case, repeats: int) -> dict[str, float]:
 
     def instrumented() -> None:
         state = clone_state(TrainState(model, opt), StepConfig())
-        instrumented_pass(state, x, y, _loss, StepConfig())
+        instrumented_pass(state, StepBatch.pair(x, y), StepCall("loss_fn", _loss),
+                          StepConfig())
 
-    def replay() -> None:
-        replay_step(model, x, y, _loss, opt, expected=False)
+    def replay(passes: str, loss: Callable[..., torch.Tensor], expected: bool
+               ) -> Callable[[], object]:
+        return lambda: replay_step(model, x, y, loss, opt, expected=expected, passes=passes)
 
-    return {
-        "plain_s": plain,
-        "anomaly": _median(anomaly, repeats * 2) / plain,
-        "instrumented": _median(instrumented, repeats) / plain,
-        "replay": _median(replay, repeats) / plain,
-    }
+    times = _timed({"plain": plain, "anomaly": anomaly, "instrumented": instrumented,
+                    "default": replay("auto", _loss, False),
+                    "all": replay("all", _loss, False),
+                    "failing": replay("auto", _failing_loss, True)}, rounds)
+    base = stat(times["plain"])
+    return {"plain_s": base, **{k: stat(v) / base for k, v in times.items() if k != "plain"}}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=9, help="rounds of every measurement")
+    parser.add_argument("--stat", choices=("min", "median"), default="min",
+                        help="min (default): the round least disturbed by other load")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {args.threads} thread(s), median of "
-          f"{args.repeats}+ repeats; times relative to one plain step")
-    print(f"{'model':24s} {'plain step':>11s} {'anomaly':>8s} {'instr.':>8s} {'replay':>8s}")
+    stat = min if args.stat == "min" else statistics.median
+    print(f"torch {torch.__version__}, {args.threads} thread(s), {args.stat} of "
+          f"{args.repeats} interleaved rounds; times relative to one plain step")
+    columns = ("anomaly", "instrumented", "default", "all", "failing")
+    print(f"{'model':24s} {'plain step':>11s} " + " ".join(f"{c[:8]:>8s}" for c in columns)
+          + "  load")
     for case in CASES:
-        r = measure(case, args.repeats)
-        print(f"{case.name:24s} {r['plain_s'] * 1e3:9.2f}ms {r['anomaly']:7.1f}x "
-              f"{r['instrumented']:7.1f}x {r['replay']:7.1f}x", flush=True)
+        r = measure(case, args.repeats, stat)
+        print(f"{case.name:24s} {r['plain_s'] * 1e3:9.2f}ms "
+              + " ".join(f"{r[c]:7.2f}x" for c in columns)
+              + f"  {os.getloadavg()[0]:.1f}", flush=True)
 
 
 if __name__ == "__main__":

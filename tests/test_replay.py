@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 
@@ -228,19 +229,32 @@ class Flaky(nn.Module):
 def test_a_step_that_fails_only_sometimes_is_not_reproducible() -> None:
     Flaky.calls = 0
     model = Flaky()
-    result = replay_step(model, torch.randn(2, 3), None, mean_loss, _sgd(model))
+    result = replay_step(model, torch.randn(2, 3), None, mean_loss, _sgd(model),
+                         passes="all")
     phases = {p.phase for p in result.passes[:2]}
     assert phases == {None, "forward"}
     assert result.verdict.kind == "not-reproducible"
     assert "deterministic" in result.verdict.next_check
+    # by default the plain pass and the instrumented pass are the two runs compared
+    Flaky.calls = 0
+    result = replay_step(model, torch.randn(2, 3), None, mean_loss, _sgd(model))
+    assert [p.phase for p in result.passes] == ["forward"]
+    assert result.verdict.kind == "not-reproducible"
+    assert "instrumented: finite" in result.verdict.summary
 
 
 def test_a_healthy_step_is_finite_or_unreproduced() -> None:
     model = TwoLayer()
     x = torch.randn(4, 8)
-    result = replay_step(model, x, None, mean_loss, _sgd(model), expected=False)
+    result = replay_step(model, x, None, mean_loss, _sgd(model), expected=False,
+                         passes="all")
     assert result.phase is None and result.verdict.kind == "finite"
     assert result.passes[0].fingerprint == result.passes[1].fingerprint
+    # by default a step that stays finite is one plain pass, and the same result otherwise
+    light = replay_step(model, x, None, mean_loss, _sgd(model), expected=False)
+    assert [p.label for p in light.passes] == ["as-run #1"]
+    assert light.passes[0] == result.passes[0]
+    assert dataclasses.replace(light, passes=result.passes) == result
     again = replay_step(model, x, None, mean_loss, _sgd(model))
     assert again.verdict.kind == "not-reproducible"
 
@@ -251,11 +265,13 @@ def test_replay_leaves_the_callers_objects_and_random_state_alone() -> None:
     before = {k: v.clone() for k, v in model.state_dict().items()}
     x = torch.randn(8, 4)
     torch_rng, py_rng = torch.get_rng_state(), random.getstate()
-    result = replay_step(model, x, None, mean_loss, optimizer, expected=False)
-    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
-    assert all(p.grad is None for p in model.parameters())
-    assert optimizer.state_dict()["state"] == {}
-    assert torch.equal(torch.get_rng_state(), torch_rng) and random.getstate() == py_rng
+    for passes in ("auto", "all"):
+        result = replay_step(model, x, None, mean_loss, optimizer, expected=False,
+                             passes=passes)
+        assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+        assert all(p.grad is None for p in model.parameters())
+        assert optimizer.state_dict()["state"] == {}
+        assert torch.equal(torch.get_rng_state(), torch_rng) and random.getstate() == py_rng
     # dropout draws the same mask in every pass because the RNG is restored for each
     assert result.passes[0].fingerprint == result.passes[1].fingerprint
 
@@ -269,7 +285,7 @@ def test_passes_do_not_share_optimizer_state_with_the_caller() -> None:
         mean_loss(model(x), None).backward()
         optimizer.step()
     buffers = [s["momentum_buffer"].clone() for s in optimizer.state.values()]
-    result = replay_step(model, x, None, mean_loss, optimizer, expected=False)
+    result = replay_step(model, x, None, mean_loss, optimizer, expected=False, passes="all")
     assert all(torch.equal(b, s["momentum_buffer"])
                for b, s in zip(buffers, optimizer.state.values(), strict=True))
     assert result.passes[0].fingerprint == result.passes[1].fingerprint
@@ -356,7 +372,8 @@ def test_a_dtype_override_replays_a_half_model_in_float64() -> None:
         model.a.weight.fill_(100.0)
     model = model.half()
     x = torch.full((4, 8), 100.0, dtype=torch.float16)
-    result = replay_step(model, x, None, mean_loss, _sgd(model), dtype="float64")
+    result = replay_step(model, x, None, mean_loss, _sgd(model), dtype="float64",
+                         passes="all")
     assert result.dtype == "float64" and result.phase is None
     # float16 failed and float64 stays finite: float16's range, not a fault of the machine
     assert result.verdict.kind == "range-overflow"
@@ -384,7 +401,8 @@ def test_regression_uninitialised_memory_is_never_the_op_that_made_a_nan() -> No
     torch.manual_seed(0)
     model = _ReusesFreedMemory()
     result = replay_step(model, torch.randn(8, 64), torch.randn(8, 64), nn.MSELoss(),
-                         torch.optim.SGD(model.parameters(), lr=0.1), expected=False)
+                         torch.optim.SGD(model.parameters(), lr=0.1), expected=False,
+                         passes="all")
     assert result.verdict.kind == "finite"
     assert result.forward_op is not None and result.forward_op.op == "full.default"
 

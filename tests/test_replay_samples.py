@@ -44,3 +44,15 @@ def test_replay_finds_what_the_scenario_states(run: Path, expected: dict[str, An
         assert expected["op"].removeprefix("aten::") in result.op.names, report
     if expected["layer"] is not None or expected["op"] is not None:
         assert result.layer == expected["layer"], report
+
+
+@pytest.mark.parametrize(("run", "expected"), _cases())
+def test_the_default_passes_say_what_every_pass_says(run: Path, expected: dict[str, Any]
+                                                     ) -> None:
+    # The default replay skips the second repeat, and the float64 pass where the verdict
+    # does not rest on it; all else is what every pass gives, and so is each pass it ran.
+    auto, every = replay(str(run)).to_dict(), replay(str(run), passes="all").to_dict()
+    ran, all_passes = auto.pop("passes"), every.pop("passes")
+    assert auto == every
+    assert ran == [p for p in all_passes if p["label"] != "as-run #2"] or (
+        ran == all_passes[:1] and auto["verdict"]["kind"] in ("bad-input", "not-reproducible"))

@@ -125,6 +125,11 @@ def _replay_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     rp.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
     rp.add_argument("--dtype", default="as-run", choices=DTYPE_CHOICES)
     rp.add_argument("--json", metavar="FILE", help="also write JSON to FILE ('-' for stdout)")
+    rp.add_argument("--passes", default="auto", choices=("auto", "all"),
+                    help="auto (default): one plain pass, then the instrumented pass and the "
+                         "float64 pass only when the step goes non-finite and the verdict "
+                         "needs them; all: every pass, with a second plain repeat that "
+                         "compares the passes bit for bit")
     rp.add_argument("--import-path", action="append", default=[], metavar="DIR",
                     help="a folder whose code you trust, to import the capture's model and "
                          "loss factories from (see 'forensics trust')")

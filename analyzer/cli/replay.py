@@ -20,7 +20,8 @@ def replay_command(path: str, *, device: str = "cpu", dtype: str = "as-run",
                    out: TextIO | None = None, checkpoint: str | None = None,
                    batch: str | None = None, data: str | None = None,
                    model: str | None = None, model_kwargs: str | None = None,
-                   loss: str | None = None, step: str | None = None) -> int:
+                   loss: str | None = None, step: str | None = None,
+                   passes: str = "auto") -> int:
     """Replay the capture behind ``path``; print the report; return the exit status:
     1 when the replay found a non-finite value, 0 when the step stayed finite.
     ``json_file`` '-' prints the JSON instead of the text report. A run folder without a
@@ -30,7 +31,8 @@ def replay_command(path: str, *, device: str = "cpu", dtype: str = "as-run",
     With ``batch`` or ``data`` the run's checkpoint is replayed instead, on that batch
     (:mod:`analyzer.replayer.from_checkpoint`): ``checkpoint``, ``model`` (with its JSON
     ``model_kwargs``), ``loss`` and ``step`` say what to rebuild it from. ``path`` may be a
-    URL: the capture is read in place (:mod:`analyzer.ingest.storage`)."""
+    URL: the capture is read in place (:mod:`analyzer.ingest.storage`). ``passes`` "all"
+    runs every replay pass, "auto" only those the verdict needs."""
     from analyzer.report.replay import format_replay
 
     stream = out if out is not None else sys.stdout
@@ -49,7 +51,8 @@ def replay_command(path: str, *, device: str = "cpu", dtype: str = "as-run",
         done = replay_checkpoint(Request(
             path, checkpoint=checkpoint, model=model, model_kwargs=parse_kwargs(model_kwargs),
             batch=batch, data=data, loss=loss, step=step, device=device, dtype=dtype,
-            import_paths=import_paths, trust_code=trust_code, run_roots=run_roots))
+            import_paths=import_paths, trust_code=trust_code, run_roots=run_roots,
+            passes=passes))
         result, label, document = done.result, done.label, done.to_dict()
     else:
         given = [name for name, value in asked.items() if value is not None]
@@ -65,7 +68,7 @@ def replay_command(path: str, *, device: str = "cpu", dtype: str = "as-run",
                                      "replay a step from one of its checkpoints instead, add "
                                      "--batch FILE or --data module:function")
         result = replay(target, device=device, dtype=dtype, import_paths=import_paths,
-                        trust_code=trust_code)
+                        trust_code=trust_code, passes=passes)
         document = result.to_dict()
     text = json.dumps(document, indent=2, allow_nan=False)
     if json_file == "-":

@@ -40,17 +40,19 @@ def load_capture(path: str, *, import_paths: Sequence[str] = (),
 
 
 def replay(path: str, *, device: str = "cpu", dtype: str = "as-run",
-           import_paths: Sequence[str] = (), trust_code: bool = False) -> ReplayResult:
+           import_paths: Sequence[str] = (), trust_code: bool = False,
+           passes: str = "auto") -> ReplayResult:
     """Load the capture at ``path`` (a capture folder or a run folder) and replay it.
 
     Its factories are imported only from trusted folders (:mod:`analyzer.trust`): the
     ``import_paths``, those recorded with ``forensics trust``, the tool's own, or, with
-    ``trust_code``, wherever they are found.
+    ``trust_code``, wherever they are found. ``passes`` "all" runs every pass, "auto" those
+    the result needs (:func:`analyzer.replayer.step.replay_call`).
     """
     from analyzer.replayer.run import replay_capture
 
     return replay_capture(path, device=device, dtype=dtype, import_paths=import_paths,
-                          trust_code=trust_code)
+                          trust_code=trust_code, passes=passes)
 
 
 def replay_step(model: nn.Module, inputs: Any, targets: Any, loss_fn: Any,
@@ -59,14 +61,14 @@ def replay_step(model: nn.Module, inputs: Any, targets: Any, loss_fn: Any,
                 dtype: torch.dtype | str | None = None, grad_clip: float | None = None,
                 rng: Restorable | None = None, repeats: int = 2, expected: bool = True,
                 source: str = "<in-memory>", step: int | None = None,
-                notes: Sequence[str] = ()) -> ReplayResult:
+                notes: Sequence[str] = (), passes: str = "auto") -> ReplayResult:
     """Replay a step from live objects; see :func:`analyzer.replayer.step.replay_step`."""
     from analyzer.replayer.step import replay_step as run
 
     return run(model, inputs, targets, loss_fn, optimizer, scaler=scaler,
                autocast_dtype=autocast_dtype, device=device, dtype=dtype, grad_clip=grad_clip,
                rng=rng, repeats=repeats, expected=expected, source=source, step=step,
-               notes=notes)
+               notes=notes, passes=passes)
 
 
 __all__ = [

@@ -6,6 +6,10 @@ finishes after its children, the first frame whose inputs were finite and whose
 output was not is the innermost module that made the bad value. The hooks also
 keep the stack of running modules, so the op trace can say where an op ran, and
 label the autograd nodes each module created, so backward can say it too.
+
+:class:`ForwardCensus` is the light pass's view of the same calls: it counts them and
+checks each output for a non-finite value, nothing more, so that a step that stays finite
+throughout costs little more than the step itself.
 """
 
 from __future__ import annotations
@@ -179,3 +183,46 @@ class ForwardRecorder:
         return ForwardReport(frames=len(self.frames), producer=producer, window=window,
                              first_nonfinite=first_bad, loss=value, bad_inputs=bad_inputs,
                              batch=batch)
+
+
+class ForwardCensus:
+    """Post-forward hooks that count the frames :class:`ForwardRecorder` would record and
+    note whether any of them had a non-finite output; the same context-manager use."""
+
+    def __init__(self, model: nn.Module, loss_fn: Any) -> None:
+        self.model = model
+        self.loss_fn = loss_fn
+        self.frames = 0
+        self.finite = True
+        self._handles: list[RemovableHandle] = []
+
+    def __enter__(self) -> ForwardCensus:
+        roots = [self.model] + ([self.loss_fn] if isinstance(self.loss_fn, nn.Module) else [])
+        for root in roots:
+            for module in root.modules():
+                self._handles.append(module.register_forward_hook(
+                    self._post, always_call=True))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def _post(self, module: nn.Module, args: Any, output: Any) -> None:
+        self._count(output)
+
+    def _count(self, output: Any) -> None:
+        self.frames += 1
+        if self.finite and not all_finite(floating(output)):
+            self.finite = False
+
+    def hook(self, label: str) -> Callable[[Callable[..., Any], tuple[Any, ...]], Any]:
+        """As :meth:`ForwardRecorder.hook`: a plain loss function is one frame more."""
+        def run(fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+            if isinstance(fn, nn.Module):
+                return fn(*args)
+            loss = fn(*args)
+            self._count(loss)
+            return loss
+        return run

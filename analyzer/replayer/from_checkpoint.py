@@ -80,6 +80,7 @@ class Request:
     import_paths: Sequence[str] = ()
     trust_code: bool = False
     run_roots: Sequence[str] = ()
+    passes: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -414,7 +415,8 @@ def replay_checkpoint(req: Request) -> CheckpointReplay:
             warnings.simplefilter("ignore")  # a LightningModule's self.log outside a Trainer
             result = replay_call(model, batch, call, [optimizer], device=req.device,
                                  dtype=None if req.dtype == "as-run" else req.dtype,
-                                 expected=False, source=saved.path, step=step, notes=notes)
+                                 expected=False, source=saved.path, step=step, notes=notes,
+                                 passes=req.passes)
     except ForensicsError as exc:
         raise UsageError(f"{exc} (replaying {_shown(saved.path, run)} on {batch_from})") \
             from None

@@ -16,9 +16,12 @@ with the mask beside it. HF-style masks of ``finfo(dtype).min`` write no -inf at
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
+from types import FrameType
 from typing import Any
 
 import torch
@@ -60,6 +63,40 @@ def node_source(node: Any) -> tuple[str, tuple[str, ...]] | None:
     if not trace:
         return None
     return user_frames_from_trace(trace)
+
+
+@contextlib.contextmanager
+def bare_anomaly_stacks() -> Iterator[None]:
+    """Anomaly mode's stacks without their source text, while the block runs.
+
+    Anomaly mode stores on each autograd node the stack of the forward line that created
+    it, through ``torch.fx.traceback.format_stack``, which reads every frame's source line
+    from disk (a stat of each file per frame, per node): most of the instrumented pass's
+    time in a model of many small ops. :func:`node_source` reads only the file, line and
+    function of each frame, which this writes the same way without the text.
+    """
+    import torch.fx.traceback as fx_traceback
+
+    original = fx_traceback.format_stack
+
+    def format_stack() -> list[str]:
+        if fx_traceback.has_preserved_node_meta():
+            return original()
+        entries = []
+        frame: FrameType | None = sys._getframe(1)
+        while frame is not None:
+            code = frame.f_code
+            entries.append(f'  File "{code.co_filename}", line {frame.f_lineno}, in '
+                           f"{code.co_name}\n")
+            frame = frame.f_back
+        entries.reverse()  # outermost first, as a traceback is written
+        return entries
+
+    fx_traceback.format_stack = format_stack
+    try:
+        yield
+    finally:
+        fx_traceback.format_stack = original
 
 
 def forward_op_of(node: Any) -> str | None:

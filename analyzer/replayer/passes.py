@@ -33,8 +33,8 @@ from analyzer.model.replays import (
 )
 from analyzer.replayer.backward import GradWatch
 from analyzer.replayer.errors import ReplayError
-from analyzer.replayer.forward import ForwardRecorder
-from analyzer.replayer.ops import OpTracer
+from analyzer.replayer.forward import ForwardCensus, ForwardRecorder
+from analyzer.replayer.ops import OpTracer, bare_anomaly_stacks
 from analyzer.replayer.state import StepConfig, TrainState, dtype_name
 from analyzer.replayer.stats import (
     all_finite,
@@ -132,12 +132,16 @@ def _grads(state: TrainState) -> list[torch.Tensor]:
 
 def _digest(h: Any, tensors: Sequence[torch.Tensor]) -> None:
     for t in tensors:
-        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        # the bytes themselves, read in place: a copy of each into bytes cost as much as the
+        # hash
+        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
 
 
 def plain_pass(label: str, state: TrainState, batch: StepBatch, call: StepCall,
-               config: StepConfig) -> PassOutcome:
-    """Run the step without instrumentation; say where it first went non-finite."""
+               config: StepConfig, census: ForwardCensus | None = None) -> PassOutcome:
+    """Run the step without instrumentation; say where it first went non-finite.
+
+    ``census`` watches the forward of the micro-batch the instrumented pass would watch."""
     h = hashlib.sha1()
     phase: Phase | None = None
     loss_value: float | None = None
@@ -147,7 +151,11 @@ def plain_pass(label: str, state: TrainState, batch: StepBatch, call: StepCall,
         zero_grad(state)
         for i, micro in enumerate(batch.micro):
             stage = "forward"
-            loss = forward(state, micro, call, config)
+            if census is not None and i == batch.target:
+                with census:
+                    loss = forward(state, micro, call, config, census.hook(call.loss_label))
+            else:
+                loss = forward(state, micro, call, config)
             if i == batch.target:
                 loss_value = float(loss.detach().double())
             _digest(h, [loss])
@@ -173,6 +181,33 @@ def plain_pass(label: str, state: TrainState, batch: StepBatch, call: StepCall,
     return PassOutcome(label=label, device=config.device,
                        dtype=_param_dtype(state), autocast=autocast, loss=loss_value,
                        phase=phase, fingerprint=h.hexdigest()[:16], error=error)
+
+
+def light_pass(label: str, state: TrainState, batch: StepBatch, call: StepCall,
+               config: StepConfig) -> tuple[PassOutcome, Instrumented | None]:
+    """A plain pass that also counts the forward's module calls and checks their outputs.
+
+    It is the first pass of a default replay. When the step stays finite throughout (the
+    loss, every module's output, the gradients and the parameters) and raises nothing, it
+    also gives what the instrumented pass would report of such a step: nothing non-finite
+    to locate. Otherwise the second value is None and the instrumented pass must run.
+    Unlike that pass it does not look inside a module: a value made non-finite and then
+    masked within one module's forward, or within backward or the update, is not sought.
+    """
+    census = ForwardCensus(state.model, call.fn if call.kind == "loss_fn" else None)
+    scale_before = state.scaler.get_scale() if state.scaler is not None else None
+    outcome = plain_pass(label, state, batch, call, config, census)
+    if outcome.error is not None or outcome.phase is not None or not census.finite:
+        return outcome, None
+    micro = batch.instrumented
+    fwd = ForwardReport(frames=census.frames, producer=None, window=(), first_nonfinite=None,
+                        loss=outcome.loss, bad_inputs=bad_parts(micro),
+                        batch=stats_of(model_inputs(micro)))
+    bwd = BackwardReport(ran=True, origin=None, first_param=None, bad_params=())
+    skipped = (scale_before is not None and state.scaler is not None
+               and state.scaler.get_scale() < scale_before)
+    upd = UpdateReport(ran=True, op=None, params=(), skipped_by_scaler=skipped)
+    return outcome, Instrumented(fwd, None, bwd, upd)
 
 
 def _param_dtype(state: TrainState) -> str:
@@ -239,7 +274,7 @@ def instrumented_pass(state: TrainState, batch: StepBatch, call: StepCall,
     with warnings.catch_warnings():
         # anomaly mode warns that it is on, and again for each node it blames
         warnings.simplefilter("ignore")
-        with torch.autograd.detect_anomaly(check_nan=False), tracer:
+        with torch.autograd.detect_anomaly(check_nan=False), bare_anomaly_stacks(), tracer:
             try:
                 with recorder:
                     loss = forward(state, micro, call, config, recorder.hook(call.loss_label))

@@ -117,12 +117,14 @@ def _notes(cap: Capture, device: str) -> list[str]:
 
 
 def replay_capture(path: str, *, device: str = "cpu", dtype: str = "as-run",
-                   import_paths: Sequence[str] = (), trust_code: bool = False) -> ReplayResult:
+                   import_paths: Sequence[str] = (), trust_code: bool = False,
+                   passes: str = "auto") -> ReplayResult:
     """Load the capture behind ``path`` and replay its step on ``device``.
 
     ``dtype`` other than "as-run" casts parameters, inputs and optimizer state
     to it and turns autocast and the grad scaler off. The capture's factories are
-    imported only as :class:`analyzer.trust.TrustPolicy` allows.
+    imported only as :class:`analyzer.trust.TrustPolicy` allows. ``passes``: as
+    :func:`analyzer.replayer.step.replay_call` takes it.
     """
     if dtype not in DTYPE_CHOICES:
         raise UsageError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPE_CHOICES)}")
@@ -145,7 +147,7 @@ def replay_capture(path: str, *, device: str = "cpu", dtype: str = "as-run",
             rng=CapturedRng(cap.rng) if cap.rng is not None else None,
             source=cap.path, step=cap.step,
             notes=_notes(cap, device) + history_notes + list(cap.notes),
-            autocast_scope=cap.record.amp.scope)
+            autocast_scope=cap.record.amp.scope, passes=passes)
     expected = _PHASE_OF_TRIGGER.get(str((cap.meta.get("trigger") or {}).get("what")))
     if result.phase is not None and expected is not None and result.phase != expected:
         extra = (f"the run noticed the fault in {expected}; replay finds it first in "

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
-from analyzer.model.replays import PHASES, OpFault, Phase, ReplayResult
+from analyzer.model.replays import PHASES, OpFault, PassOutcome, Phase, ReplayResult
 from analyzer.replayer.errors import ReplayError
-from analyzer.replayer.passes import Instrumented, instrumented_pass, plain_pass
+from analyzer.replayer.passes import Instrumented, instrumented_pass, light_pass, plain_pass
 from analyzer.replayer.state import (
     Restorable,
     RngState,
@@ -24,6 +24,22 @@ from analyzer.replayer.state import (
 )
 from analyzer.replayer.steps import StepBatch, StepCall, bad_parts
 from analyzer.replayer.verdict import decide
+
+PASSES = ("auto", "all")
+"""``auto``: the passes the result needs (see :func:`replay_call`); ``all``: every pass."""
+
+
+class _Once:
+    """A pass run on first call and kept: the float64 pass, when the verdict asks for it."""
+
+    def __init__(self, run: Callable[[], PassOutcome]) -> None:
+        self.run = run
+        self.value: PassOutcome | None = None
+
+    def __call__(self) -> PassOutcome:
+        if self.value is None:
+            self.value = self.run()
+        return self.value
 
 
 def _as_dtype(value: torch.dtype | str | None) -> torch.dtype | None:
@@ -84,7 +100,7 @@ def replay_step(model: nn.Module, inputs: Any, targets: Any, loss_fn: Any,
                 dtype: torch.dtype | str | None = None, grad_clip: float | None = None,
                 rng: Restorable | None = None, repeats: int = 2, expected: bool = True,
                 source: str = "<in-memory>", step: int | None = None,
-                notes: Sequence[str] = ()) -> ReplayResult:
+                notes: Sequence[str] = (), passes: str = "auto") -> ReplayResult:
     """Replay one step of ``model`` on ``inputs``/``targets`` and say where it broke.
 
     The ``loss_fn(model(inputs), targets)`` form of :func:`replay_call`."""
@@ -92,7 +108,7 @@ def replay_step(model: nn.Module, inputs: Any, targets: Any, loss_fn: Any,
                        [optimizer], scaler=scaler, autocast_dtype=autocast_dtype,
                        device=device, dtype=dtype, grad_clip=grad_clip, rng=rng,
                        repeats=repeats, expected=expected, source=source, step=step,
-                       notes=notes)
+                       notes=notes, passes=passes)
 
 
 def replay_call(model: nn.Module, batch: StepBatch, call: StepCall,
@@ -101,7 +117,8 @@ def replay_call(model: nn.Module, batch: StepBatch, call: StepCall,
                 dtype: torch.dtype | str | None = None, grad_clip: float | None = None,
                 rng: Restorable | None = None, repeats: int = 2, expected: bool = True,
                 source: str = "<in-memory>", step: int | None = None,
-                notes: Sequence[str] = (), autocast_scope: str = "step") -> ReplayResult:
+                notes: Sequence[str] = (), autocast_scope: str = "step",
+                passes: str = "auto") -> ReplayResult:
     """Replay one step of ``model`` on ``batch`` as ``call`` computes its loss, with
     ``optimizers`` (the loop's, in order), and say where it broke.
 
@@ -111,7 +128,16 @@ def replay_call(model: nn.Module, batch: StepBatch, call: StepCall,
     own dtypes). ``rng`` is restored before each pass (default: the current
     state), and the caller's random state is put back at the end. ``expected``
     says whether the step is known to have gone non-finite in the run.
+
+    ``passes`` "all" runs the instrumented pass, ``repeats`` plain passes in the run's
+    configuration and the float64 pass. "auto" (the default) runs one plain pass that
+    watches the module outputs (:func:`~analyzer.replayer.passes.light_pass`) and stops
+    there when the step stays finite and was not expected to fail; otherwise the
+    instrumented pass follows, and the float64 pass only when the verdict rests on it
+    (not for bad input or a step that does not reproduce).
     """
+    if passes not in PASSES:
+        raise ValueError(f"passes={passes!r}: choose one of {', '.join(PASSES)}")
     cast = _as_dtype(dtype)
     config = StepConfig(
         device=device, dtype=cast,
@@ -134,28 +160,46 @@ def replay_call(model: nn.Module, batch: StepBatch, call: StepCall,
             except Exception as exc:  # e.g. an optimizer that cannot be rebuilt on the device
                 raise ReplayError("setup", exc) from exc
             bad_start = _bad_batch(on_device) + nonfinite_state(start)
-            restorer.restore()
-            inst = instrumented_pass(start, on_device, call, config)
-            own = []
             # a pass cast to another dtype is not the run's configuration: its label says so
             label = "as-run" if cast is None else dtype_name(cast)
-            for i in range(repeats):
-                restorer.restore()
-                own.append(plain_pass(f"{label} #{i + 1}", clone_state(pristine, config),
-                                      on_device, call, config))
             wide = StepConfig(device="cpu", dtype=torch.float64, grad_clip=grad_clip)
-            restorer.restore()
-            f64 = plain_pass("float64 (cpu)", clone_state(pristine, wide), batch.on(wide),
-                             call, wide)
+
+            def float64() -> PassOutcome:
+                restorer.restore()
+                return plain_pass("float64 (cpu)", clone_state(pristine, wide), batch.on(wide),
+                                  call, wide)
+
+            if passes == "all":
+                restorer.restore()
+                inst = instrumented_pass(start, on_device, call, config)
+                own = []
+                for i in range(repeats):
+                    restorer.restore()
+                    own.append(plain_pass(f"{label} #{i + 1}", clone_state(pristine, config),
+                                          on_device, call, config))
+                wide_pass = _Once(float64)
+                wide_pass()
+            else:
+                restorer.restore()
+                head, light = light_pass(f"{label} #1", start, on_device, call, config)
+                own = [head]
+                if light is not None and not expected and not bad_start:
+                    inst = light
+                else:
+                    restorer.restore()
+                    inst = instrumented_pass(clone_state(pristine, config), on_device, call,
+                                             config)
+                wide_pass = _Once(float64)
+            phase = _first_phase(inst)
+            run_dtype = own[0].dtype if own else dtype_name(cast) or "?"
+            op = _faults(inst)[phase] if phase else None
+            verdict = decide(own, inst.observed, phase, wide_pass, op, run_dtype, bad_start,
+                             expected, cast=dtype_name(cast), run_dtype=own_dtype)
         finally:
             saved.restore()
-    phase = _first_phase(inst)
-    run_dtype = own[0].dtype if own else dtype_name(cast) or "?"
-    op = _faults(inst)[phase] if phase else None
-    verdict = decide(own, inst.observed, phase, f64, op, run_dtype, bad_start, expected,
-                     cast=dtype_name(cast), run_dtype=own_dtype)
+    ran = (wide_pass.value,) if wide_pass.value is not None else ()
     return ReplayResult(
         source=source, step=step, device=device, dtype=run_dtype,
         autocast=dtype_name(config.autocast_dtype), phase=phase, forward=inst.forward,
         forward_op=inst.forward_op, backward=inst.backward, update=inst.update,
-        passes=(*own, f64), verdict=verdict, notes=tuple(notes) + _cast_note(cast))
+        passes=(*own, *ran), verdict=verdict, notes=tuple(notes) + _cast_note(cast))

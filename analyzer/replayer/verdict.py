@@ -32,7 +32,7 @@ the run's failure is one of its dtype's range.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from analyzer.model.replays import PHASES, OpFault, PassOutcome, Phase, Verdict
 
@@ -97,8 +97,12 @@ def wider(cast: str, than: str | None) -> bool:
     return mine is not None and theirs is not None and mine > theirs
 
 
+Float64 = PassOutcome | None | Callable[[], PassOutcome | None]
+"""The float64 pass, or what runs it: it is run only when the verdict rests on it."""
+
+
 def decide(own: Sequence[PassOutcome], instrumented: Phase | None, phase: Phase | None,
-           float64: PassOutcome | None, op: OpFault | None, dtype: str,
+           float64: Float64, op: OpFault | None, dtype: str,
            bad_start: Sequence[str], expected: bool, *, cast: str | None = None,
            run_dtype: str | None = None) -> Verdict:
     """Judge one replay.
@@ -110,7 +114,9 @@ def decide(own: Sequence[PassOutcome], instrumented: Phase | None, phase: Phase 
     ``op``: that op; ``expected``: whether the run is known to have gone
     non-finite at this step (a capture always is); ``cast``: the dtype the replay
     cast the step to, None for the run's own configuration; ``run_dtype``: the dtype
-    the run computed in (its autocast dtype, else its parameters').
+    the run computed in (its autocast dtype, else its parameters'). ``float64`` may be a
+    function that runs that pass: it is called only when the verdict rests on it (not for
+    bad input, a step that does not reproduce or a finite one).
     """
     if bad_start:
         return Verdict(
@@ -180,8 +186,8 @@ def _cast_finite(cast: str, run_dtype: str | None) -> Verdict:
         "mathematical fault from a range overflow")
 
 
-def _judge(phase: Phase, dtype: str, float64: PassOutcome | None, op: OpFault | None
-           ) -> Verdict:
+def _judge(phase: Phase, dtype: str, wide: Float64, op: OpFault | None) -> Verdict:
+    float64 = wide() if callable(wide) else wide
     f64 = float64.phase if float64 is not None and float64.error is None else None
     whole = "finite" if float64 is not None and float64.error is None and f64 is None else (
         f"non-finite in {f64}" if f64 is not None else "not run")

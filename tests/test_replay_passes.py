@@ -1,0 +1,169 @@
+"""The default replay runs only the passes its result needs: the same result as every pass.
+
+``passes="auto"`` starts with one plain pass that watches the module outputs; a step that
+stays finite and was not expected to fail stops there. Everything but the list of passes
+must be what ``passes="all"`` (the instrumented pass, two repeats, float64) gives, and the
+passes it did run must be the same passes, bit for bit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from analyzer.model.replays import ReplayResult
+from analyzer.replayer import replay_step
+from analyzer.replayer.step import replay_call
+from analyzer.replayer.steps import StepBatch, StepCall
+from analyzer.scenarios import models
+
+
+def _same_but_passes(auto: ReplayResult, every: ReplayResult) -> None:
+    # compared as JSON-ready data, in which a NaN loss equals itself
+    mine, theirs = auto.to_dict(), every.to_dict()
+    ran, all_passes = mine.pop("passes"), theirs.pop("passes")
+    assert mine == theirs
+    by_label = {p["label"]: p for p in all_passes}
+    assert ran and all(by_label[p["label"]] == p for p in ran)
+
+
+def _ce(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(outputs, targets)
+
+
+class _Masked(nn.Module):
+    """A mask's -inf inside the module: the output and gradients stay finite."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(6, 6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scores = self.fc(x).masked_fill(torch.eye(6, dtype=torch.bool), float("-inf"))
+        return torch.softmax(scores, dim=-1)
+
+
+Case = Callable[[], tuple[nn.Module, Any, Any, Any]]
+
+HEALTHY: dict[str, Case] = {
+    "mlp": lambda: (models.mlp(in_features=8, hidden=16, out_features=3, depth=2, seed=0),
+                    torch.randn(5, 8), torch.randint(0, 3, (5,)), _ce),
+    "cnn": lambda: (models.small_cnn(channels=1, classes=3, width=4, size=8, seed=0),
+                    torch.randn(2, 1, 8, 8), torch.randint(0, 3, (2,)), _ce),
+    "rnn": lambda: (models.rnn_classifier(in_features=3, hidden=8, classes=2, seed=0),
+                    torch.randn(2, 5, 3), torch.randint(0, 2, (2,)), _ce),
+    "dropout, loss module": lambda: (
+        nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.5), nn.Linear(8, 1)),
+        torch.randn(6, 4), torch.randn(6, 1), nn.MSELoss()),
+    "masked softmax": lambda: (_Masked(), torch.randn(6, 6), torch.randn(6, 6), nn.MSELoss()),
+}
+
+
+@pytest.mark.parametrize("name", list(HEALTHY))
+def test_a_finite_step_is_one_pass_with_what_every_pass_would_say(name: str) -> None:
+    torch.manual_seed(0)
+    model, x, y, loss = HEALTHY[name]()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    auto = replay_step(model, x, y, loss, optimizer, expected=False)
+    every = replay_step(model, x, y, loss, optimizer, expected=False, passes="all")
+    assert every.verdict.kind == "finite"
+    assert [p.label for p in auto.passes] == ["as-run #1"]
+    _same_but_passes(auto, every)
+
+
+def test_a_finite_step_under_autocast_with_a_scaler_is_one_pass() -> None:
+    torch.manual_seed(0)
+    model = models.mlp(in_features=8, hidden=16, out_features=3, depth=2, seed=0)
+    x, y = torch.randn(5, 8), torch.randint(0, 3, (5,))
+    args: dict[str, Any] = {"scaler": torch.amp.GradScaler("cpu"), "expected": False,
+                            "autocast_dtype": torch.bfloat16}
+    auto = replay_step(model, x, y, _ce, torch.optim.SGD(model.parameters(), lr=0.1), **args)
+    every = replay_step(model, x, y, _ce, torch.optim.SGD(model.parameters(), lr=0.1),
+                        passes="all", **args)
+    assert [p.label for p in auto.passes] == ["as-run #1"]
+    _same_but_passes(auto, every)
+
+
+def test_accumulated_micro_batches_count_the_frames_of_the_watched_one() -> None:
+    torch.manual_seed(0)
+    model = models.mlp(in_features=8, hidden=16, out_features=3, depth=2, seed=0)
+    micro = tuple({"inputs": torch.randn(4, 8), "targets": torch.randint(0, 3, (4,))}
+                  for _ in range(3))
+    call = StepCall("loss_fn", _ce)
+
+    def run(passes: str) -> ReplayResult:
+        return replay_call(model, StepBatch(micro), call,
+                           [torch.optim.Adam(model.parameters(), lr=1e-3)], expected=False,
+                           passes=passes)
+
+    auto, every = run("auto"), run("all")
+    assert auto.forward.frames == every.forward.frames > 0
+    _same_but_passes(auto, every)
+
+
+FAILING: dict[str, Case] = {
+    "log of 0 in the loss": lambda: (
+        models.mlp(in_features=8, hidden=16, out_features=3, depth=2, seed=0),
+        torch.randn(5, 8), torch.randint(0, 3, (5,)),
+        lambda out, y: _ce(out, y) + torch.log(out - out).mean()),
+    "overflow in a layer": lambda: (
+        nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1)),
+        torch.full((3, 4), 3e38), torch.randn(3, 1), nn.MSELoss()),
+    "a NaN in the batch": lambda: (
+        nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1)),
+        torch.tensor([[1.0, float("nan"), 0.0, 2.0]]), torch.randn(1, 1), nn.MSELoss()),
+}
+
+
+@pytest.mark.parametrize("name", list(FAILING))
+def test_a_failing_step_says_what_every_pass_would_say(name: str) -> None:
+    torch.manual_seed(0)
+    model, x, y, loss = FAILING[name]()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    auto = replay_step(model, x, y, loss, optimizer)
+    every = replay_step(model, x, y, loss, optimizer, passes="all")
+    assert every.phase is not None
+    assert "as-run #2" not in {p.label for p in auto.passes}
+    _same_but_passes(auto, every)
+    # the float64 pass runs only where the verdict rests on it
+    assert ("float64 (cpu)" in {p.label for p in auto.passes}) == (
+        every.verdict.kind in ("math-fault", "range-overflow", "undecided"))
+
+
+def _sqrt_at_zero(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return torch.sqrt(out - out).sum() + F.mse_loss(out, y)  # sqrt'(0) is inf
+
+
+@pytest.mark.parametrize("name", ["sqrt at 0 in backward", *FAILING])
+def test_anomaly_stacks_without_source_text_name_the_same_lines(
+        name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The instrumented pass writes anomaly mode's stacks without reading source lines: the
+    # result must be the one torch's own stacks give.
+    import contextlib
+
+    from analyzer.replayer import passes
+
+    def case() -> tuple[nn.Module, Any, Any, Any]:
+        torch.manual_seed(0)
+        if name in FAILING:
+            return FAILING[name]()
+        return (nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1)),
+                torch.randn(3, 4), torch.randn(3, 1), _sqrt_at_zero)
+
+    def run() -> ReplayResult:
+        model, x, y, loss = case()
+        return replay_step(model, x, y, loss, torch.optim.SGD(model.parameters(), lr=0.1))
+
+    bare = run()
+    monkeypatch.setattr(passes, "bare_anomaly_stacks", contextlib.nullcontext)
+    assert bare.to_dict() == run().to_dict()
+    if name not in FAILING:
+        first = bare.backward.first_param
+        assert bare.phase == "backward" and first is not None
+        assert bare.backward.origin is not None and bare.backward.origin.source_line == (
+            "return torch.sqrt(out - out).sum() + F.mse_loss(out, y)  # sqrt'(0) is inf")
