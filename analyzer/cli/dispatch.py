@@ -70,7 +70,7 @@ def _dispatch(args: argparse.Namespace) -> int:
                               trust_code=args.trust_code, run_roots=args.run_root,
                               checkpoint=args.checkpoint, batch=args.batch, data=args.data,
                               model=args.model, model_kwargs=args.model_kwargs,
-                              loss=args.loss, step=args.step)
+                              loss=args.loss, step=args.step, passes=args.passes)
     if args.command == "inspect":
         from analyzer.cli.inspect import inspect_command
 
