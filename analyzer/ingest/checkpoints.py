@@ -62,8 +62,8 @@ def scan_checkpoint(path: str, *, trust_pickle: bool = False) -> CheckpointScan:
 
 def _scan_one(path: str, trust_pickle: bool) -> CheckpointScan:
     """One checkpoint file (never an index)."""
+    from analyzer.ingest.ckpt.pinning import single_threaded
     from analyzer.ingest.ckpt.scan import scan_file
-    from analyzer.ingest.ckpt.stats import single_threaded
 
     def scan() -> CheckpointScan:
         with single_threaded():

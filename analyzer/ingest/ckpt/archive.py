@@ -40,6 +40,8 @@ class Entry:
     stored_size: int
     declared_size: int
     compressed: bool
+    crc: int | None = None
+    """The CRC-32 the central directory gives (None for entries found by the local walk)."""
 
 
 @dataclass(frozen=True)
@@ -141,6 +143,7 @@ def read_archive(ranges: FileRanges) -> Archive:
             info.compress_size,
             info.file_size,
             info.compress_type != zipfile.ZIP_STORED,
+            info.CRC,
         )
     problem = _layout_problem(list(entries.values()), size)
     if problem is not None:

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from analyzer.ingest.ckpt.archive import Archive, Entry
+from analyzer.ingest.ckpt.npdtypes import np_type
+from analyzer.ingest.ckpt.pinning import torch_pinned
 from analyzer.ingest.ckpt.ranges import span
 from analyzer.ingest.ckpt.staticpickle import StaticResult, StorageRef, TensorRef
 
@@ -35,15 +37,18 @@ MAX_ISSUES = 20
 
 def torch_dtype(name: str) -> torch.dtype | None:
     """The torch dtype a file names without the ``torch.`` prefix, or None."""
-    import torch
-
+    torch = torch_pinned()
     value = getattr(torch, name, None)
     return value if isinstance(value, torch.dtype) else None
 
 
 @functools.cache
 def itemsize(dtype: str) -> int | None:
-    """Bytes per element of a torch dtype named without its ``torch.`` prefix."""
+    """Bytes per element of a torch dtype named without its ``torch.`` prefix (torch is
+    asked only about a type numpy does not read)."""
+    known = np_type(dtype)
+    if known is not None:
+        return known.itemsize
     found = torch_dtype(dtype)
     return None if found is None else int(found.itemsize)
 

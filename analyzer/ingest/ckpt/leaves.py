@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Literal
 
 from analyzer.ingest.ckpt.archive import Archive
 from analyzer.ingest.ckpt.extents import torch_dtype, unfit
+from analyzer.ingest.ckpt.npdtypes import NpType, np_type
+from analyzer.ingest.ckpt.npstats import NpChunk
 from analyzer.ingest.ckpt.ranges import (
     FileRanges,
     contiguous_chunks,
@@ -28,7 +30,7 @@ class Leaf:
 
     shape: tuple[int, ...]
     dtype: str
-    chunks: Callable[[], Iterator[torch.Tensor]] | None
+    chunks: Callable[[], Iterator[torch.Tensor | NpChunk]] | None
     note: str | None = None
     numeric: bool = True
     layout: tuple[int, ...] | None = None
@@ -53,7 +55,7 @@ class TorchLeaves:
         shape = tuple(int(d) for d in value.shape)
         if value.is_sparse or value.is_quantized or value.device.type != "cpu":
             return Leaf(shape, dtype, None, "layout or device not scanned", False)
-        def chunks() -> Iterator[torch.Tensor]:
+        def chunks() -> Iterator[torch.Tensor | NpChunk]:
             return tensor_chunks(value)
 
         layout = None if value.is_contiguous() else tuple(int(s) for s in value.stride())
@@ -90,8 +92,11 @@ class StaticLeaves:
 
     def _make(self, value: TensorRef) -> Leaf:
         dtype_name = value.dtype_name
-        dtype = torch_dtype(dtype_name)
-        numeric = _numeric(dtype)
+        # numpy reads the types it knows; torch is imported only for the others.
+        known = np_type(dtype_name)
+        dtype: torch.dtype | NpType | None = known if known is not None else \
+            torch_dtype(dtype_name)
+        numeric = dtype.numeric if isinstance(dtype, NpType) else _numeric(dtype)
         note = self._unreadable(value, dtype)
         ranges, archive = self.ranges, self.archive
         if note is not None or dtype is None or ranges is None or archive is None:
@@ -99,22 +104,22 @@ class StaticLeaves:
         assert value.storage is not None  # checked by _unreadable
         entry = archive.member(f"data/{value.storage.key}")
         assert entry is not None
-        base = entry.data_offset + value.offset * dtype.itemsize
+        base = entry.data_offset + value.offset * int(dtype.itemsize)
         shape, stride, count = value.shape, value.stride, value.numel
         swap = self.order == "big"
         if value.contiguous:
 
-            def chunks() -> Iterator[torch.Tensor]:
+            def chunks() -> Iterator[torch.Tensor | NpChunk]:
                 return contiguous_chunks(ranges, base, count, dtype, swap=swap)
 
             return Leaf(shape, dtype_name, chunks, None, numeric)
 
-        def strided() -> Iterator[torch.Tensor]:
+        def strided() -> Iterator[torch.Tensor | NpChunk]:
             return strided_chunks(ranges, base, shape, stride, dtype, swap=swap)
 
         return Leaf(shape, dtype_name, strided, None, numeric, stride)
 
-    def _unreadable(self, ref: TensorRef, dtype: torch.dtype | None) -> str | None:
+    def _unreadable(self, ref: TensorRef, dtype: torch.dtype | NpType | None) -> str | None:
         if ref.storage is None or dtype is None:
             return "storage type not recognised"
         if self.archive is None:

@@ -13,6 +13,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from analyzer.ingest.ckpt.npstats import NpChunk
 from analyzer.ingest.ckpt.roles import framework_of, is_scaler_state, section_role
 from analyzer.ingest.ckpt.tree import LeafSource, epoch_from_name
 from analyzer.model.checkpoints import CallbackState, CheckpointMeta, Primitive, TensorRole
@@ -37,6 +38,8 @@ def scalar(value: object, leaves: LeafSource) -> float | None:
         return None
     try:
         for chunk in leaf.chunks():
+            if isinstance(chunk, NpChunk):
+                return chunk.first()
             return float(chunk.reshape(-1)[0])
     except (RuntimeError, TypeError, ValueError, OSError):
         return None

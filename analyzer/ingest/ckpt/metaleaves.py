@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from analyzer.ingest.ckpt import extents
 from analyzer.ingest.ckpt.archive import Archive, Entry
 from analyzer.ingest.ckpt.leaves import Leaf, TorchLeaves
+from analyzer.ingest.ckpt.npstats import NpChunk
 from analyzer.ingest.ckpt.ranges import FileRanges, contiguous_chunks, span, strided_chunks
 from analyzer.ingest.ckpt.staticpickle import TensorRef
 from analyzer.ingest.ckpt.tree import LeafSource, walk
@@ -93,12 +94,12 @@ class MetaLeaves:
         ranges, count = self.ranges, value.numel()
         if value.is_contiguous():
 
-            def chunks() -> Iterator[torch.Tensor]:
+            def chunks() -> Iterator[torch.Tensor | NpChunk]:
                 return contiguous_chunks(ranges, base, count, dtype)
 
             return Leaf(shape, name, chunks, None, numeric)
 
-        def strided() -> Iterator[torch.Tensor]:
+        def strided() -> Iterator[torch.Tensor | NpChunk]:
             return strided_chunks(ranges, base, shape, stride, dtype)
 
         return Leaf(shape, name, strided, None, numeric, stride)

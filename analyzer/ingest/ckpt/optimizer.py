@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from analyzer.ingest.ckpt.leaves import Leaf
+from analyzer.ingest.ckpt.npstats import NpChunk, adam_add, as_torch, widen
+from analyzer.ingest.ckpt.pinning import torch_pinned
 from analyzer.ingest.ckpt.staticpickle import dict_key
 from analyzer.ingest.ckpt.stats import StatsAccumulator, count, scratch, work_view
 from analyzer.ingest.ckpt.tree import LeafSource
@@ -14,6 +16,7 @@ from analyzer.model.checkpoints import AdamFinding, TensorRecord
 
 if TYPE_CHECKING:
     import torch
+    from torch import Tensor
 
 DEFAULT_EPS = 1e-8
 
@@ -26,10 +29,21 @@ class _AdamAccumulator:
         self.v_min = float("inf")
         self.ratio_max = 0.0
 
-    def add(self, m: torch.Tensor, v: torch.Tensor) -> None:
-        import torch
-
-        m, v = work_view(m, "adam_m"), work_view(v, "adam_v")
+    def add(self, m_chunk: object, v_chunk: object) -> None:
+        if isinstance(m_chunk, NpChunk) and isinstance(v_chunk, NpChunk):
+            m_torch, v_torch = as_torch(m_chunk, "adam_m"), as_torch(v_chunk, "adam_v")
+            if m_torch is not None and v_torch is not None:
+                m_chunk, v_chunk = m_torch, v_torch
+        if isinstance(m_chunk, NpChunk) and isinstance(v_chunk, NpChunk):
+            v_low, zero, below, ratio_max = adam_add(self.eps, m_chunk, v_chunk)
+            self.v_min = min(self.v_min, v_low)
+            self.v_zero += zero
+            self.v_below_eps += below
+            self.ratio_max = max(self.ratio_max, ratio_max)
+            return
+        torch = torch_pinned()
+        m = work_view(_as_torch(m_chunk), "adam_m")
+        v = work_view(_as_torch(v_chunk), "adam_v")
         bounds = [float(x) for x in (*torch.aminmax(m), *torch.aminmax(v))]
         if not all(math.isfinite(x) for x in bounds):
             finite = torch.isfinite(m) & torch.isfinite(v)
@@ -51,6 +65,14 @@ class _AdamAccumulator:
         torch.abs(m, out=ratio)
         ratio.div_(denominator)
         self.ratio_max = max(self.ratio_max, float(ratio.max()))
+
+
+def _as_torch(chunk: object) -> torch.Tensor:
+    """A chunk as a torch tensor (one of a pair read with numpy, the other not)."""
+    if isinstance(chunk, NpChunk):
+        torch = torch_pinned()
+        return cast("Tensor", torch.from_numpy(widen(chunk.raw, chunk.kind, "adam_torch").copy()))
+    return cast("Tensor", chunk)
 
 
 def _eps_by_param(groups: object) -> dict[object, float]:
@@ -173,8 +195,8 @@ def _adam(
 
 
 def _zip_chunks(
-    first: Iterator[torch.Tensor], second: Iterator[torch.Tensor]
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    first: Iterator[torch.Tensor | NpChunk], second: Iterator[torch.Tensor | NpChunk]
+) -> Iterator[tuple[torch.Tensor | NpChunk, torch.Tensor | NpChunk]]:
     # Both iterators are advanced to their end so that each releases its last chunk.
     while True:
         a, b = next(first, None), next(second, None)

@@ -12,6 +12,10 @@ memory map of it would fault with SIGBUS instead and kill the process.
 
 Values stored big-endian (an archive whose ``byteorder`` record says ``big``) are
 byte-swapped in the buffer they are read into, as ``torch.load`` swaps them.
+
+The element type is a torch dtype (chunks are torch tensors) or, for the types numpy can
+read (:mod:`npdtypes`), an :class:`NpType` (chunks are :class:`NpChunk` values, and torch
+is not needed). Both cut a tensor into the same chunks.
 """
 
 from __future__ import annotations
@@ -20,11 +24,16 @@ import io
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, cast
 
+import numpy as np
+
+from analyzer.ingest.ckpt.npdtypes import NpType
+from analyzer.ingest.ckpt.npstats import NpChunk
 from analyzer.ingest.safeio import open_regular
 from analyzer.ingest.storage import SMALL_BLOCK, is_url
 
 if TYPE_CHECKING:
     import torch
+    from torch import Tensor
 
 SPAN_FACTOR = 4
 """A strided block is read whole when its span is at most this many chunks."""
@@ -120,34 +129,59 @@ def swap_bytes(raw: bytearray, length: int, dtype: torch.dtype) -> None:
     values.copy_(values.flip(1))
 
 
+def _np_chunk(raw: bytearray | np.ndarray, kind: NpType, count: int, swap: bool) -> NpChunk:
+    """``count`` values of ``kind`` from the start of ``raw``, without copying them."""
+    base = np.dtype(kind.raw)
+    per = kind.itemsize // base.itemsize
+    if swap:
+        base = base.newbyteorder(">")
+    values = np.frombuffer(raw, dtype=base, count=count * per)
+    return NpChunk(values.reshape(count, per) if per > 1 else values, kind)
+
+
 def contiguous_chunks(
-    ranges: FileRanges, offset: int, numel: int, dtype: torch.dtype, *, swap: bool = False
-) -> Iterator[torch.Tensor]:
+    ranges: FileRanges, offset: int, numel: int, dtype: torch.dtype | NpType, *,
+    swap: bool = False
+) -> Iterator[torch.Tensor | NpChunk]:
     """Chunks of ``numel`` values stored raw from byte ``offset`` (little-endian, or
     big-endian when ``swap``).
 
     One buffer is reused, so memory stays at one chunk. A short read (the file ends early)
     stops the iteration; callers compare element counts to notice it.
     """
-    import torch
-
     from analyzer.ingest.ckpt import stats
 
-    item = torch.empty((), dtype=dtype).element_size()
+    item = _itemsize(dtype)
     buffer = bytearray(min(numel, stats.CHUNK) * item)
     view = memoryview(buffer)
     left, position = numel, offset
     while left > 0:
         count = min(left, stats.CHUNK)
         whole = ranges.readinto(position, view[: count * item]) // item
-        if swap:
-            swap_bytes(buffer, whole * item, dtype)
-        if whole:
-            yield torch.frombuffer(buffer, dtype=dtype, count=whole)
+        if isinstance(dtype, NpType):
+            if whole:
+                yield _np_chunk(buffer, dtype, whole, swap)
+        else:
+            if swap:
+                swap_bytes(buffer, whole * item, dtype)
+            if whole:
+                yield _torch_frombuffer(buffer, dtype, whole)
         if whole < count:
             return
         left -= count
         position += count * item
+
+
+def _itemsize(dtype: torch.dtype | NpType) -> int:
+    if isinstance(dtype, NpType):
+        return dtype.itemsize
+    return int(dtype.itemsize)
+
+
+def _torch_frombuffer(buffer: bytearray, dtype: torch.dtype, count: int) -> torch.Tensor:
+    from analyzer.ingest.ckpt.pinning import torch_pinned
+
+    return cast("torch.Tensor", torch_pinned().frombuffer(buffer, dtype=dtype, count=count))
 
 
 def span(shape: tuple[int, ...], stride: tuple[int, ...]) -> int:
@@ -168,21 +202,19 @@ def strided_chunks(
     base: int,
     shape: tuple[int, ...],
     stride: tuple[int, ...],
-    dtype: torch.dtype,
+    dtype: torch.dtype | NpType,
     *,
     swap: bool = False,
-) -> Iterator[torch.Tensor]:
+) -> Iterator[torch.Tensor | NpChunk]:
     """The values of a view whose first element is at byte ``base``, a bounded span at a
     time, in :func:`storage_order` (a transposed weight is read as it lies, not element by
     element). Strides must be non-negative and the extent checked against the storage."""
-    import torch
-
     from analyzer.ingest.ckpt import stats
 
     order = storage_order(stride)
     shape = tuple(shape[i] for i in order)
     stride = tuple(stride[i] for i in order)
-    item = torch.empty((), dtype=dtype).element_size()
+    item = _itemsize(dtype)
     read = _Reader(ranges, dtype, item, swap)
     yield from _blocks(read, base, shape, stride, SPAN_FACTOR * stats.CHUNK)
 
@@ -190,22 +222,33 @@ def strided_chunks(
 class _Reader:
     """Reads the values of one view's blocks: the file, their dtype, their byte order."""
 
-    def __init__(self, ranges: FileRanges, dtype: torch.dtype, item: int, swap: bool) -> None:
+    def __init__(
+        self, ranges: FileRanges, dtype: torch.dtype | NpType, item: int, swap: bool
+    ) -> None:
         self.ranges, self.dtype, self.item, self.swap = ranges, dtype, item, swap
 
     def view(
         self, base: int, count: int, shape: tuple[int, ...], stride: tuple[int, ...]
-    ) -> torch.Tensor:
-        import torch
-
+    ) -> torch.Tensor | NpChunk:
         raw = bytearray(count * self.item)
         got = self.ranges.readinto(base, memoryview(raw))
         if got < len(raw):
             raise ValueError(f"the file ends {len(raw) - got} bytes before the tensor's last value")
+        if isinstance(self.dtype, NpType):
+            # Gathered as opaque items in the order torch's reshape gives, then viewed
+            # as the stored type.
+            items = np.frombuffer(raw, dtype=f"V{self.item}", count=count)
+            strides = tuple(step * self.item for step in stride)
+            picked = np.lib.stride_tricks.as_strided(items, shape, strides).reshape(-1)
+            gathered = np.ascontiguousarray(picked)
+            return _np_chunk(gathered.view(np.uint8), self.dtype, gathered.shape[0], self.swap)
+        from analyzer.ingest.ckpt.pinning import torch_pinned
+
+        torch = torch_pinned()
         if self.swap:
             swap_bytes(raw, len(raw), self.dtype)
         values = torch.frombuffer(raw, dtype=self.dtype, count=count)
-        return values.as_strided(shape, stride).reshape(-1)
+        return cast("Tensor", values.as_strided(shape, stride).reshape(-1))
 
 
 def _blocks(
@@ -214,7 +257,7 @@ def _blocks(
     shape: tuple[int, ...],
     stride: tuple[int, ...],
     limit: int,
-) -> Iterator[torch.Tensor]:
+) -> Iterator[torch.Tensor | NpChunk]:
     whole = span(shape, stride)
     if whole == 0:
         return

@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING
 
 from analyzer.ingest.ckpt.extents import torch_dtype
 from analyzer.ingest.ckpt.leaves import Leaf
+from analyzer.ingest.ckpt.npdtypes import np_type
+from analyzer.ingest.ckpt.npstats import NpChunk
 from analyzer.ingest.ckpt.quoting import foreign, quote, value
 from analyzer.ingest.ckpt.ranges import FileRanges, contiguous_chunks
 from analyzer.model import IngestIssue, IssueKind, Location
@@ -205,14 +207,22 @@ def _entry_problem(spec: object, data_size: int) -> str | None:
 
 def leaf_of(ranges: FileRanges, header: SafeHeader, tensor: SafeTensor) -> Leaf:
     name, _ = DTYPES[tensor.dtype]
+    offset = header.data_start + tensor.begin
+    known = np_type(name)  # every safetensors type is, so torch is never needed here
+    if known is not None:
+        count = (tensor.end - tensor.begin) // known.itemsize
+
+        def np_chunks() -> Iterator[torch.Tensor | NpChunk]:
+            return contiguous_chunks(ranges, offset, count, known)
+
+        return Leaf(tensor.shape, name, np_chunks, None, known.numeric)
     dtype = torch_dtype(name)
     if dtype is None:
         return Leaf(tensor.shape, name, None, "dtype not supported by this torch", False)
     numeric = dtype.is_floating_point or dtype.is_complex
-    offset = header.data_start + tensor.begin
     numel = (tensor.end - tensor.begin) // dtype.itemsize
 
-    def chunks() -> Iterator[torch.Tensor]:
+    def chunks() -> Iterator[torch.Tensor | NpChunk]:
         return contiguous_chunks(ranges, offset, numel, dtype)
 
     return Leaf(tensor.shape, name, chunks, None, numeric)

@@ -13,7 +13,9 @@ Policy, one line per case (the issue kind in brackets):
   statically and every tensor's extent checked against its record (:mod:`extents`). A
   refused archive, or one with a tensor that does not fit, is not handed to torch.
 * complete archive: ``torch.load(weights_only=True, map_location="meta")``, given a stream
-  over the open handle, decides whether the pickle is acceptable without reading a value.
+  over the open handle, decides whether the pickle is acceptable without reading a value;
+  for what ``torch.save`` writes of a state dict its answer is known beforehand and torch
+  is not run (:mod:`wopredict`), with the same result.
   When its reading and the static one put the same tensors (name, shape, dtype, record,
   offset, strides) in the same places, the static tree is scanned; when they differ,
   torch's tree is, its extents checked against torch's own storages (:mod:`metaleaves`).
@@ -49,12 +51,14 @@ from analyzer.ingest.ckpt.archive import Archive, read_archive
 from analyzer.ingest.ckpt.build import Draft, assemble
 from analyzer.ingest.ckpt.leaves import ByteOrder, Leaf, StaticLeaves, TorchLeaves
 from analyzer.ingest.ckpt.metaleaves import MetaLeaves, readings_agree
+from analyzer.ingest.ckpt.pinning import torch_pinned
 from analyzer.ingest.ckpt.quoting import foreign, quote
 from analyzer.ingest.ckpt.ranges import FileRanges
 from analyzer.ingest.ckpt.safetensors_file import leaf_of, read_header
 from analyzer.ingest.ckpt.sniff import content_of, is_text, mismatch, not_a_checkpoint, recognised
 from analyzer.ingest.ckpt.staticpickle import StaticResult, read_pickle
 from analyzer.ingest.ckpt.tree import walk
+from analyzer.ingest.ckpt.wopredict import agrees_without_torch
 from analyzer.model import IngestIssue, IssueKind, Location
 from analyzer.model.checkpoints import CheckpointScan, StaticListing
 
@@ -69,6 +73,7 @@ def _issue(path: str, kind: IssueKind, message: str, offset: int | None = None) 
 
 
 def _allowed_globals() -> set[str]:
+    torch_pinned()
     import torch.serialization
 
     allowed: set[str] = set()
@@ -93,7 +98,7 @@ def _listing(result: StaticResult) -> StaticListing:
 def _torch_load(source: Any, *, trusted: bool, meta: bool = False) -> Any:
     """``torch.load`` of a stream over the open file: never a memory map, never a path
     (which torch would open again, outside the checks made on this handle)."""
-    import torch
+    torch = torch_pinned()
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -201,6 +206,9 @@ def _scan_zip(ranges: FileRanges, draft: Draft, *, trust_pickle: bool) -> Checkp
         # torch.load on the meta device byte-swaps meta storages and crashes the process;
         # a byteorder it does not know makes it quote the record. Neither reaches torch.
         return _scan_static(ranges, archive, draft, parsed)
+    if not trust_pickle and agrees_without_torch(parsed, archive, ranges):
+        leaves = StaticLeaves(ranges, archive, order="little")
+        return assemble(parsed.root, leaves, _with(draft, read_mode="weights_only"))
     try:
         meta = _torch_load(ranges.stream(), trusted=trust_pickle, meta=True)
     except pickle.UnpicklingError as exc:

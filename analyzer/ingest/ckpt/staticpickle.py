@@ -118,6 +118,13 @@ class StaticResult:
     """Every storage the pickle names, by archive key (the first description of each)."""
     tensors: list[TensorRef] = field(default_factory=list)
     """Every tensor the pickle builds, in the order it builds them."""
+    opcodes: set[str] = field(default_factory=set)
+    """Every opcode the pickle uses."""
+    unlike_torch: str | None = None
+    """The first step where torch's ``weights_only`` unpickler could read the pickle
+    otherwise than this reader (:mod:`wopredict`), or None: an append to something not
+    a list, a state given to something not an ``OrderedDict``, a call this reader only
+    stands in for, a stack item taken from below a MARK."""
 
 
 _MARK = object()
@@ -218,6 +225,40 @@ class _Machine:
         self.memo: dict[object, object] = {}
         self.result = StaticResult()
         self.seen: set[str] = set()
+        self.ordered: dict[int, object] = {}
+        """The maps made by ``OrderedDict()``, by id (kept, so that no id is reused)."""
+
+    def unlike(self, why: str) -> None:
+        if self.result.unlike_torch is None:
+            self.result.unlike_torch = why
+
+    def top(self, count: int) -> None:
+        """Note when one of the ``count`` top items is a MARK or missing: torch's
+        unpickler keeps what lies below a MARK out of reach."""
+        if len(self.stack) < count or any(x is _MARK for x in self.stack[-count:]):
+            self.unlike("an opcode reaches below a MARK")
+
+    def check_reduce(self, func: object, args: object, made: object) -> None:
+        name = func.name if isinstance(func, Global) else None
+        argv = args if isinstance(args, tuple) else None
+        if name == "collections.OrderedDict" and argv == () and isinstance(made, dict):
+            self.ordered[id(made)] = made
+        elif name == "torch._utils._rebuild_tensor_v2" and argv is not None and len(argv) == 6:
+            _, offset, size, stride, grad, hooks = argv
+            plain = isinstance(offset, int) and _as_ints(size) is not None and \
+                _as_ints(stride) is not None and isinstance(size, tuple) and \
+                isinstance(stride, tuple) and isinstance(grad, bool)
+            if not (plain and isinstance(argv[0], StorageRef) and self.empty_ordered(hooks)):
+                self.unlike("a tensor rebuilt from arguments torch.save does not write")
+        elif name == "torch._utils._rebuild_parameter" and argv is not None and len(argv) == 3:
+            if not (isinstance(argv[0], TensorRef) and isinstance(argv[1], bool)
+                    and self.empty_ordered(argv[2])):
+                self.unlike("a parameter rebuilt from arguments torch.save does not write")
+        else:
+            self.unlike(f"a call of {name or 'a non-global'} this reader only stands in for")
+
+    def empty_ordered(self, value: object) -> bool:
+        return isinstance(value, dict) and not value and id(value) in self.ordered
 
     def pop_mark(self) -> list[object]:
         items: list[object] = []
@@ -228,6 +269,15 @@ class _Machine:
                 return items
             items.append(item)
         raise ValueError("MARK expected on the stack")
+
+    def check_target(self, target: object, kind: type, keys: list[object]) -> None:
+        if type(target) is not kind:
+            self.unlike(f"an item added to something not a {kind.__name__}")
+        for key in keys:
+            try:
+                hash(key)
+            except TypeError:
+                self.unlike("a key that is not hashable")
 
     def persistent(self, pid: object) -> object:
         ref = _persistent(pid)
@@ -250,6 +300,7 @@ class _Machine:
         if name in _PUSH_ARG:
             stack.append(arg)
         elif name == "BINPUT" or name == "LONG_BINPUT" or name == "PUT":
+            self.top(1)
             self.memo[arg] = stack[-1]
         elif name == "BINGET" or name == "LONG_BINGET" or name == "GET":
             stack.append(self.memo[arg])
@@ -269,6 +320,7 @@ class _Machine:
             stack.append(tuple(self.pop_mark()))
         elif name in ("TUPLE1", "TUPLE2", "TUPLE3"):
             n = int(name[-1])
+            self.top(n)
             packed = tuple(stack[-n:])
             del stack[-n:]
             stack.append(packed)
@@ -278,16 +330,26 @@ class _Machine:
             items = self.pop_mark()
             stack.append({dict_key(k): v for k, v in zip(items[::2], items[1::2], strict=False)})
         elif name == "APPEND":
+            self.top(2)
             value = stack.pop()
+            self.check_target(stack[-1], list, [])
             _append(stack[-1], [value])
         elif name in ("APPENDS", "ADDITEMS"):
             items = self.pop_mark()
+            self.top(1)
+            self.check_target(stack[-1], list, [])
             _append(stack[-1], items)
         elif name == "SETITEM":
+            self.top(3)
             value, key = stack.pop(), stack.pop()
+            self.check_target(stack[-1], dict, [key])
             _setitems(stack[-1], [key, value])
         elif name == "SETITEMS":
             items = self.pop_mark()
+            self.top(1)
+            self.check_target(stack[-1], dict, items[::2])
+            if len(items) % 2:
+                self.unlike("SETITEMS with a key and no value")
             _setitems(stack[-1], items)
         elif name == "POP":
             stack.pop()
@@ -307,8 +369,11 @@ class _Machine:
             qual_name, module_name = stack.pop(), stack.pop()
             self.global_(f"{module_name}.{qual_name}")
         elif name == "REDUCE":
+            self.top(2)
             args = stack.pop()
-            made = _call(stack.pop(), args)
+            func = stack.pop()
+            made = _call(func, args)
+            self.check_reduce(func, args, made)
             if isinstance(made, TensorRef):
                 self.result.tensors.append(made)
             stack.append(made)
@@ -325,11 +390,18 @@ class _Machine:
             cls = items[0] if items else None
             stack.append(Obj(cls.name if isinstance(cls, Global) else "?", tuple(items[1:])))
         elif name == "BUILD":
+            self.top(2)
             state = stack.pop()
+            if not (isinstance(state, dict) and id(stack[-1]) in self.ordered):
+                self.unlike("a state given to something other than an OrderedDict")
             if isinstance(stack[-1], Obj):
                 stack[-1].state = state
         elif name == "BINPERSID":
-            stack.append(self.persistent(stack.pop()))
+            self.top(1)
+            pid = stack.pop()
+            if not _plain_storage_id(pid):
+                self.unlike("a persistent id other than torch.save's storage tuple")
+            stack.append(self.persistent(pid))
         elif name == "PERSID":
             stack.append(self.persistent(arg))
         elif name in ("EXT1", "EXT2", "EXT4"):
@@ -337,11 +409,19 @@ class _Machine:
         elif name in ("NEXT_BUFFER", "READONLY_BUFFER"):
             stack.append(Call(name))
         elif name == "STOP":
+            self.top(1)
             self.result.root = stack.pop() if stack else None
             return True
         elif name not in ("PROTO", "FRAME"):
             raise ValueError(f"opcode {name} not understood")
         return False
+
+
+def _plain_storage_id(pid: object) -> bool:
+    return (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"
+            and isinstance(pid[1], Global) and pid[1].name.rsplit(".", 1)[-1] in _STORAGE_DTYPES
+            and pid[1].name.count(".") == 1 and isinstance(pid[2], str)
+            and isinstance(pid[3], str) and type(pid[4]) is int)
 
 
 _PUSH_ARG = {
@@ -377,6 +457,7 @@ def read_pickle(data: bytes, start: int = 0) -> StaticResult:
     try:
         for count, (opcode, arg, pos) in enumerate(pickletools.genops(stream)):
             position = pos if pos is not None else position
+            machine.result.opcodes.add(opcode.name)
             if count > MAX_OPS:
                 raise ValueError("too many opcodes")
             if machine.step(opcode.name, arg):

@@ -4,21 +4,26 @@ A tensor's values are never copied whole: chunks of at most ``CHUNK`` elements a
 folded into an accumulator, half-precision chunks by way of a reused float32 buffer.
 Chunks without NaN or Inf (the common case, told by one min/max pass, since both
 propagate NaN) take a fast path of reductions only. Tensors of a file are read from it
-into a reused buffer (:mod:`ranges`); only a bare pickle, loaded whole by ``torch.load``,
-has its tensors in memory already.
+into a reused buffer (:mod:`ranges`), as numpy arrays where numpy knows their type
+(:mod:`npstats` folds those, to the same results); only a bare pickle, loaded whole by
+``torch.load``, has its tensors in memory already, as torch tensors.
+
+torch is imported only when a torch tensor is folded or a torch reading is needed; from
+then on, inside :func:`single_threaded`, it runs on one thread (see there).
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
+from analyzer.ingest.ckpt.pinning import torch_pinned
 from analyzer.model.checkpoints import FP16_MAX, LayerStats, TensorRecord, TensorStats
 
 if TYPE_CHECKING:
     import torch
+    from torch import Tensor
 
 CHUNK = 1 << 20
 """Elements per chunk: 4 MiB as float32, small enough to stay in cache on most CPUs."""
@@ -88,10 +93,17 @@ class StatsAccumulator:
         self.sum_squares = 0.0
         self.beyond_fp16 = 0
 
-    def add(self, chunk: torch.Tensor, role: str = "stats") -> None:
-        import torch
+    def add(self, chunk: object, role: str = "stats") -> None:
+        from analyzer.ingest.ckpt.npstats import NpChunk, add, as_torch
 
-        values = work_view(chunk, role)
+        if isinstance(chunk, NpChunk):
+            loaded = as_torch(chunk, role)
+            if loaded is None:
+                add(self, chunk, role)
+                return
+            chunk = loaded
+        torch = torch_pinned()
+        values = work_view(cast("Tensor", chunk), role)
         self.numel += values.numel()
         if values.numel() == 0:
             return
@@ -134,24 +146,6 @@ def merge(parts: Iterable[TensorStats]) -> TensorStats:
         sum_squares=sum(p.sum_squares for p in items),
         beyond_fp16=sum(p.beyond_fp16 for p in items),
     )
-
-
-@contextlib.contextmanager
-def single_threaded() -> Iterator[None]:
-    """Run torch on one thread for the duration, then restore the setting.
-
-    The reductions here are memory-bound; on a shared or busy machine every parallel
-    region also waits for a second thread to be scheduled, which made each 4 MiB chunk
-    several times slower than on one thread.
-    """
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def tensor_chunks(tensor: torch.Tensor) -> Iterator[torch.Tensor]:

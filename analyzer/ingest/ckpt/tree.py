@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol, cast
@@ -49,11 +50,8 @@ class Parts:
 
 def _module_state(value: object) -> Mapping[object, object] | None:
     """The state dict of an ``nn.Module`` pickled whole, as a flat name -> tensor map."""
-    try:
-        import torch
-    except ImportError:  # pragma: no cover - torch is a dependency
-        return None
-    if isinstance(value, torch.nn.Module):
+    torch = sys.modules.get("torch")  # no module can have been built without it
+    if torch is not None and isinstance(value, torch.nn.Module):
         return cast(Mapping[object, object], value.state_dict())
     return None
 
