@@ -7,6 +7,7 @@ the same run: a plain Python loop that decodes and iterates the same file's line
     .venv/bin/python bench/logs.py                 # 100 MB, every profile mixed
     .venv/bin/python bench/logs.py --profile megatron --size-mb 20 --repeat 1
     .venv/bin/python bench/logs.py --size-mb 1 --zero-tail-gb 1   # a crash's NUL tail
+    .venv/bin/python bench/logs.py --profile all --size-mb 20     # one table, every profile
 
 With ``--zero-tail-gb`` the log gets a zero-filled tail of that many GiB (sparse: it
 takes no disk), and the reference is a plain chunked read of the whole file, NULs
@@ -147,43 +148,65 @@ def _timed(run: Callable[[], object], best: list[float]) -> object:
     return result
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size-mb", type=float, default=100.0)
-    parser.add_argument("--profile", choices=sorted(PROFILES), default="mixed")
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--zero-tail-gb", type=float, default=0.0)
-    args = parser.parse_args()
+def _measure(profile: str, size_mb: float, repeat: int, zero_tail_gb: float) -> tuple[
+    float, list[float], list[float], LogRead
+]:
+    """Size in MB, the reference's and read_log's best (wall, CPU) times, the last read."""
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "train.log"
-        size = generate(path, args.profile, args.size_mb)
+        size = generate(path, profile, size_mb)
         reference = _reference
-        if args.zero_tail_gb:
-            size += int(args.zero_tail_gb * (1 << 30))
+        if zero_tail_gb:
+            size += int(zero_tail_gb * (1 << 30))
             os.truncate(path, size)
             reference = _raw_reference
-        mb = size / 1e6
-        print(f"log: {mb:.1f} MB, profile {args.profile}, NUL tail {args.zero_tail_gb:g} GiB")
         ref = [float("inf")] * 2
         best = [float("inf")] * 2
-        for _ in range(args.repeat):  # interleaved, so that load changes hit both alike
+        read = None
+        for _ in range(repeat):  # interleaved, so that load changes hit both alike
             _timed(lambda: reference(path), ref)
             read = _timed(lambda: read_log(str(path)), best)
         assert isinstance(read, LogRead)
-        (ref_wall, ref_cpu), (wall, cpu) = ref, best
-        points = sum(len(s) for s in read.series)
-        print(f"{'':36s} {'wall':>16s}  {'CPU (this process)':>20s}")
-        for label, w, c in (
-            ("reference (read in chunks)" if args.zero_tail_gb else
-             "reference (decode + iterate lines)", ref_wall, ref_cpu),
-            ("read_log", wall, cpu),
-        ):
-            print(f"{label:36s} {w:6.2f} s {mb / w:6.1f} MB/s  {c:6.2f} s {mb / c:7.1f} MB/s")
-        print(f"ratio read_log / reference: wall {wall / ref_wall:.1f}x, CPU {cpu / ref_cpu:.1f}x")
-        print(
-            f"found {len(read.series)} series, {points} points, {len(read.events)} events, "
-            f"framework {read.framework} ({read.confidence})"
-        )
+        return size / 1e6, ref, best, read
+
+
+def _table(size_mb: float, repeat: int) -> None:
+    print(f"load average before: {os.getloadavg()[0]:.2f}")
+    print("| profile | read_log (CPU) | reference (CPU) | ratio |")
+    print("|---|---|---|---|")
+    for profile in PROFILES:
+        mb, ref, best, _ = _measure(profile, size_mb, repeat, 0.0)
+        print(f"| {profile} | {mb / best[1]:.1f} MB/s | {mb / ref[1]:.0f} MB/s | "
+              f"{best[1] / ref[1]:.1f}x |", flush=True)
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size-mb", type=float, default=100.0)
+    parser.add_argument("--profile", choices=[*sorted(PROFILES), "all"], default="mixed")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--zero-tail-gb", type=float, default=0.0)
+    args = parser.parse_args()
+    if args.profile == "all":
+        _table(args.size_mb, args.repeat)
+        return
+    mb, ref, best, read = _measure(args.profile, args.size_mb, args.repeat, args.zero_tail_gb)
+    print(f"log: {mb:.1f} MB, profile {args.profile}, NUL tail {args.zero_tail_gb:g} GiB")
+    (ref_wall, ref_cpu), (wall, cpu) = ref, best
+    points = sum(len(s) for s in read.series)
+    print(f"{'':36s} {'wall':>16s}  {'CPU (this process)':>20s}")
+    for label, w, c in (
+        ("reference (read in chunks)" if args.zero_tail_gb else
+         "reference (decode + iterate lines)", ref_wall, ref_cpu),
+        ("read_log", wall, cpu),
+    ):
+        print(f"{label:36s} {w:6.2f} s {mb / w:6.1f} MB/s  {c:6.2f} s {mb / c:7.1f} MB/s")
+    print(f"ratio read_log / reference: wall {wall / ref_wall:.1f}x, CPU {cpu / ref_cpu:.1f}x")
+    print(
+        f"found {len(read.series)} series, {points} points, {len(read.events)} events, "
+        f"framework {read.framework} ({read.confidence})"
+    )
 
 
 if __name__ == "__main__":

@@ -46,6 +46,9 @@ class Context:
         self.source = source
         self.line = 0
         self.rank: int | None = None
+        self.keyed: tuple[str, bytes] | None = None
+        """The record being parsed and its key (``fast.key_of``), where the dispatcher
+        worked it out; a parser reading that very record may use it."""
         self.group = ""
         """The parser reading the record (its framework): what the points and events it
         writes are grouped by, each group on its own step axis."""

@@ -19,6 +19,7 @@ import re
 
 from analyzer.ingest.logformats import FALLBACK, PARSERS, LineParser, reader
 from analyzer.ingest.logformats.context import Context
+from analyzer.ingest.logformats.fast import ZERO_DIGITS
 from analyzer.ingest.logformats.prefixes import EMBEDDED_MARKS, TAGGED, PrefixRule
 from analyzer.ingest.logformats.reader import Lines, line_records
 
@@ -167,10 +168,13 @@ class Dispatcher:
         one bytes.translate makes it."""
         key = None
         if len(text) <= MEMO_CHARS:
-            key = text.encode("utf-8", "surrogatepass").translate(_ZERO_DIGITS)
+            key = text.encode("utf-8", "surrogatepass").translate(ZERO_DIGITS)
+            self.ctx.keyed = (text, key)
             found = self.memo.get(key)
             if found is not None:
                 return found
+        else:
+            self.ctx.keyed = None
         found = (
             (text[0] in _PREFIX_START and (self.numbered or TAGGED.match(text) is not None))
             or _holds_any(text, _EMBEDDED),
@@ -189,7 +193,6 @@ MEMO_CHARS = 1024
 """Records up to this long are remembered by ``Dispatcher.shape_of``."""
 MEMO_ENTRIES = 4096
 """Shapes remembered per file; the memo starts again empty when it is full."""
-_ZERO_DIGITS = bytes(48 if 48 <= b <= 57 else b for b in range(256))
 
 _TAG_MARKS = _needles((">", "[rank", "[Rank", "[RANK", "[default", "]<std"))
 _EMBEDDED = _needles(EMBEDDED_MARKS)

@@ -27,7 +27,7 @@ import re
 from analyzer.ingest.logformats import fast
 from analyzer.ingest.logformats.context import Context, is_finite
 from analyzer.ingest.logformats.numbers import number_value, wrapped_value
-from analyzer.ingest.logformats.store import Block
+from analyzer.ingest.logformats.store import Row
 from analyzer.model import StepAxis
 
 RENAME = {"learning_rate": "lr"}
@@ -85,15 +85,15 @@ class HuggingFaceParser:
     def parse(self, text: str, ctx: Context) -> bool:
         shape = self.shape
         if shape is not None and self.bar_step is not None and text.startswith("{'"):
-            f = shape[0].fullmatch(text)
-            if f is not None:
+            row = shape.match(text, 0, ctx)
+            if row is not None:
                 # A record that is one dict of the learned shape, after a bar.
-                block = shape[1]
+                block = shape.block
                 if ctx.rank != block.rank:
                     block = ctx.store.block(block.tags, ctx.rank, 0)
                 self.records += 1
                 ctx.votes["transformers"] += 1
-                ctx.store.add(block, self.bar_step, ctx.line, f.groups())
+                ctx.store.add(block, self.bar_step, ctx.line, row)
                 ctx.last_step = self.bar_step
                 return True
         if "{'" not in text and self._header(text, ctx):
@@ -122,6 +122,8 @@ class HuggingFaceParser:
         return found
 
     def _header(self, text: str, ctx: Context) -> bool:
+        if " = " not in text:  # in every key: a bar redraw need not be searched for each
+            return False
         for key, name in _HEADER:
             at = text.find(key)
             if at < 0:
@@ -307,7 +309,7 @@ def _beside_training(values: dict[str, float]) -> bool:
     return all(k.startswith(_BESIDE) or k in _SUMMARY or k == "total_flos" for k in values)
 
 
-_Shape = tuple[re.Pattern[str], Block]
+_Shape = fast.Shape
 _SIMPLE_KEY = re.compile(r"\w++")
 
 
@@ -317,10 +319,12 @@ def _learn(body: str, values: dict[str, float], ctx: Context) -> _Shape | None:
     differently under ``_record``."""
     parts: list[str] = []
     tags: list[str] = []
+    keys: list[str] = []
     for item in body[2:-1].split(", '"):
         key, _, raw = item.partition("': ")
         if _SIMPLE_KEY.fullmatch(key) is None:
             return None
+        keys.append(key)
         if key in SKIP:
             parts.append(re.escape(key) + r"': [^,{}':]*+")
             continue
@@ -332,4 +336,9 @@ def _learn(body: str, values: dict[str, float], ctx: Context) -> _Shape | None:
     if not tags or tags != list(values):
         return None
     block = ctx.store.block(tuple(tags), ctx.rank, 0)
-    return re.compile(r"\{'" + ", '".join(parts) + r"\}"), block
+    pattern = r"\{'" + ", '".join(parts) + r"\}"
+    return fast.Shape("", pattern, block, _no_step, " ".join(keys))
+
+
+def _no_step(row: Row) -> int:
+    return 0  # the step is the bar's, not the record's

@@ -96,9 +96,9 @@ class MegatronParser:
             return False
         shape = self.shape
         if shape is not None:
-            f = shape.pattern.fullmatch(text, at)
-            if f is not None:
-                shape.take(f.groups(), ctx, "megatron")
+            row = shape.match(text, at, ctx)
+            if row is not None:
+                shape.take(row, ctx, "megatron")
                 return True
         m = _ITERATION.match(text, at)
         if m is None:
@@ -173,8 +173,11 @@ def _learn(
         return None
     parts = [_FAST_HEAD]
     tags: list[str] = []
+    literals = ["iteration"]
+    fixed: dict[int, str] = {}
     for name, raw in fields:
         parts.append(r" ?+" + re.escape(name) + r":[ \t]*+")
+        literals.append(name)
         if name in SKIP:
             parts.append(r"[^|]*+\|")
             continue
@@ -185,6 +188,7 @@ def _learn(
         if tag in _FIXED:
             if tag != "loss_scale" and values[tag] != 0:
                 return None
+            fixed[1 + len(tags)] = raw.strip()  # after the two counters
             parts.append("(" + re.escape(raw.strip()) + r")[ \t]*+\|")
         else:
             parts.append("(" + fast.DECIMAL + r")[ \t]*+\|")
@@ -192,7 +196,9 @@ def _learn(
         return None
     parts.append(r"[ \t]*+")
     block = ctx.store.block(tuple(tags), ctx.rank, 2, _steps)
-    return fast.Shape(_FIRST_WORD, "".join(parts), block, _step)
+    return fast.Shape(
+        _FIRST_WORD, "".join(parts), block, _step, " ".join(literals), fixed, ((0,), _steps_of)
+    )
 
 
 def _step(row: Row) -> int:
@@ -201,6 +207,10 @@ def _step(row: Row) -> int:
 
 def _steps(columns: list[tuple[str, ...]]) -> np.ndarray:
     return counter(columns[0])  # the second counter is the run's length
+
+
+def _steps_of(counts: list[np.ndarray]) -> np.ndarray:
+    return counts[0]
 
 
 _FAST_HEAD = r"iteration\s++(\d{1,15}+)(?![\d,])/\s*+(" + STEP + r")\s*+\|"

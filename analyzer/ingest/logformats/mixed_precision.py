@@ -36,7 +36,7 @@ import re
 from analyzer.ingest.logformats import fast
 from analyzer.ingest.logformats.context import Context
 from analyzer.ingest.logformats.numbers import NUM, STEP, to_float, to_step
-from analyzer.ingest.logformats.store import Block
+from analyzer.ingest.logformats.store import Block, Row
 from analyzer.model import StepAxis
 
 _DS_RANK = re.compile(r"OVERFLOW! Rank (\d{1,15}+) Skipping step\.")
@@ -85,6 +85,7 @@ class MixedPrecisionParser:
         self.pending_step: int | None = None
         self.pending_line = 0
         self.fast = fast.ENABLED
+        self.layouts: dict[bytes, fast.Getter] = {}
         self.block: Block | None = None
         self.at_floor: float | None = None
         """The scale DeepSpeed last skipped at without lowering it (its minimum)."""
@@ -158,12 +159,23 @@ class MixedPrecisionParser:
             return False
         ctx.axis = DS_STEPS
         if self.fast:
-            f = _DS_STEP_FAST.match(text, at)
-            if f is not None:
+            # The pattern's literals hold no digit: a record of a layout seen is sliced
+            # (see fast.Shape).
+            key = fast.record_key(text, ctx)
+            get = None if key is None else self.layouts.get(key)
+            row: Row | None = None
+            if get is not None:
+                row = get(text)
+            else:
+                f = _DS_STEP_FAST.match(text, at)
+                if f is not None:
+                    row = f.groups()
+                    if key is not None:
+                        fast.remember(f, self.layouts, key)
+            if row is not None:
                 # Plain counters and a decimal first lr: the points the plain path
                 # stores, kept as strings for the store to convert in bulk.
-                row = f.groups()
-                step = int(row[0])
+                step = int(row[0])  # type: ignore[arg-type]
                 block = self.block
                 if block is None or block.rank != ctx.rank:
                     block = self.block = ctx.store.block(_DS_TAGS, ctx.rank, 1)

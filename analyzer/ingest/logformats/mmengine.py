@@ -41,20 +41,35 @@ class MMEngineParser:
     def __init__(self) -> None:
         self.shape: fast.Shape | None = None
         self.learn = fast.ENABLED
+        self.heads: dict[bytes, tuple[int, bool]] = {}
+        """Per record layout, where its header starts and whether it is by epoch."""
 
     def parse(self, text: str, ctx: Context) -> bool:
+        shape = self.shape
+        key = fast.record_key(text, ctx)
+        if shape is not None and key is not None:
+            # Where the header is and which one: the same for every record of a layout,
+            # as the header patterns hold no digit and their classes hold all ten or none.
+            head = self.heads.get(key)
+            if head is not None and (shape.block.skip == 3) == head[1]:
+                ctx.axis = ITER
+                row = shape.match(text, head[0], ctx)
+                if row is not None:
+                    shape.take(row, ctx, "mmengine")
+                    return True
         m = _EPOCH.search(text)
         by_epoch = m is not None
         if m is None:
             m = _ITER.search(text)
             if m is None:
                 return False
+        if key is not None and len(self.heads) < fast.TEMPLATES:
+            self.heads[key] = (m.start(), by_epoch)
         ctx.axis = ITER
-        shape = self.shape
         if shape is not None and (shape.block.skip == 3) == by_epoch:
-            f = shape.pattern.fullmatch(text, m.start())
-            if f is not None:
-                shape.take(f.groups(), ctx, "mmengine")
+            row = shape.match(text, m.start(), ctx)
+            if row is not None:
+                shape.take(row, ctx, "mmengine")
                 return True
         mode = m.group(1) or "train"
         if by_epoch:
@@ -91,6 +106,15 @@ def _iter_step(row: Row) -> int:
 
 def _iter_steps(columns: list[tuple[str, ...]]) -> np.ndarray:
     return counter(columns[0])
+
+
+def _epoch_steps_of(counts: list[np.ndarray]) -> np.ndarray:
+    epoch, i, per_epoch = counts
+    return np.asarray((epoch - 1) * per_epoch + i)
+
+
+def _iter_steps_of(counts: list[np.ndarray]) -> np.ndarray:
+    return counts[0]
 
 
 _FAST: dict[str, tuple[str, str, Callable[[Row], int], Stepper]] = {
@@ -132,4 +156,6 @@ def _learn(
         pattern = word + r"\(" + re.escape(mode) + r"\)\s*+" + counts
     tags = tuple(name for name, _ in pairs)
     block = ctx.store.block(tags, ctx.rank, 3 if by_epoch else 1, stepper)
-    return fast.Shape(prefix, pattern + tail[0], block, step_of)
+    literals = f"{word} {mode or ''} {tail[2]}"
+    steps_of = ((0, 1, 2), _epoch_steps_of) if by_epoch else ((0,), _iter_steps_of)
+    return fast.Shape(prefix, pattern + tail[0], block, step_of, literals, steps_of=steps_of)

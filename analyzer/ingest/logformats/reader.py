@@ -18,7 +18,11 @@ NUL runs collapsed to one NUL). Policy for damage, one rule each:
   chunks come, and only its open record is held, up to the cap;
 - terminal sequences (colours, a window title, shift-in/out) are dropped from a line
   that holds an escape character;
-- a last line without a newline is read like any other.
+- a last line without a newline is read like any other, and is not reported: a process
+  still writing, or killed, leaves one (its output flushed mid-line), so it says nothing
+  of damage, and what it holds is read or passed over as any record is. A log-only run
+  whose last line was cut is judged by the lines it has; the report's read issues are
+  for what the reader had to skip or replace.
 
 The records of a file do not depend on where its chunks end: state that a boundary would
 cut (the open record, a bar redraw waiting for the segment after it, a record being

@@ -166,6 +166,23 @@ class PointStore:
         if len(block.rows) >= PACK_ROWS:
             block.pack()
 
+    def extend_arrays(
+        self, block: Block, first_line: int, steps: np.ndarray, values: np.ndarray
+    ) -> None:
+        """Records of consecutive lines, the first at ``first_line``, already as arrays
+        (steps, and a value matrix of the block's width), after the rows it holds."""
+        n = len(steps)
+        block.pack()
+        block.packed.append(
+            (
+                steps,
+                np.arange(first_line, first_line + n, dtype=np.int64),
+                np.arange(self.seq, self.seq + n, dtype=np.int64),
+                values,
+            )
+        )
+        self.seq += n
+
     def series(self) -> Iterator[tuple[Key, np.ndarray, np.ndarray, np.ndarray]]:
         """(tag, rank), steps, values and line numbers of every series, points in
         arrival order, whatever group wrote them."""
