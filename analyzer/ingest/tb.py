@@ -103,7 +103,7 @@ def read_event_file(path: str, *, verify: bool = True,
         return EventFile(path, 0, 0, (), (), (), (_refused(path, exc),))
     deadline = deadline or Deadline()
     framer = Framer(path, size, verify=verify, deadline=deadline)
-    decoder = _Decoder(path, framer.log)
+    decoder = _Decoder(path, size, framer.log)
     with handle:
         for window in RecordReader(handle, size, framer, deadline):
             decoder.add(window)
@@ -119,10 +119,10 @@ def _refused(path: str, exc: OSError) -> IngestIssue:
 class _Decoder:
     """Decodes the records of each window as it comes, then assembles the file."""
 
-    def __init__(self, path: str, log: IssueLog) -> None:
+    def __init__(self, path: str, size: int, log: IssueLog) -> None:
         self.path = path
         self.log = log
-        self.points = Points()
+        self.points = Points(size)
         self.count = 0
         self.file_version: str | None = None
         self.slow: Any = None  # a tb_proto.SlowDecoder, made when a record needs one
@@ -139,7 +139,7 @@ class _Decoder:
                 self.slow = tb_proto.SlowDecoder(self.path, self.log)
                 self.slow.file_version = self.file_version
             self.slow.decode(window, leftover, self.count, self.points)
-        self.points.flush()
+        self.points.flush(window.base + int(window.data.shape[0]))
         self.count += int(window.offsets.shape[0])
 
     def _version(self, window: Window) -> bool:

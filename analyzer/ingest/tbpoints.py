@@ -1,12 +1,14 @@
 """The scalar points of one event file, gathered from both decoding paths (the numpy fast
 path in :mod:`analyzer.ingest.tb` and the protobuf one in :mod:`analyzer.ingest.tb_proto`)
-and grouped by tag window by window, so that the file's points are never all held twice.
+and written into their tag's series window by window, so that the file's points are never
+all held twice.
 
 Each window's points are sorted by tag and then by file offset (a stable sort: the values
-of one record keep their order) and kept as one chunk per tag. Since windows come in file
-order, a tag's chunks joined are its series in file order. A chunk keeps the fast path's
-values as float32, which is what ``simple_value`` holds, so it costs less than the series
-made from it; the series are float64 like every other source's.
+of one record keep their order) and appended to their tag's :class:`_Column`. Since
+windows come in file order, a column holds its tag's series in file order. A column is
+allocated once for the points its tag is expected to have in the whole file (what it had
+so far, scaled by the share of the file read), and doubled when that was too little: the
+part of it never written is never touched, so it costs address space, not memory.
 """
 
 from __future__ import annotations
@@ -22,8 +24,33 @@ from analyzer.model import Series
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
-# A tag's points from one window: positions, steps, values, wall times.
-_Chunk = tuple[IntArray, IntArray, npt.NDArray[Any], FloatArray]
+
+
+class _Column:
+    """The points of one tag so far: offsets of their records, steps, values, wall times."""
+
+    def __init__(self, capacity: int) -> None:
+        self.count = 0
+        self.arrays = _empty(capacity)
+
+    def append(self, parts: tuple[IntArray, IntArray, npt.NDArray[Any], FloatArray],
+                expected: int) -> None:
+        m = int(parts[0].shape[0])
+        need = self.count + m
+        if need > self.arrays[0].shape[0]:
+            grown = _empty(max(need, expected, 2 * self.arrays[0].shape[0]))
+            for old, new in zip(self.arrays, grown, strict=True):
+                new[: self.count] = old[: self.count]
+            self.arrays = grown
+        with np.errstate(invalid="ignore"):  # a signalling NaN stays a NaN, quietly
+            for column, part in zip(self.arrays, parts, strict=True):
+                column[self.count: need] = part
+        self.count = need
+
+
+def _empty(capacity: int) -> tuple[IntArray, IntArray, FloatArray, FloatArray]:
+    return (np.empty(capacity, dtype=np.int64), np.empty(capacity, dtype=np.int64),
+            np.empty(capacity, dtype=np.float64), np.empty(capacity, dtype=np.float64))
 
 
 @dataclass
@@ -31,15 +58,17 @@ class Points:
     """Scalar points gathered from both decoding paths, grouped by tag window by window.
 
     Tags are kept as small integers into ``names`` so that grouping never compares strings.
+    ``size`` is the file's size, by which a tag's points in the whole file are estimated.
     """
 
+    size: int = 0
     names: dict[str, int] = field(default_factory=dict)
     position: list[IntArray] = field(default_factory=list)
     tag: list[IntArray] = field(default_factory=list)
     step: list[IntArray] = field(default_factory=list)
     value: list[npt.NDArray[Any]] = field(default_factory=list)
     wall: list[FloatArray] = field(default_factory=list)
-    chunks: dict[int, list[_Chunk]] = field(default_factory=dict)
+    columns: dict[int, _Column] = field(default_factory=dict)
     bad_walls: int = 0  # records with a non-finite wall time, and the first one's offset
     first_bad_wall: int = -1
 
@@ -64,8 +93,9 @@ class Points:
         self.value.append(value)
         self.wall.append(wall)
 
-    def flush(self) -> None:
-        """The current window is over: sort its points into chunks per tag."""
+    def flush(self, read: int) -> None:
+        """The current window is over, ``read`` bytes of the file into it: append its
+        points to their tags' columns."""
         if not self.position:
             return
         position, tag, step = _take(self.position), _take(self.tag), _take(self.step)
@@ -77,37 +107,53 @@ class Points:
             with np.errstate(invalid="ignore"):
                 value = np.concatenate([v.astype(np.float64) for v in values])
         values.clear()
+        scale = self.size / max(read, 1)
         if (tag[1:] == tag[:-1]).all() and (position[1:] >= position[:-1]).all():
-            self.chunks.setdefault(int(tag[0]), []).append((position, step, value, wall))
+            self._append(int(tag[0]), (position, step, value, wall), scale)
             return
         order = np.lexsort((position, tag))
+        # one array at a time, so that each unsorted one is freed before the next is sorted
         tag = tag[order]
+        position = position[order]
+        step = step[order]
+        value = value[order]
+        wall = wall[order]
+        del order
         cuts = np.flatnonzero(tag[1:] != tag[:-1]) + 1
         bounds = [0, *cuts.tolist(), int(tag.shape[0])]
-        position, step, value, wall = position[order], step[order], value[order], wall[order]
         for lo, hi in itertools.pairwise(bounds):
-            self.chunks.setdefault(int(tag[lo]), []).append(
-                (position[lo:hi].copy(), step[lo:hi].copy(), value[lo:hi].copy(),
-                 wall[lo:hi].copy()))
+            self._append(int(tag[lo]), (position[lo:hi], step[lo:hi], value[lo:hi],
+                                        wall[lo:hi]), scale)
+
+    def _append(self, t: int, parts: tuple[IntArray, IntArray, npt.NDArray[Any], FloatArray],
+                scale: float) -> None:
+        column = self.columns.get(t)
+        had = column.count if column is not None else 0
+        need = had + int(parts[0].shape[0])
+        # at most a few times what it holds: a first window is a poor sample of a file
+        expected = int(need * min(scale * 1.05, _MOST_AHEAD)) + 16
+        if column is None:
+            column = self.columns[t] = _Column(expected)
+        column.append(parts, expected)
 
     def series(self, path: str) -> tuple[Series, ...]:
-        """One series per tag, sorted by tag name; the chunks are given up as they are
-        joined."""
-        self.flush()
+        """One series per tag, sorted by tag name."""
+        self.flush(self.size)
         out = []
         for name, t in sorted(self.names.items()):
-            parts = self.chunks.pop(t, [])
-            if not parts:
+            column = self.columns.pop(t, None)
+            if column is None or not column.count:
                 continue
-            positions = np.concatenate([p[0] for p in parts])
-            steps = np.concatenate([p[1] for p in parts])
-            with np.errstate(invalid="ignore"):  # a signalling NaN stays a NaN, quietly
-                values = np.concatenate([p[2] for p in parts], dtype=np.float64)
-            walls = np.concatenate([p[3] for p in parts])
-            parts.clear()
+            n = column.count
+            positions, steps, values, walls = column.arrays
+            positions, steps, values, walls = positions[:n], steps[:n], values[:n], walls[:n]
             out.append(Series(tag=name, steps=steps, values=values, wall_times=walls,
                               source=path, positions=positions))
         return tuple(out)
+
+
+# A column is allocated for at most this many times the points its tag has so far.
+_MOST_AHEAD = 8.0
 
 
 def _take(parts: list[Any]) -> Any:

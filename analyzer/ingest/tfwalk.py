@@ -28,7 +28,10 @@ _LUT_MAX = 1 << 20
 # (after damage, the walk between two damaged spots is often a record or two).
 _FEW = 8
 # A run of records is checked at once in pieces of about this many bytes.
-_RUN_BYTES = 4 << 20
+_RUN_BYTES = 1 << 20
+# A prediction checks at most about this many records at once (the arrays of a block cost
+# 40 bytes a record).
+_PREDICT_MOST = 1 << 16
 
 _LEN = struct.Struct("<Q")
 
@@ -117,24 +120,27 @@ def walk(data: Bytes, pos: int, most: int, until: int | None = None) -> tuple[In
 
 
 # The walk looks for a period every this many records, in suffixes of the history of
-# 32, 64, ... records (each suffix size as often as it has records), up to _HISTORY.
-_CHECK_EVERY = 32
+# 8, 16, 32, ... records (each suffix size as often as it has records), up to _HISTORY.
+_CHECK_EVERY = 8
 _HISTORY = 1024
 
 
 def _suffix_period(recent: list[int]) -> list[int] | None:
-    """The lengths of one cycle, when a recent suffix of ``recent`` repeats with a period
-    (the shortest period of the shortest such suffix), in the phase that comes next."""
+    """The lengths of one cycle, in the phase that comes next, when a recent suffix of
+    ``recent`` repeats with a period: the shortest period of the longest such suffix (a
+    longer suffix shows the whole cycle of a writer's tags, a shorter one may show part of
+    it, or fit between two one-off records)."""
     count = len(recent)
+    sizes = []
     k = _CHECK_EVERY
-    while k <= min(count, _HISTORY):
-        if count % k:
-            break
+    while k <= min(count, _HISTORY) and not count % k:
+        sizes.append(k)
+        k *= 2
+    for k in reversed(sizes):
         suffix = recent[-k:]
         period = _period(suffix)
         if period:
             return suffix[-period:]
-        k *= 2
     return None
 
 
@@ -184,18 +190,21 @@ class _Cycle:
         return cycle[j:] + cycle[:j]
 
     def after(self, lengths: list[int], accepted: int) -> None:
-        """A prediction of ``lengths`` accepted ``accepted`` records: less than a cycle
-        counts as a miss."""
+        """A prediction of ``lengths`` accepted ``accepted`` records: less than a cycle, or
+        than walking would have cost as much as the prediction, counts as a miss."""
         self.phases = []
-        if accepted >= len(lengths):
+        if accepted >= max(len(lengths), _WORTH):
             self.misses = 0
             return
         self.misses += 1
         self.live = self.misses <= _MISSES
 
 
-# Resumed predictions that may fail in a row before the cycle is given up.
+# Resumed predictions that may fail in a row before the cycle is given up, and the records
+# a prediction must accept to pay for itself (a numpy call costs about as much as walking
+# a few dozen records one by one).
 _MISSES = 4
+_WORTH = 32
 
 
 def _predict(data: Bytes, pos: int, cycle: list[int], fit: int) -> tuple[int, IntArray]:
@@ -227,7 +236,7 @@ def _predict(data: Bytes, pos: int, cycle: list[int], fit: int) -> tuple[int, In
             break
         accepted.append(offs)
         pos = int(ends[inside - 1])
-        cycles = min(cycles * 4, (1 << 20) // period + 1)
+        cycles = min(cycles * 4, _PREDICT_MOST // period + 1)
     return pos, (np.concatenate(accepted) if accepted else ints([]))
 
 

@@ -30,7 +30,7 @@ from analyzer.ingest.safeio import Deadline
 from analyzer.ingest.tfrecord import HEADER, Framer
 from analyzer.ingest.tfwalk import Bytes, IntArray
 
-WINDOW = 32 << 20
+WINDOW = 4 << 20
 """New bytes read per window."""
 
 
