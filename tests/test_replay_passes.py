@@ -167,3 +167,27 @@ def test_anomaly_stacks_without_source_text_name_the_same_lines(
         assert bare.phase == "backward" and first is not None
         assert bare.backward.origin is not None and bare.backward.origin.source_line == (
             "return torch.sqrt(out - out).sum() + F.mse_loss(out, y)  # sqrt'(0) is inf")
+
+
+class _DoublesInPlace(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        return h.add_(h.view_as(h))  # reads, through another view, the memory it writes
+
+
+def test_an_in_place_op_reading_its_own_memory_is_judged_on_its_inputs_before_it_ran() -> None:
+    # An in-place op's inputs are judged after it ran only when no input it reads shares
+    # memory with what it writes: here the read view would already hold the op's inf.
+    torch.manual_seed(0)
+    model = _DoublesInPlace()
+    with torch.no_grad():
+        model.fc.weight.zero_()
+        model.fc.bias.fill_(3e38)  # finite; twice it is not
+    result = replay_step(model, torch.randn(2, 4), torch.randn(2, 4), nn.MSELoss(),
+                         torch.optim.SGD(model.parameters(), lr=0.1))
+    op = result.forward_op
+    assert op is not None and op.op == "add_.Tensor" and op.inputs_finite, op

@@ -148,6 +148,15 @@ def _written_args(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> l
     return written
 
 
+def _aliased(call: Any, written: list[torch.Tensor]) -> bool:
+    """Whether an argument the op only reads shares memory with one it writes: the op
+    changes it too, so it must be judged before the op runs."""
+    storages = {t.untyped_storage().data_ptr() for t in written}
+    ids = {id(t) for t in written}
+    return any(t.untyped_storage().data_ptr() in storages for t in floating(call)
+               if id(t) not in ids)
+
+
 def _clone_if(value: Any, ids: set[int]) -> Any:
     if isinstance(value, torch.Tensor) and id(value) in ids:
         return value.detach().clone()
@@ -217,10 +226,14 @@ class OpTracer(TorchDispatchMode):
         mutable = bool(func._schema.is_mutable)
         before = None
         if searching and mutable:
-            # An in-place op overwrites its input: keep a copy of what it writes into.
-            ok = all_finite(floating((args, kwargs)))
-            written = {id(t) for t in floating(_written_args(func, args, kwargs))}
-            keep = ok or phase not in self.first_bad  # else it cannot be recorded anyway
+            # An in-place op overwrites its input: keep a copy of what it writes into. Until
+            # the phase has a first bad op, any op may become it, so the copy is made without
+            # looking; whether its inputs were finite is asked only if its output is not.
+            targets = floating(_written_args(func, args, kwargs))
+            written = {id(t) for t in targets}
+            late = phase not in self.first_bad and not _aliased((args, kwargs), targets)
+            ok = None if late else all_finite(floating((args, kwargs)))
+            keep = ok is None or ok  # else it cannot be recorded anyway
             before = (ok, tree_map(lambda v: _clone_if(v, written), (args, kwargs))
                       if keep else (args, kwargs))
         out = func(*args, **kwargs)
@@ -238,12 +251,13 @@ class OpTracer(TorchDispatchMode):
         return out
 
     def _record(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
-                before: tuple[bool, Any] | None, node: Any, phase: Phase,
+                before: tuple[bool | None, Any] | None, node: Any, phase: Phase,
                 ordinal: int) -> None:
         in_args: Any = (args, kwargs)
         if before is not None:
-            inputs_ok, in_tensors = before
-            in_args = in_tensors
+            known, in_args = before
+            # the copies of what the op wrote into, and its other arguments, which it left
+            inputs_ok = known if known is not None else all_finite(floating(in_args))
         else:
             inputs_ok = all_finite(floating(in_args))
         inputs_ok = inputs_ok and scalar_inputs_finite((args, kwargs))
