@@ -12,7 +12,13 @@ process, and deletes it. Reported, from the same run:
 ``--many N`` writes N small tensors (64 float32 values each) instead, where the cost per
 tensor (pickle, header, bookkeeping) dominates rather than the reading of values.
 
-Usage: ``python bench/checkpoints.py [--size-gb 2] [--format pt|safetensors] [--many N]``
+Each scan is timed twice per repeat, interleaved: as it runs (numpy, torch only where a
+result is torch's own) and with the numpy shortcuts turned off (``torch.load`` on the
+meta device and torch reductions, as before them); medians of ``--repeat`` runs, and
+the ratio of the two.
+
+Usage: ``python bench/checkpoints.py [--size-gb 2] [--format pt|safetensors] [--many N]
+[--repeat 3]``
 """
 
 from __future__ import annotations
@@ -25,11 +31,17 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 _CHILD = r"""
 import json, os, resource, sys, time
 from analyzer.ingest.checkpoints import scan_checkpoint
+from analyzer.ingest.ckpt import leaves, safetensors_file, scan as scan_module
 import torch  # imported before the baseline so it is not counted as scan memory
+
+if sys.argv[2] == "torch":  # the reading before numpy took over
+    scan_module.agrees_without_torch = lambda *args: False
+    leaves.np_type = safetensors_file.np_type = lambda name: None
 
 def status(field):
     with open("/proc/self/status") as handle:
@@ -135,6 +147,7 @@ def main() -> int:
     parser.add_argument("--format", choices=("pt", "safetensors"), default="pt")
     parser.add_argument("--many", type=int, default=0, metavar="N",
                         help="N small tensors instead of --size-gb of large ones")
+    parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     folder = tempfile.mkdtemp(prefix="ckpt-bench-")
     try:
@@ -145,13 +158,19 @@ def main() -> int:
             size = _write(path, args.size_gb, args.format)
         read_rate = _read_rate(path)
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        child = subprocess.run(
-            [sys.executable, "-c", _CHILD, path], capture_output=True, text=True, cwd=root
-        )
-        if child.returncode != 0:
-            print(child.stderr, file=sys.stderr)
-            return 1
-        result = json.loads(child.stdout)
+        runs: dict[str, list[dict[str, Any]]] = {"numpy": [], "torch": []}
+        for _ in range(args.repeat):
+            for mode in runs:
+                child = subprocess.run([sys.executable, "-c", _CHILD, path, mode],
+                                       capture_output=True, text=True, cwd=root)
+                if child.returncode != 0:
+                    print(child.stderr, file=sys.stderr)
+                    return 1
+                runs[mode].append(json.loads(child.stdout))
+        by_time = sorted(runs["numpy"], key=lambda r: float(r["seconds"]))
+        result = by_time[len(by_time) // 2]
+        before = sorted(float(r["seconds"]) for r in runs["torch"])
+        before_seconds = before[len(before) // 2]
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     growth = (result["peak_kib"] - result["base_kib"]) * 1024
@@ -161,7 +180,9 @@ def main() -> int:
         "tensors_written": args.many or None,
         "tensors_per_s": round(result["tensors"] / result["seconds"]) if args.many else None,
         "file_bytes": size,
-        "scan_seconds": round(result["seconds"], 2),
+        "scan_seconds": round(result["seconds"], 3),
+        "scan_seconds_torch_path": round(before_seconds, 3),
+        "torch_path_over_numpy": round(before_seconds / result["seconds"], 2),
         "scan_gb_per_s": round(rate / 1e9, 3),
         "read_gb_per_s": round(read_rate / 1e9, 3),
         "scan_over_read": round(rate / read_rate, 3),

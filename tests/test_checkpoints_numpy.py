@@ -247,3 +247,31 @@ def test_safetensors_cut_and_flipped(tmp_path: Path, monkeypatch: pytest.MonkeyP
         flipped[offset] ^= 0xFF
         (tmp_path / "flip.safetensors").write_bytes(bytes(flipped))
         _same(tmp_path / "flip.safetensors", monkeypatch)
+
+
+def test_cuda_map_locations_read_as_the_same_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A checkpoint saved from a GPU names "cuda:0" as each storage's location; its bytes
+    # are laid out as any other's.
+    state = {"w": torch.randn(30, 20), "b": torch.full((20,), float("inf"))}
+    path = tmp_path / "gpu.pt"
+    with monkeypatch.context() as patch:
+        patch.setattr(torch.serialization, "location_tag", lambda storage: "cuda:0")
+        torch.save(state, path)
+    assert b"cuda:0" in zipfile.ZipFile(path).read("gpu/data.pkl")
+    result = _same(path, monkeypatch)
+    assert result.read_mode == "weights_only" and result.nonfinite_tensors
+
+
+def test_sparse_and_quantized_tensors_go_to_torch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = {
+        "dense": torch.randn(4, 4),
+        "sparse": torch.eye(5).to_sparse(),
+        "quantized": torch.quantize_per_tensor(torch.randn(6), 0.1, 0, torch.qint8),
+    }
+    path = tmp_path / "odd.pt"
+    torch.save(state, path)
+    _same(path, monkeypatch)
