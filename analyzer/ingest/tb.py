@@ -10,8 +10,12 @@ TF1) and tensor-encoded scalars (TF2 ``tf.summary.scalar`` and ``new_style`` tor
 are kept bit for bit.
 
 Speed: a scalar record from ``SummaryWriter`` has one fixed byte layout (wall time, step,
-one summary value holding tag and float). Records of equal length that match it are decoded
-together with numpy; everything else goes through the compiled ``Event`` protobuf.
+one summary value holding tag and float, either as ``simple_value`` or as a float32 tensor
+with the scalars plugin's metadata). Records of equal length that match one are decoded
+together with numpy, a few thousand at a time; so is the writers' file_version record.
+Everything else goes through the compiled ``Event`` protobuf, which is imported only then.
+Points go into their tag's series window by window (:mod:`analyzer.ingest.tbpoints`), so
+memory holds the series, one window and what is decoded from it.
 
 Read issues: the framing's are described in :mod:`analyzer.ingest.tfrecord`, the windowed
 reading's in :mod:`analyzer.ingest.tfwindow`, the decoding's in
@@ -247,6 +251,8 @@ def _decode_block(block: Bytes, n: int, positions: IntArray,
             matched = part if hit.shape[0] == part.shape[0] else part[match]
             _decode_layout(matched, n, s, head, tail, positions[hit], points)
             taken[hit] = True
+            if hit.shape[0] == part.shape[0]:  # every row has this layout: no other can fit
+                break
     return taken
 
 

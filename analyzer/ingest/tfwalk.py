@@ -89,6 +89,7 @@ def walk(data: Bytes, pos: int, most: int, until: int | None = None) -> tuple[In
     offsets: list[int] = []
     recent: list[int] = []
     cycle: _Cycle | None = None
+    heads: Bytes | None = None
     unpack = _LEN.unpack_from
     last = size - HEADER
     while pos <= last:
@@ -110,7 +111,9 @@ def walk(data: Bytes, pos: int, most: int, until: int | None = None) -> tuple[In
             continue
         done.append(ints(offsets))
         offsets = []
-        pos, predicted = _predict(data, pos, lengths, fit)
+        if heads is None:  # the 8 bytes from each position: made once, for every prediction
+            heads = np.lib.stride_tricks.sliding_window_view(data, 8)
+        pos, predicted = _predict(data, pos, lengths, fit, heads)
         done.append(predicted)
         recent = []
         if cycle is not None:
@@ -207,7 +210,8 @@ _MISSES = 4
 _WORTH = 32
 
 
-def _predict(data: Bytes, pos: int, cycle: list[int], fit: int) -> tuple[int, IntArray]:
+def _predict(data: Bytes, pos: int, cycle: list[int], fit: int,
+             heads: Bytes | None = None) -> tuple[int, IntArray]:
     """Walk from ``pos`` while record lengths keep repeating ``cycle`` and records end by
     ``fit``.
 
@@ -217,7 +221,8 @@ def _predict(data: Bytes, pos: int, cycle: list[int], fit: int) -> tuple[int, In
     """
     lengths = ints(cycle)
     period = lengths.shape[0]
-    heads = np.lib.stride_tricks.sliding_window_view(data, 8)
+    if heads is None:  # the 8 bytes from each position: made once per walk, it is reused
+        heads = np.lib.stride_tricks.sliding_window_view(data, 8)
     accepted: list[IntArray] = []
     cycles = 16
     while True:
