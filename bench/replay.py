@@ -18,7 +18,9 @@ For each sample model this times, in the same process and on the CPU:
 and prints each as a multiple of the plain step, with the load average beside them. The
 measurements take turns, one of each per round, and the figure is the fastest round of each
 (``--stat median`` for the median): on a loaded machine the fastest is the one least
-disturbed by the rest.
+disturbed by the rest. Times are the process's CPU time by default (``--clock wall`` for
+elapsed time): with one thread, that is the work a pass does, which a busy machine does not
+inflate by descheduling it.
 Run: ``.venv/bin/python bench/replay.py`` (add ``--threads N``; default 1).
 """
 
@@ -78,7 +80,11 @@ def _step(model: nn.Module, opt: torch.optim.Optimizer, x: Any, y: Any) -> None:
     opt.step()
 
 
-def _timed(funcs: dict[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:
+CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
+
+
+def _timed(funcs: dict[str, Callable[[], object]], rounds: int,
+           clock: Callable[[], float] = time.process_time) -> dict[str, list[float]]:
     """Each function once per round, in turn, so that a change of the machine's load
     falls on all of them alike; one warm-up round first (lazy imports, allocations)."""
     for func in funcs.values():
@@ -86,14 +92,14 @@ def _timed(funcs: dict[str, Callable[[], object]], rounds: int) -> dict[str, lis
     times: dict[str, list[float]] = {name: [] for name in funcs}
     for _ in range(rounds):
         for name, func in funcs.items():
-            start = time.perf_counter()
+            start = clock()
             func()
-            times[name].append(time.perf_counter() - start)
+            times[name].append(clock() - start)
     return times
 
 
-def measure(case: Case, rounds: int, stat: Callable[[list[float]], float]
-            ) -> dict[str, float]:
+def measure(case: Case, rounds: int, stat: Callable[[list[float]], float],
+            clock: Callable[[], float] = time.process_time) -> dict[str, float]:
     torch.manual_seed(0)
     model = case.build()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -120,7 +126,7 @@ def measure(case: Case, rounds: int, stat: Callable[[list[float]], float]
     times = _timed({"plain": plain, "anomaly": anomaly, "instrumented": instrumented,
                     "default": replay("auto", _loss, False),
                     "all": replay("all", _loss, False),
-                    "failing": replay("auto", _failing_loss, True)}, rounds)
+                    "failing": replay("auto", _failing_loss, True)}, rounds, clock)
     base = stat(times["plain"])
     return {"plain_s": base, **{k: stat(v) / base for k, v in times.items() if k != "plain"}}
 
@@ -131,16 +137,19 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=9, help="rounds of every measurement")
     parser.add_argument("--stat", choices=("min", "median"), default="min",
                         help="min (default): the round least disturbed by other load")
+    parser.add_argument("--clock", choices=tuple(CLOCKS), default="cpu",
+                        help="cpu (default): the process's CPU time, which other load on "
+                             "the machine does not inflate; wall: elapsed time")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     stat = min if args.stat == "min" else statistics.median
-    print(f"torch {torch.__version__}, {args.threads} thread(s), {args.stat} of "
-          f"{args.repeats} interleaved rounds; times relative to one plain step")
+    print(f"torch {torch.__version__}, {args.threads} thread(s), {args.stat} {args.clock} "
+          f"time of {args.repeats} interleaved rounds; times relative to one plain step")
     columns = ("anomaly", "instrumented", "default", "all", "failing")
     print(f"{'model':24s} {'plain step':>11s} " + " ".join(f"{c[:8]:>8s}" for c in columns)
           + "  load")
     for case in CASES:
-        r = measure(case, args.repeats, stat)
+        r = measure(case, args.repeats, stat, CLOCKS[args.clock])
         print(f"{case.name:24s} {r['plain_s'] * 1e3:9.2f}ms "
               + " ".join(f"{r[c]:7.2f}x" for c in columns)
               + f"  {os.getloadavg()[0]:.1f}", flush=True)

@@ -191,3 +191,20 @@ def test_an_in_place_op_reading_its_own_memory_is_judged_on_its_inputs_before_it
                          torch.optim.SGD(model.parameters(), lr=0.1))
     op = result.forward_op
     assert op is not None and op.op == "add_.Tensor" and op.inputs_finite, op
+
+
+def test_forensics_replay_takes_passes(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+    from pathlib import Path
+
+    from analyzer.cli import main
+
+    run = Path(__file__).resolve().parent.parent / "sample_runs" / "division_by_zero"
+    if not (run / "capture").is_dir():
+        pytest.skip("sample_runs/division_by_zero has no capture")
+    labels = {}
+    for passes in ("auto", "all"):
+        assert main(["replay", str(run), "--passes", passes, "--json", "-"]) == 1
+        labels[passes] = [p["label"] for p in json.loads(capsys.readouterr().out)["passes"]]
+    assert labels == {"auto": ["as-run #1", "float64 (cpu)"],
+                      "all": ["as-run #1", "as-run #2", "float64 (cpu)"]}

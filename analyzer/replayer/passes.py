@@ -5,7 +5,9 @@ autocast when the run used it) computing the loss as the step contract says
 (:mod:`analyzer.replayer.steps`) and a backward (through the grad scaler when there was
 one; the loss divided by the number of micro-batches when the loop divided it), optional
 clipping, and every optimizer's step. The instrumented pass runs the micro-batches before
-the failing one plainly and instruments the failing one.
+the failing one plainly and instruments the failing one. The light pass (the first of a
+default replay) is a plain pass that also watches the module outputs of that micro-batch,
+enough to tell that a step stayed finite throughout without the instrumented pass.
 """
 
 from __future__ import annotations
