@@ -25,10 +25,14 @@ resident set of any one process of the command (``ru_maxrss`` from ``os.wait4``,
 takes the maximum over the command and the workers it reaped); ``peak PSS`` the largest sum
 over the command's process tree, sampled ten times a second from
 ``/proc/PID/smaps_rollup`` (proportional, so pages shared by forked workers count once);
-``analysing process`` the peak resident set of the command's own process alone, its workers
-not counted (its ``ru_maxrss``, written at exit): what holds the results, whose growth from
-the smallest fleet to the largest, per run, is printed last, with a table of ``-j 2``
-against ``-j 1`` at each size.
+``CPU`` the user and system time of the command and every process it waited for (its
+workers); ``analysing process`` the peak resident set of the command's own process alone,
+its workers not counted (its ``ru_maxrss``, written at exit): what holds the results, whose
+growth from the smallest fleet to the largest, per run, is printed last, with a table of
+``-j 2`` against ``-j 1`` at each size. Where the kernel groups processes by session for
+CPU shares (``/proc/sys/kernel/sched_autogroup_enabled``), a command's workers share its
+session's share: on cores busy with other sessions ``-j 2`` cannot get more CPU than ``-j 1``
+and the CPU column, not the wall time, shows what the pool costs.
 This process imports nothing large, so that its own size does not pass into its children's
 ``ru_maxrss``. Every report is checked against the reference's, run by run (status, first
 step and tag, finding codes), and the fleet (files and, for S3, objects) against what it was
@@ -94,6 +98,7 @@ class Measure:
     max_rss_mib: float
     peak_pss_mib: float
     parent_mib: float
+    cpu_s: float
     load: float
     report: str
     summary: str
@@ -174,7 +179,8 @@ def run_cli(config: Config, target: str, runs: int, where: str, code_root: str, 
         raise SystemExit(f"{config.name} on {target} exited {proc.returncode}:\n"
                          + "\n".join(lines[-20:]))
     return Measure(config.name, where, runs, seconds, proc.returncode,
-                   usage.ru_maxrss / 1024, peak / 1024, parent / 1024, load, report,
+                   usage.ru_maxrss / 1024, peak / 1024, parent / 1024,
+                   usage.ru_utime + usage.ru_stime, load, report,
                    lines[-1] if lines else "")
 
 
@@ -272,7 +278,7 @@ def _plan(sizes: Sequence[int], s3_sizes: Sequence[int], configs: Sequence[Confi
 
 def _best(rounds: Sequence[Measure]) -> Measure:
     """The fastest round's figures, with the largest peaks any round reached."""
-    fastest = min(rounds, key=lambda m: m.seconds)
+    fastest = min(rounds, key=lambda m: m.seconds)  # its CPU time too
     return replace(fastest, max_rss_mib=max(m.max_rss_mib for m in rounds),
                    peak_pss_mib=max(m.peak_pss_mib for m in rounds),
                    parent_mib=max(m.parent_mib for m in rounds))
@@ -372,22 +378,23 @@ def _line(m: Measure, measures: Sequence[Measure]) -> str:
     ratio = f"{base.seconds / m.seconds:.2f}x" if base is not None else \
         "1.00x" if m.config.startswith("reference") else "-"
     return (f"| {m.where} | {m.config} | {m.runs:,} | {m.seconds:.1f} s | "
-            f"{m.runs / m.seconds:.1f} | {ratio} | {m.max_rss_mib:,.0f} MiB | "
+            f"{m.runs / m.seconds:.1f} | {ratio} | {m.cpu_s:.1f} s | {m.max_rss_mib:,.0f} MiB | "
             f"{m.peak_pss_mib:,.0f} MiB | {m.parent_mib:,.0f} MiB | {m.load:.1f} |")
 
 
 def _table(measures: Sequence[Measure]) -> str:
-    head = ("| fleet | configuration | runs | time | runs/s | ratio | peak RSS (largest process) "
-            "| peak PSS (all processes) | peak RSS (analysing process) | load |\n"
-            "|---|---|---|---|---|---|---|---|---|---|")
+    head = ("| fleet | configuration | runs | time | runs/s | ratio | CPU | peak RSS (largest "
+            "process) | peak PSS (all processes) | peak RSS (analysing process) | load |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|")
     return "\n".join([head, *(_line(m, measures) for m in measures)])
 
 
 def _jobs_table(measures: Sequence[Measure]) -> str:
     """-j 2 against -j 1 (with --json, local) at each size: wall times, their ratio, and
     the peak RSS of the analysing process alone, with what it grew by per run."""
-    rows = ["| code | runs | -j 1 | -j 2 | -j 1 time / -j 2 time | analysing process's peak "
-            "RSS, -j 1 / -j 2 | load |", "|---|---|---|---|---|---|---|"]
+    rows = ["| code | runs | -j 1 | -j 2 | -j 1 time / -j 2 time | CPU, -j 1 / -j 2 | "
+            "analysing process's peak RSS, -j 1 / -j 2 | load |",
+            "|---|---|---|---|---|---|---|---|"]
     growth = []
     for prefix in ("", "baseline "):
         got = {(m.runs, m.config): m for m in measures if m.where == "local" and m.report}
@@ -396,6 +403,7 @@ def _jobs_table(measures: Sequence[Measure]) -> str:
             one, two = got[(n, f"{prefix}-j 1")], got[(n, f"{prefix}-j 2")]
             rows.append(f"| {prefix.strip() or 'this'} | {n:,} | {one.seconds:.1f} s | "
                         f"{two.seconds:.1f} s | {one.seconds / two.seconds:.2f}x | "
+                        f"{one.cpu_s:.1f} / {two.cpu_s:.1f} s | "
                         f"{one.parent_mib:,.0f} / {two.parent_mib:,.0f} MiB | "
                         f"{one.load:.1f} / {two.load:.1f} |")
         if len(sizes) > 1:
