@@ -1,7 +1,7 @@
-"""An oracle for the framing's fast path (``tfwalk._predict``, taken once 32 record lengths
-repeat with a period): files of thousands of records from the real writers, cut and
-flipped, framed with the prediction and with it turned off, and compared with a plain
-record-by-record reader written here.
+"""An oracle for the framing's fast path (``tfwalk._predict``, taken once a recent stretch of
+record lengths repeats with a period, and again after each one-off record): files of
+thousands of records from the real writers, cut and flipped, framed with the prediction and
+with it turned off, and compared with a plain record-by-record reader written here.
 
 The plain reader knows the intact file's records; after damage the framing must keep
 exactly the records the damage did not touch (CRCs verified, a single flipped byte always
@@ -316,9 +316,9 @@ def test_damage_at_every_record_of_a_predicted_stretch(events: EventData,
     last record included (a wrong length the block does not check is caught by the header
     CRC when CRCs are verified, so the walk without them is compared too). A wrong length
     in record 2 makes the walk start again at record 3 (a bad payload would not: the walk
-    from 0 goes on past it and is reused), so the blocks begin 32 records later, at record
-    35; then the length of each record after it is damaged in turn (and the file cut right
-    after the start of every fifth)."""
+    from 0 goes on past it and is reused), so the blocks begin a few records later, once a
+    suffix of 8 or more records shows the period; then the length of each record from 36 on
+    is damaged in turn (and the file cut right after the start of every fifth)."""
     records = events.records
     end = records[300][0]
     first = records[2][0]
