@@ -3,6 +3,10 @@
 A record is ``u64 length | u32 masked CRC of length | payload | u32 masked CRC of payload``,
 all little-endian. With ``verify`` (the default) a record counts only when both its CRCs
 check; without it the walk trusts length fields and consults the CRCs only where it stops.
+Payload CRCs are checked a run of records at a time (one hash per megabyte, see
+:mod:`analyzer.ingest.crc32c`) and record by record only in a run that fails, so a run of
+damaged records passes unnoticed only by the chance of a CRC-32 match, about 2**-32 (a file
+crafted to pass could as well carry right CRCs).
 Damage is returned as :class:`IngestIssue` values, one written policy per kind, never raised:
 
     empty_file       0 bytes: the writer was created but never flushed
