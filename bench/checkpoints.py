@@ -12,10 +12,13 @@ process, and deletes it. Reported, from the same run:
 ``--many N`` writes N small tensors (64 float32 values each) instead, where the cost per
 tensor (pickle, header, bookkeeping) dominates rather than the reading of values.
 
-Each scan is timed twice per repeat, interleaved: as it runs (numpy, torch only where a
-result is torch's own) and with the numpy shortcuts turned off (``torch.load`` on the
-meta device and torch reductions, as before them); medians of ``--repeat`` runs, and
-the ratio of the two.
+Each scan is timed three ways per repeat, interleaved: in a process without torch
+(``numpy``: numpy reads and reduces, torch is imported only where a result is torch's
+own, and that import is then counted), in one that imported torch before (``loaded``:
+the same reading, torch's reductions), and with the numpy shortcuts turned off
+(``torch``: ``torch.load`` on the meta device and torch reductions, as before them);
+medians of ``--repeat`` runs, and the ratios to ``torch``. Peak RSS is the ``numpy``
+run's.
 
 Usage: ``python bench/checkpoints.py [--size-gb 2] [--format pt|safetensors] [--many N]
 [--repeat 3]``
@@ -37,8 +40,9 @@ _CHILD = r"""
 import json, os, resource, sys, time
 from analyzer.ingest.checkpoints import scan_checkpoint
 from analyzer.ingest.ckpt import leaves, safetensors_file, scan as scan_module
-import torch  # imported before the baseline so it is not counted as scan memory
 
+if sys.argv[2] != "numpy":
+    import torch  # imported before the baseline so it is not counted as scan memory
 if sys.argv[2] == "torch":  # the reading before numpy took over
     scan_module.agrees_without_torch = lambda *args: False
     leaves.np_type = safetensors_file.np_type = lambda name: None
@@ -65,6 +69,7 @@ print(json.dumps({
     "seconds": seconds, "base_kib": base, "peak_kib": peak,
     "tensors": len(scan.tensors), "nonfinite_layers": [l.layer for l in scan.nonfinite_layers],
     "issues": [str(i) for i in scan.issues], "read_mode": scan.read_mode,
+    "torch_imported": "torch" in sys.modules,
 }))
 """
 
@@ -158,7 +163,7 @@ def main() -> int:
             size = _write(path, args.size_gb, args.format)
         read_rate = _read_rate(path)
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        runs: dict[str, list[dict[str, Any]]] = {"numpy": [], "torch": []}
+        runs: dict[str, list[dict[str, Any]]] = {"numpy": [], "loaded": [], "torch": []}
         for _ in range(args.repeat):
             for mode in runs:
                 child = subprocess.run([sys.executable, "-c", _CHILD, path, mode],
@@ -171,6 +176,8 @@ def main() -> int:
         result = by_time[len(by_time) // 2]
         before = sorted(float(r["seconds"]) for r in runs["torch"])
         before_seconds = before[len(before) // 2]
+        loaded = sorted(float(r["seconds"]) for r in runs["loaded"])
+        loaded_seconds = loaded[len(loaded) // 2]
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     growth = (result["peak_kib"] - result["base_kib"]) * 1024
@@ -183,6 +190,9 @@ def main() -> int:
         "scan_seconds": round(result["seconds"], 3),
         "scan_seconds_torch_path": round(before_seconds, 3),
         "torch_path_over_numpy": round(before_seconds / result["seconds"], 2),
+        "scan_seconds_torch_loaded": round(loaded_seconds, 3),
+        "torch_path_over_loaded": round(before_seconds / loaded_seconds, 2),
+        "numpy_run_imported_torch": result["torch_imported"],
         "scan_gb_per_s": round(rate / 1e9, 3),
         "read_gb_per_s": round(read_rate / 1e9, 3),
         "scan_over_read": round(rate / read_rate, 3),

@@ -1,9 +1,10 @@
 """The numpy reading of checkpoints against the torch reading it replaces.
 
-Every case is scanned twice: as it is, with numpy's reductions (torch-zip archives whose
-pickle torch's weights_only reading is known to accept, and safetensors files, read with
-numpy without torch), and with the shortcuts turned off (``torch.load`` on the meta device decides,
-values read as torch tensors and reduced by torch). The two scans must be equal, word
+Every case is scanned three times: as it is, with numpy's reductions (torch-zip archives
+whose pickle torch's weights_only reading is known to accept, and safetensors files, read
+with numpy without torch); the same with torch's reductions (taken once torch is
+imported); and with the shortcuts turned off (``torch.load`` on the meta device decides,
+values read as torch tensors and reduced by torch). The three scans must be equal, word
 for word: records, statistics to the last bit, Adam findings, issues, read modes.
 """
 
@@ -43,6 +44,8 @@ def _same(path: Path, monkeypatch: pytest.MonkeyPatch) -> CheckpointScan:
         fast = scan_checkpoint(str(path))
     slow = _torch_scan(path, monkeypatch)
     assert repr(fast) == repr(slow)
+    # torch imported (here it is): numpy's reading, torch's reductions
+    assert repr(scan_checkpoint(str(path))) == repr(slow)
     return fast
 
 
@@ -264,6 +267,7 @@ def test_cuda_map_locations_read_as_the_same_bytes(
     assert result.read_mode == "weights_only" and result.nonfinite_tensors
 
 
+@pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor")
 def test_sparse_and_quantized_tensors_go_to_torch(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
