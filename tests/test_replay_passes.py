@@ -208,3 +208,12 @@ def test_forensics_replay_takes_passes(capsys: pytest.CaptureFixture[str]) -> No
         labels[passes] = [p["label"] for p in json.loads(capsys.readouterr().out)["passes"]]
     assert labels == {"auto": ["as-run #1", "float64 (cpu)"],
                       "all": ["as-run #1", "as-run #2", "float64 (cpu)"]}
+
+
+def test_an_unknown_passes_value_is_a_usage_error() -> None:
+    from analyzer.errors import UsageError
+
+    model = nn.Linear(2, 1)
+    with pytest.raises(UsageError, match="--passes 'some'"):
+        replay_step(model, torch.randn(3, 2), torch.randn(3, 1), nn.MSELoss(),
+                    torch.optim.SGD(model.parameters(), lr=0.1), passes="some")

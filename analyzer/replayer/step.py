@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from analyzer.errors import UsageError
 from analyzer.model.replays import PHASES, OpFault, PassOutcome, Phase, ReplayResult
 from analyzer.replayer.errors import ReplayError
 from analyzer.replayer.passes import Instrumented, instrumented_pass, light_pass, plain_pass
@@ -137,7 +138,7 @@ def replay_call(model: nn.Module, batch: StepBatch, call: StepCall,
     (not for bad input or a step that does not reproduce).
     """
     if passes not in PASSES:
-        raise ValueError(f"passes={passes!r}: choose one of {', '.join(PASSES)}")
+        raise UsageError(f"--passes {passes!r}: choose one of {', '.join(PASSES)}")
     cast = _as_dtype(dtype)
     config = StepConfig(
         device=device, dtype=cast,
