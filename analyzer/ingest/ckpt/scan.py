@@ -261,17 +261,18 @@ def _short(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {foreign(str(exc))}"[:300]
 
 
-_WO_REASON = re.compile(r"WeightsUnpickler error:\s*(.*?)\s*(?:\n\s*\n|$)", re.S)
-_OPERAND = re.compile(r"Unsupported operand (\d+)")
+# Searched with re's own cache: compiled on the first refusal, not at every start-up.
+_WO_REASON = r"WeightsUnpickler error:\s*(.*?)\s*(?:\n\s*\n|$)"
+_OPERAND = r"Unsupported operand (\d+)"
 _OPCODES = {op.code: op.name for op in pickletools.opcodes}
 
 
 def weights_only_reason(exc: BaseException) -> str:
     """What torch's weights_only unpickler objected to, in one line."""
     text = str(exc)
-    found = _WO_REASON.search(text)
+    found = re.search(_WO_REASON, text, re.S)
     reason = foreign(" ".join(found.group(1).split())) if found else _short(exc)
-    operand = _OPERAND.search(reason)
+    operand = re.search(_OPERAND, reason)
     if operand is not None:
         code = int(operand.group(1))
         name = _OPCODES.get(chr(code)) if code < 256 else None
