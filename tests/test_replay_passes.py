@@ -217,3 +217,33 @@ def test_an_unknown_passes_value_is_a_usage_error() -> None:
     with pytest.raises(UsageError, match="--passes 'some'"):
         replay_step(model, torch.randn(3, 2), torch.randn(3, 1), nn.MSELoss(),
                     torch.optim.SGD(model.parameters(), lr=0.1), passes="some")
+
+
+def test_the_op_traces_own_walk_of_arguments_is_pytrees() -> None:
+    # stats.tensors_in and ops._with_copies walk plain tuples, lists and dicts themselves
+    # and hand anything else to pytree: the same tensors, in the same order, either way.
+    import collections
+
+    from torch.utils._pytree import tree_leaves, tree_map
+
+    from analyzer.replayer.ops import _clone_if, _with_copies
+    from analyzer.replayer.stats import tensors_in
+
+    a, b, c, d = (torch.randn(2) for _ in range(4))
+    pair = collections.namedtuple("pair", "x y")
+    nests: list[Any] = [
+        ((a, [b, {"z": c, "y": None}]), {"out": d, "alpha": 2.0}),
+        ([a, (b,)], {}), (pair(a, b), collections.OrderedDict(k=c, j=d)),
+        ((torch.Size([2, 3]), torch.float32, torch.device("cpu"), "mean", True, 3), {"w": a}),
+    ]
+    ids = {id(b), id(d)}
+    for nest in nests:
+        leaves = [t for t in tree_leaves(nest) if isinstance(t, torch.Tensor)]
+        assert [id(t) for t in tensors_in(nest)] == [id(t) for t in leaves]
+        mine, theirs = _with_copies(nest, ids), tree_map(lambda v: _clone_if(v, ids), nest)
+        assert type(mine) is type(theirs)
+        kept = [t for t in tree_leaves(mine) if isinstance(t, torch.Tensor)]
+        want = [t for t in tree_leaves(theirs) if isinstance(t, torch.Tensor)]
+        assert all(torch.equal(x, y) for x, y in zip(kept, want, strict=True))
+        assert all((x is o) == (id(o) not in ids) for x, o in zip(kept, leaves, strict=True))
+        assert [type(v) for v in tree_leaves(mine)] == [type(v) for v in tree_leaves(theirs)]

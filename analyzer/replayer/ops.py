@@ -135,14 +135,21 @@ def float64_finite(func: Any, args_kwargs: Any) -> bool | None:
     return all_finite(results) if results else None
 
 
+_WRITES: dict[Any, tuple[tuple[int, str], ...]] = {}
+"""Per op overload, the position and name of each argument it writes into."""
+
+
 def _written_args(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
     """The arguments an in-place or out= op writes into."""
+    writes = _WRITES.get(func)
+    if writes is None:
+        writes = tuple((i, arg.name) for i, arg in enumerate(func._schema.arguments)
+                       if arg.alias_info is not None and arg.alias_info.is_write)
+        _WRITES[func] = writes
     written = []
-    for i, arg in enumerate(func._schema.arguments):
-        if arg.alias_info is None or not arg.alias_info.is_write:
-            continue
-        if arg.name in kwargs:
-            written.append(kwargs[arg.name])
+    for i, name in writes:
+        if name in kwargs:
+            written.append(kwargs[name])
         elif i < len(args):
             written.append(args[i])
     return written
@@ -161,6 +168,19 @@ def _clone_if(value: Any, ids: set[int]) -> Any:
     if isinstance(value, torch.Tensor) and id(value) in ids:
         return value.detach().clone()
     return value
+
+
+def _with_copies(call: Any, ids: set[int]) -> Any:
+    """``call`` (args and kwargs) with a copy of each tensor in ``ids``: plain tuples,
+    lists and dicts rebuilt here, anything else through pytree."""
+    kind = type(call)
+    if kind is tuple or kind is list:
+        return kind(_with_copies(item, ids) for item in call)
+    if kind is dict:
+        return {key: _with_copies(item, ids) for key, item in call.items()}
+    if isinstance(call, torch.Tensor) or kind in (type(None), bool, int, float, str):
+        return _clone_if(call, ids)
+    return tree_map(lambda v: _clone_if(v, ids), call)
 
 
 def _narrow(value: Any, index: int) -> Any:
@@ -234,8 +254,7 @@ class OpTracer(TorchDispatchMode):
             late = phase not in self.first_bad and not _aliased((args, kwargs), targets)
             ok = None if late else all_finite(floating((args, kwargs)))
             keep = ok is None or ok  # else it cannot be recorded anyway
-            before = (ok, tree_map(lambda v: _clone_if(v, written), (args, kwargs))
-                      if keep else (args, kwargs))
+            before = (ok, _with_copies((args, kwargs), written) if keep else (args, kwargs))
         out = func(*args, **kwargs)
         if func.overloadpacket.__name__ in UNINITIALISED:
             return out  # whatever bytes the allocator left, not a value any op computed

@@ -31,11 +31,32 @@ _PLUMBING = tuple(os.path.join(_TORCH_DIR, p) for p in (
 _TRACE_LINE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
 
 
+_ATOMS = (type(None), bool, int, float, complex, str, torch.dtype, torch.device,
+          torch.layout, torch.memory_format)
+
+
+def _collect(value: Any, out: list[torch.Tensor]) -> None:
+    # Plain tuples, lists and dicts walked here, in the order pytree flattens them: the op
+    # trace asks this of every op's arguments, and pytree's generic walk cost more than many
+    # ops themselves. Anything else (a namedtuple, a registered output class) goes to pytree.
+    kind = type(value)
+    if kind is tuple or kind is list:
+        for item in value:
+            _collect(item, out)
+    elif kind is dict:
+        for item in value.values():
+            _collect(item, out)
+    elif isinstance(value, torch.Tensor):
+        out.append(value)
+    elif kind not in _ATOMS:
+        out.extend(leaf for leaf in tree_leaves(value) if isinstance(leaf, torch.Tensor))
+
+
 def tensors_in(value: Any) -> Iterator[torch.Tensor]:
-    """Every tensor inside nested tuples, lists and dicts."""
-    for leaf in tree_leaves(value):
-        if isinstance(leaf, torch.Tensor):
-            yield leaf
+    """Every tensor inside nested tuples, lists and dicts (and other pytree nodes)."""
+    found: list[torch.Tensor] = []
+    _collect(value, found)
+    return iter(found)
 
 
 def floating(value: Any) -> list[torch.Tensor]:
