@@ -217,3 +217,41 @@ def test_runs_of_records_fail_where_one_record_fails(written: tuple[str, bytes])
         ok = tfwalk.payloads_ok(flipped, offsets, lengths)
         assert ok.tolist() == tfwalk._each_ok(flipped, offsets, lengths).tolist()
         assert not ok[hit] and ok.sum() == len(records) - 1, f"{name}: byte {at}"
+
+
+def test_a_record_of_megabytes_is_checked_on_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run check copies its bytes: a piece holding a record of megabytes is checked
+    record by record instead (no copy of it), with the same answers."""
+    import struct
+
+    import google_crc32c
+
+    def masked(data: bytes) -> bytes:
+        crc = google_crc32c.value(data)
+        return struct.pack("<I", ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + 0xA282EAD8)
+                           & 0xFFFFFFFF)
+
+    def framed(payload: bytes) -> bytes:
+        head = struct.pack("<Q", len(payload))
+        return head + masked(head) + payload + masked(payload)
+
+    rng = np.random.default_rng(5)
+    payloads = [rng.bytes(40) for _ in range(30)] + [rng.bytes(3 << 20)] + [
+        rng.bytes(40) for _ in range(30)]
+    data = b"".join(framed(p) for p in payloads)
+    offsets = np.cumsum([0] + [16 + len(p) for p in payloads[:-1]]).astype(np.int64)
+    lengths = np.array([len(p) for p in payloads], dtype=np.int64)
+    copied: list[int] = []
+    real = tfwalk._run_ok
+
+    def run_ok(data: Any, offs: Any, lens: Any) -> bool:
+        copied.append(int(offs[-1] + 16 + lens[-1] - offs[0]))
+        return real(data, offs, lens)
+
+    monkeypatch.setattr(tfwalk, "_run_ok", run_ok)
+    arr = np.frombuffer(data, dtype=np.uint8)
+    assert tfwalk.payloads_ok(arr, offsets, lengths).all()
+    assert copied and max(copied) <= 2 * tfwalk._RUN_BYTES
+    flipped = arr.copy()
+    flipped[int(offsets[30]) + 12 + (1 << 20)] ^= 1
+    assert np.flatnonzero(~tfwalk.payloads_ok(flipped, offsets, lengths)).tolist() == [30]

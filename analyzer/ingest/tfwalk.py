@@ -288,7 +288,9 @@ def payloads_ok(data: Bytes, offsets: IntArray, lengths: IntArray) -> BoolArray:
     if not (offsets[1:] == ends[:-1]).all():
         return _each_ok(data, offsets, lengths)
     for lo, hi in _pieces(ends - int(offsets[0])):
-        if not _run_ok(data, offsets[lo:hi], lengths[lo:hi]):
+        # a piece holding a record of megabytes is checked record by record, not copied
+        if int(ends[hi - 1]) - int(offsets[lo]) > 2 * _RUN_BYTES or not _run_ok(
+                data, offsets[lo:hi], lengths[lo:hi]):
             ok[lo:hi] = _each_ok(data, offsets[lo:hi], lengths[lo:hi])
     return ok
 
