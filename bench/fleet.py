@@ -332,8 +332,8 @@ def bench(sizes: Sequence[int], s3_sizes: Sequence[int], seed: int, rounds: int,
           "load average (1 min) when the best one started")
     if problems:
         raise SystemExit("\n".join(problems))
-    print("every report agrees with the reference's, run by run; nothing was written into "
-          "the fleets or the bucket")
+    print("every report agrees with the reference's (-j 1's without it), run by run; nothing "
+          "was written into the fleets or the bucket")
 
 
 def _check(measures: Sequence[Measure]) -> list[str]:
