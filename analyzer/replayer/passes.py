@@ -134,8 +134,7 @@ def _grads(state: TrainState) -> list[torch.Tensor]:
 
 def _digest(h: Any, tensors: Sequence[torch.Tensor]) -> None:
     for t in tensors:
-        # the bytes themselves, read in place: a copy of each into bytes cost as much as the
-        # hash
+        # hashed where they lie, not copied into a bytes object first
         h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
 
 
