@@ -53,6 +53,7 @@ lint: setup
 
 # Each benchmark prints its own figures and ratios; see docs/performance.md.
 bench: setup
+	$(BIN)/python bench/startup.py
 	$(BIN)/python bench/ingest.py
 	$(BIN)/python bench/logs.py
 	$(BIN)/python bench/align.py
