@@ -81,8 +81,19 @@ class HuggingFaceParser:
         without a bar, and kept, so that one file holds one numbering."""
         self.shape: _Shape | None = None
         self.learn = fast.ENABLED
+        self.bars: dict[bytes, slice] = {}
+        """Per layout of a bare bar redraw: where its count is."""
 
     def parse(self, text: str, ctx: Context) -> bool:
+        key = fast.record_key(text, ctx) if self.learn else None
+        if key is not None:
+            count = self.bars.get(key)
+            if count is not None:
+                # A bare bar of a layout read before: every test below gave the same
+                # answers on it (they look at its characters but the digits, and at
+                # where the digits are), and its count is at the same place.
+                self.bar_step = int(text[count])
+                return True
         shape = self.shape
         if shape is not None and self.bar_step is not None and text.startswith("{'"):
             row = shape.match(text, 0, ctx)
@@ -113,12 +124,19 @@ class HuggingFaceParser:
             pos = end + 1
             found = self._record(text[start:pos], text, ctx) or found
         if not found:
-            self._bar(text, pos, len(text))
+            count = self._bar(text, pos, len(text))
             # A bare bar redraw is this parser's too; a bar with something glued
             # after it is left to the parser of that something.
-            return (
-                self.bar_step is not None and "%|" in text[:8] and text.endswith(("it/s]", "s/it]"))
+            bare = self.bar_step is not None and "%|" in text[:8] and text.endswith(
+                ("it/s]", "s/it]")
             )
+            if (
+                bare and count is not None and key is not None and len(self.bars) < fast.TEMPLATES
+                and " = " not in text and "{'" not in text
+            ):
+                # No dict and no header: the tests above came to the bar alone.
+                self.bars[key] = count
+            return bare
         return found
 
     def _header(self, text: str, ctx: Context) -> bool:
@@ -200,18 +218,22 @@ class HuggingFaceParser:
             return None  # the rounding spans more than one step, or no step is named
         return round(step)
 
-    def _bar(self, text: str, start: int, end: int) -> None:
+    def _bar(self, text: str, start: int, end: int) -> slice | None:
         # The last "| n/total [" before `end`: tqdm's count, read with str methods
-        # because this runs on every bar redraw.
+        # because this runs on every bar redraw. Where the count was, when one was read.
         bracket = text.rfind(" [", start, end)
         if bracket < 0:
-            return
+            return None
         pipe = text.rfind("|", start, bracket)
         if pipe < 0:
-            return
-        done, slash, total = text[pipe + 1 : bracket].strip().partition("/")
+            return None
+        field = text[pipe + 1 : bracket]
+        done, slash, total = field.strip().partition("/")
         if slash and done.isdecimal() and total.isdecimal() and len(done) <= 15:
             self.bar_step = int(done)
+            first = pipe + 1 + len(field) - len(field.lstrip())
+            return slice(first, first + len(done))
+        return None
 
     def _record(self, body: str, text: str, ctx: Context) -> bool:
         values: dict[str, float] = {}
