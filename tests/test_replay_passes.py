@@ -247,3 +247,19 @@ def test_the_op_traces_own_walk_of_arguments_is_pytrees() -> None:
         assert all(torch.equal(x, y) for x, y in zip(kept, want, strict=True))
         assert all((x is o) == (id(o) not in ids) for x, o in zip(kept, leaves, strict=True))
         assert [type(v) for v in tree_leaves(mine)] == [type(v) for v in tree_leaves(theirs)]
+
+
+def test_torch_gets_its_own_anomaly_stacks_back_after_nested_replays() -> None:
+    import torch.fx.traceback as fx_traceback
+
+    from analyzer.replayer.ops import bare_anomaly_stacks
+
+    own = fx_traceback.format_stack
+    with bare_anomaly_stacks():
+        with bare_anomaly_stacks():
+            assert fx_traceback.format_stack is not own
+        assert fx_traceback.format_stack is not own  # the outer replay still runs
+    assert fx_traceback.format_stack is own
+    model, x, y, loss = FAILING["log of 0 in the loss"]()
+    replay_step(model, x, y, loss, torch.optim.SGD(model.parameters(), lr=0.1))
+    assert fx_traceback.format_stack is own

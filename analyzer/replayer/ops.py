@@ -20,6 +20,7 @@ import contextlib
 import math
 import re
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
@@ -65,6 +66,27 @@ def node_source(node: Any) -> tuple[str, tuple[str, ...]] | None:
     return user_frames_from_trace(trace)
 
 
+_STACKS_LOCK = threading.Lock()
+_stacks_users = 0
+_torch_format_stack: Callable[[], list[str]] | None = None
+
+
+def _bare_format_stack() -> list[str]:
+    import torch.fx.traceback as fx_traceback
+
+    if fx_traceback.has_preserved_node_meta() and _torch_format_stack is not None:
+        return _torch_format_stack()
+    entries = []
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        entries.append(f'  File "{code.co_filename}", line {frame.f_lineno}, in '
+                       f"{code.co_name}\n")
+        frame = frame.f_back
+    entries.reverse()  # outermost first, as a traceback is written
+    return entries
+
+
 @contextlib.contextmanager
 def bare_anomaly_stacks() -> Iterator[None]:
     """Anomaly mode's stacks without their source text, while the block runs.
@@ -73,30 +95,26 @@ def bare_anomaly_stacks() -> Iterator[None]:
     it, through ``torch.fx.traceback.format_stack``, which reads every frame's source line
     from disk (a stat of each file per frame, per node): most of the instrumented pass's
     time in a model of many small ops. :func:`node_source` reads only the file, line and
-    function of each frame, which this writes the same way without the text.
+    function of each frame, which this writes the same way without the text. Replays
+    running at once in threads of one process share the swap: torch's own function is put
+    back when the last of them ends.
     """
+    global _stacks_users, _torch_format_stack
     import torch.fx.traceback as fx_traceback
 
-    original = fx_traceback.format_stack
-
-    def format_stack() -> list[str]:
-        if fx_traceback.has_preserved_node_meta():
-            return original()
-        entries = []
-        frame: FrameType | None = sys._getframe(1)
-        while frame is not None:
-            code = frame.f_code
-            entries.append(f'  File "{code.co_filename}", line {frame.f_lineno}, in '
-                           f"{code.co_name}\n")
-            frame = frame.f_back
-        entries.reverse()  # outermost first, as a traceback is written
-        return entries
-
-    fx_traceback.format_stack = format_stack
+    with _STACKS_LOCK:
+        if _stacks_users == 0:
+            _torch_format_stack = fx_traceback.format_stack
+            fx_traceback.format_stack = _bare_format_stack
+        _stacks_users += 1
     try:
         yield
     finally:
-        fx_traceback.format_stack = original
+        with _STACKS_LOCK:
+            _stacks_users -= 1
+            if _stacks_users == 0 and _torch_format_stack is not None:
+                fx_traceback.format_stack = _torch_format_stack
+                _torch_format_stack = None
 
 
 def forward_op_of(node: Any) -> str | None:
