@@ -140,3 +140,21 @@ def test_preloading_the_analysis_before_forking_loads_nothing_that_runs_threads(
                          text=True, check=True).stdout
     assert out.strip() == ""
     assert PRELOAD and not set(PRELOAD) & set(THREADED)
+
+
+@pytest.mark.slow
+def test_regression_a_pools_results_share_one_copy_of_each_repeated_string(
+        fleet: Path) -> None:
+    # Each result came back unpickled on its own, with its own copy of every tag, key,
+    # tensor and rule name it shares with the others: about 4 KB of a 21 KB result.
+    runs = runs_of(discover(str(fleet)), str(fleet))
+    with Pool(2) as pool:
+        results = [r for _, r in pool.map(runs, NO_REPLAY)]
+    first: dict[str, str] = {}
+    repeated = 0
+    for result in results:
+        assert result.run.dropped is not None
+        for tag, _ in result.run.dropped.scalars:
+            repeated += tag in first
+            assert first.setdefault(tag, tag) is tag
+    assert repeated >= len(results) - 1 > 0

@@ -9,7 +9,9 @@ result)`` pairs out in the order the runs finish. Three kinds:
   that runs threads is loaded, else a forkserver); a worker that dies has the runs it had
   started analysed again alone, in a worker of their own, so that a run that kills its
   worker is reported as not analysed rather than run in this process; a pool whose workers
-  cannot start leaves every run to this process, one at a time.
+  cannot start leaves every run to this process, one at a time. Its workers start with the
+  analysis imported (:data:`PRELOAD`), its results are taken as each completes, and the
+  strings they repeat (tags, keys, rule names) are loaded as one copy each.
 - :class:`Dask`: a ``dask.distributed`` cluster, reached at a scheduler's address or started
   here as a ``LocalCluster`` on 127.0.0.1 (no dashboard) and closed at the end. dask is
   imported only then. A worker that dies while running a task has it retried elsewhere by
@@ -28,7 +30,9 @@ since the machine's GPU is one.
 
 from __future__ import annotations
 
+import io
 import os
+import pickle
 import sys
 import traceback
 from collections.abc import Callable, Iterator, Sequence
@@ -172,13 +176,15 @@ class Pool(Executor):
         rounds: list[tuple[int, list[int]]] = [
             (self.workers, [k for k in range(len(runs)) if k not in here])]
         first, restarts = True, 0
+        seen: dict[str, str] = {}  # one copy of each string of the results (_Sharing)
         given: set[int] = set()
         while rounds:
             workers, ks = rounds.pop(0)
             done: set[int] = set()
             try:
                 for k, result in self._round(context, started, workers, ks, runs, options,
-                                             task, sorted(here) if first else [], status):
+                                             task, sorted(here) if first else [], status,
+                                             seen):
                     done.add(k)
                     yield k, result
             except BrokenProcessPool:
@@ -212,7 +218,8 @@ class Pool(Executor):
     @staticmethod
     def _round(context: BaseContext, started: Any, workers: int, ks: list[int],
                runs: Sequence[RunFiles], options: RunOptions, task: Task, here: list[int],
-               status: Status | None) -> Iterator[tuple[int, RunResult]]:
+               status: Status | None, seen: dict[str, str],
+               ) -> Iterator[tuple[int, RunResult]]:
         """The runs ``ks`` on a fresh pool, then ``here`` in this process while it works."""
         for k in ks:
             started[k] = 0
@@ -223,9 +230,9 @@ class Pool(Executor):
         # Each future puts itself here as it completes: one wait per result, where
         # wait(FIRST_COMPLETED) over every pending future cost a pass over all of them per
         # result (quadratic in the runs: 2 s of this process's CPU for 1,000 runs).
-        completed: SimpleQueue[Future[RunResult]] = SimpleQueue()
+        completed: SimpleQueue[Future[bytes]] = SimpleQueue()
         try:
-            futures: dict[Future[RunResult], int] = {}
+            futures: dict[Future[bytes], int] = {}
             for k in ks:
                 future = pool.submit(_tracked, k, task, runs[k], options)
                 futures[future] = k
@@ -238,7 +245,7 @@ class Pool(Executor):
                 # result holds none.
                 future = completed.get()
                 k = futures.pop(future)
-                result = _outcome(future, runs[k])
+                result = _outcome(future, runs[k], seen)
                 del future
                 yield k, result
             finished_all = True
@@ -279,19 +286,47 @@ def _remember(started: Any) -> None:
     _STARTED = started
 
 
-def _tracked(k: int, task: Task, found: RunFiles, options: RunOptions) -> RunResult:
-    """:func:`guarded` in a worker, the run marked as started first: if the worker dies,
-    the parent knows which runs it was analysing."""
+def _tracked(k: int, task: Task, found: RunFiles, options: RunOptions) -> bytes:
+    """:func:`guarded` in a worker, the run marked as started first (if the worker dies,
+    the parent knows which runs it was analysing), its result pickled by :class:`_Marking`."""
     if _STARTED is not None:
         _STARTED[k] = 1
-    return guarded(task, found, options)
+    out = io.BytesIO()
+    _Marking(out, pickle.HIGHEST_PROTOCOL).dump(guarded(task, found, options))
+    return out.getvalue()
 
 
-def _outcome(future: Future[RunResult], found: RunFiles) -> RunResult:
+class _Marking(pickle.Pickler):
+    """Pickles each string as a mark (a persistent id), which :class:`_Sharing` turns into
+    one shared copy in the process that gathers the results: every result of a fleet
+    repeats the same tag, key, tensor and rule names, and unpickled as they are each
+    result holds copies of its own (about 4 KB of a 21 KB result)."""
+
+    def persistent_id(self, obj: Any) -> Any:
+        return obj if type(obj) is str else None
+
+
+class _Sharing(pickle.Unpickler):
+    """Loads what :class:`_Marking` pickled (our workers' results, nothing else), each
+    string the copy ``seen`` holds (the pool's own table, not sys.intern's, which keeps
+    what it holds for good in some Pythons)."""
+
+    def __init__(self, data: bytes, seen: dict[str, str]) -> None:
+        super().__init__(io.BytesIO(data))
+        self.seen = seen
+
+    def persistent_load(self, pid: Any) -> Any:
+        if type(pid) is not str:
+            raise pickle.UnpicklingError("not a result of this pool")
+        return self.seen.setdefault(pid, pid)
+
+
+def _outcome(future: Future[bytes], found: RunFiles, seen: dict[str, str]) -> RunResult:
     """A pool task's result; one that could not come back (it would not pickle) is the
     run's :func:`not_analysed`. A broken pool is the caller's to handle."""
     try:
-        return future.result()
+        result: RunResult = _Sharing(future.result(), seen).load()
+        return result
     except BrokenProcessPool:
         raise
     except Exception as exc:
