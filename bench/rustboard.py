@@ -111,8 +111,12 @@ class Server:
                 os.sched_setaffinity(0, set(cpus))
 
         self.started = time.perf_counter()
-        self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL, preexec_fn=pin)
+        try:
+            self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                         stderr=subprocess.DEVNULL, preexec_fn=pin)
+        except OSError as exc:  # e.g. a binary for another machine
+            self.stop()
+            raise Unavailable(f"rustboard cannot be started: {exc}") from exc
         try:
             port = self._port(port_file)
         except BaseException:

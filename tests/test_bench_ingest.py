@@ -210,3 +210,14 @@ def _cmdline_has(pid: str, text: str) -> bool:
             return text.encode() in fh.read()
     except OSError:
         return False
+
+
+def test_a_binary_that_cannot_run_is_unavailable(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    fake = tmp_path / "server"
+    fake.write_bytes(b"\x7fELF not a program for this machine")
+    fake.chmod(0o755)
+    monkeypatch.setattr(rustboard, "binary", lambda: str(fake))
+    server = rustboard.Server(str(tmp_path))
+    with pytest.raises(rustboard.Unavailable):
+        server.start()
+    assert server.proc is None and not os.path.exists(server._tmp)
