@@ -127,10 +127,12 @@ def make_file(kind: str, root: str, steps: int, tags: int, check_steps: int,
                          f"eventgen.write_run in {time.perf_counter() - t0:.1f} s")
     spec = realwriters.Spec(kind=kind, steps=steps, tags=tags)
     if real:
+        cached = os.path.isdir(os.path.join(realwriters.cache_root(), spec.key()))
         source = realwriters.ensure(spec)
         path = os.path.join(folder, os.path.basename(source))
         shutil.copyfile(source, path)
-        made = f"the real writer (cached), copied in {time.perf_counter() - t0:.1f} s"
+        made = (f"the real writer's file, {'from its cache' if cached else 'written now'} and "
+                f"copied in {time.perf_counter() - t0:.1f} s")
     else:
         check = realwriters.Spec(kind=kind, steps=check_steps, tags=tags,
                                  hist_every=min(spec.hist_every, max(1, check_steps // 10)))
