@@ -148,14 +148,6 @@ def add(acc: Totals, chunk: NpChunk, role: str) -> None:
         acc.beyond_fp16 += _count(np.abs(values) > FP16_MAX)
 
 
-def _torch_sqrt(values: np.ndarray, out: np.ndarray) -> None:
-    """torch's float32 square root, into ``out``: its CPU kernel is not correctly rounded
-    (about one value in five differs from IEEE's in the last bit), so numpy's cannot
-    stand in for it where its results are reported (Adam's ratio_max)."""
-    torch = torch_pinned()
-    torch.sqrt(torch.from_numpy(np.ascontiguousarray(values)), out=torch.from_numpy(out))
-
-
 def adam_add(eps: float, m_chunk: NpChunk, v_chunk: NpChunk) -> tuple[float, int, int, float]:
     """(smallest v, zero v count, v below eps^2 count, largest |m| / (sqrt(v) + eps)) of
     one pair of chunks, in float32 as torch computes them; v_min is inf for no values."""
@@ -172,7 +164,9 @@ def adam_add(eps: float, m_chunk: NpChunk, v_chunk: NpChunk) -> tuple[float, int
     zero = _count(v == 0) if v_low <= 0 else 0
     below = _count(v < threshold) if v_low < threshold else 0
     denominator = scratch("adam_den", v.dtype.str, v.shape[0])
-    _torch_sqrt(np.maximum(v, 0) if v_low < 0 else v, denominator)
+    # IEEE's correctly rounded root, as the torch branch takes it (optimizer.py): torch's
+    # own float32 kernel is not correctly rounded, so numpy could not reproduce it.
+    np.sqrt(np.maximum(v, 0) if v_low < 0 else v, out=denominator)
     np.add(denominator, v.dtype.type(eps), out=denominator)
     ratio = scratch("adam_ratio", m.dtype.str, m.shape[0])
     np.abs(m, out=ratio)

@@ -59,7 +59,9 @@ class _AdamAccumulator:
         if v_low < threshold:
             self.v_below_eps += count(v < threshold)
         denominator = scratch("adam_den", v.dtype, v.numel())
-        torch.sqrt(v.clamp(min=0) if v_low < 0 else v, out=denominator)
+        # The root in float64 rounded once to v's dtype is IEEE's correctly rounded one,
+        # what numpy's reading gives (npstats.adam_add); torch's float32 kernel is not.
+        denominator.copy_(torch.sqrt((v.clamp(min=0) if v_low < 0 else v).double()))
         denominator.add_(self.eps)
         ratio = scratch("adam_ratio", m.dtype, m.numel())
         torch.abs(m, out=ratio)
