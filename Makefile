@@ -55,7 +55,7 @@ lint: setup
 bench: setup
 	$(BIN)/python bench/startup.py
 	$(BIN)/python bench/ingest.py
-	$(BIN)/python bench/logs.py
+	$(BIN)/python bench/logs.py --profile all --repeat 2
 	$(BIN)/python bench/align.py
 	$(BIN)/python bench/checkpoints.py
 	$(BIN)/python bench/replay.py
