@@ -434,9 +434,13 @@ def bench_jobs(root: str, steps: int, tags: int, repeat: int) -> None:
 
 # ---------------------------------------------------------------- hostile files
 
-def bench_hostile(root: str, tags: int) -> None:
+def bench_hostile(root: str, tags: int, repeat: int) -> None:
     """A small file followed by a sparse 1 GiB zero tail (it costs no disk), and one whose
-    last record's length field, with a valid CRC, claims 2**60 bytes."""
+    last record's length field, with a valid CRC, claims 2**60 bytes.
+
+    The first read of a sparse file's hole makes the kernel fill the page cache with zero
+    pages (seconds of system time on a busy machine): it is shown apart, and the figure is
+    the best of ``repeat`` reads after it, as for the other files, with the limit beside it."""
     folder = os.path.join(root, "hostile")
     os.makedirs(folder)
     tail = os.path.join(folder, "events.out.tfevents.1700000009.host.tail")
@@ -447,15 +451,19 @@ def bench_hostile(root: str, tags: int) -> None:
     header = struct.pack("<Q", 1 << 60)
     with open(huge, "ab") as fh:
         fh.write(header + eventgen._masked(header) + b"\x5a" * 4096)
-    print(f"\nhostile files (this reader in a child, one core, CRCs verified, load {load()})")
+    print(f"\nhostile files (this reader in a child, one core, CRCs verified, best of {repeat} "
+          f"after a first read, load {load()})")
     for label, path in (("1 GiB zero tail", tail), ("length 2**60", huge)):
         size = os.path.getsize(path)
-        r = ours(path)
-        grown = int(r["peak"]) - int(r["before"])  # type: ignore[call-overload]
-        print(f"  {label:<16} {size / 1e6:8.1f} MB  {float(r['seconds']):6.2f} s "  # type: ignore[arg-type]
-              f"({float(r['cpu']):.2f} s CPU)  "  # type: ignore[arg-type]
-              f"peak RSS +{grown / 2**20:5.0f} MiB ({grown / size:.3f}x the file)  "
-              f"{r['records']} records, issues: {','.join(r['issues']) or '-'}")  # type: ignore[arg-type]
+        first = ours(path)
+        runs = [ours(path) for _ in range(repeat)]
+        best = min(runs, key=lambda r: float(r["seconds"]))  # type: ignore[arg-type]
+        grown = max(int(r["peak"]) - int(r["before"]) for r in [first, *runs])  # type: ignore[call-overload]
+        print(f"  {label:<16} {size / 1e6:8.1f} MB  {float(best['seconds']):6.2f} s "  # type: ignore[arg-type]
+              f"({float(best['cpu']):.2f} s CPU; first read {float(first['seconds']):.2f} s, "  # type: ignore[arg-type]
+              f"{float(first['cpu']):.2f} s CPU; limit {limit(path):.2f} s)  "  # type: ignore[arg-type]
+              f"peak RSS +{grown / 2**20:.0f} MiB ({grown / size:.3f}x the file)  "
+              f"{best['records']} records, issues: {','.join(best['issues']) or '-'}")  # type: ignore[arg-type]
 
 
 def main() -> None:
@@ -512,7 +520,7 @@ def main() -> None:
         if "jobs" in parts:
             bench_jobs(tmp, args.steps, args.tags, args.repeat)
         if "hostile" in parts:
-            bench_hostile(tmp, args.tags)
+            bench_hostile(tmp, args.tags, args.repeat)
         if rows:
             print_summary(rows)
     finally:
