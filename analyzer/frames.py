@@ -32,7 +32,9 @@ def scalars_frame(runs: list[Run]) -> pd.DataFrame:
         "value": np.concatenate([s.values for _, s in series]),
         "wall_time": np.concatenate([s.wall_times for _, s in series]),
         "source": categorical([s.source for _, s in series]),
-        "position": np.concatenate([s.positions for _, s in series]),
+        # int64 whatever each series holds (an event file's offsets may be int32)
+        "position": np.concatenate([s.positions for _, s in series]).astype(np.int64,
+                                                                           copy=False),
     })
 
 
