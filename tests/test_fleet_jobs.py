@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import importlib.util
 import math
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from analyzer.model import RunResult
 from analyzer.model.runs import Histogram, Run, Series
 from analyzer.pipeline import RunOptions, discover, runs_of
 from analyzer.report.json import to_json
+from tests.benchmods import bench_module
 from tests.readonly import snapshot
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,12 +32,7 @@ NO_REPLAY = RunOptions(replay=False)
 
 
 def _fleetgen() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("fleetgen", ROOT / "bench" / "fleetgen.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return bench_module("fleetgen")
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,6 @@ of the others.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -20,17 +18,11 @@ import pytest
 
 from analyzer import api
 from analyzer.fleet.summary import summarize
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.benchmods import bench_module
 
 
 def _fleetgen() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("fleetgen", ROOT / "bench" / "fleetgen.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return bench_module("fleetgen")
 
 
 @pytest.mark.slow
