@@ -277,7 +277,7 @@ def payloads_ok(data: Bytes, offsets: IntArray, lengths: IntArray) -> BoolArray:
     """Whether each record's payload matches its stored CRC (records lie inside ``data``).
 
     Records that follow one another (as a walk gives them) are checked a run at a time, in
-    one C call per few megabytes (:func:`_runs_ok`); only a run that fails is checked record
+    one C call per few megabytes (:func:`_run_ok`); only a run that fails is checked record
     by record, to find which records fail.
     """
     if offsets.size <= _FEW:
