@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, types_pb2
 
-from analyzer.ingest import issuelog, tb_proto, tfrecord, tfwindow
+from analyzer.ingest import issuelog, tb, tb_proto, tfrecord, tfwindow
 from analyzer.ingest.safeio import Deadline
 from analyzer.ingest.tb import read_event_file
 from tests.conftest import ROOT, write_summary_run
@@ -297,7 +297,6 @@ class _Handle:
 
 
 def _patch_open(monkeypatch, **how) -> None:  # type: ignore[no-untyped-def]
-    from analyzer.ingest import tb
 
     real = tb.open_regular
 
@@ -557,3 +556,74 @@ def test_regression_signalling_nan_is_read_as_nan_without_a_warning(tmp_path, re
     assert result.issues == ()
     (loss,) = result.series
     assert loss.steps.tolist() == [3] and math.isnan(loss.values[0])
+
+
+def _sparse(tmp_path, pieces, name: str = "events.out.tfevents.2.host") -> str:  # type: ignore[no-untyped-def]
+    """A file of ``pieces``: bytes written, or ints, holes of that many bytes left unwritten."""
+    path = str(tmp_path / name)
+    with open(path, "wb") as fh:
+        for piece in pieces:
+            if isinstance(piece, int):
+                fh.seek(piece, os.SEEK_CUR)
+            else:
+                fh.write(piece)
+        fh.truncate()
+    return path
+
+
+def _has_holes(path: str) -> bool:
+    info = os.stat(path)
+    return hasattr(os, "SEEK_DATA") and info.st_blocks * 512 < info.st_size
+
+
+@pytest.mark.parametrize("verify", [True, False])
+@pytest.mark.parametrize("window", [1 << 20, 4096 * 3 + 5])
+def test_holes_are_filled_without_reading_them_and_read_the_same(tmp_path, monkeypatch,  # type: ignore[no-untyped-def]
+                                                                   verify, window) -> None:
+    first = _writer_bytes(tmp_path, "a", range(0, 400))
+    second = _writer_bytes(tmp_path, "b", range(400, 800))
+    # a hole between records (a preallocated region), records, then a hole to the end
+    path = _sparse(tmp_path, [first, 8 << 20, second, 16 << 20])
+    if not _has_holes(path):
+        pytest.skip("this file system allocates holes")
+    monkeypatch.setattr(tfwindow, "WINDOW", window)
+    read: list[int] = []
+    real = tfwindow.RecordReader._read_plain
+
+    def counting(self, view, at):  # type: ignore[no-untyped-def]
+        n = real(self, view, at)
+        read.append(n)
+        return n
+
+    monkeypatch.setattr(tfwindow.RecordReader, "_read_plain", counting)
+    holes = read_event_file(path, verify=verify)
+    bytes_read = sum(read)
+    monkeypatch.setattr(tfwindow, "_sparse_fd", lambda handle, size: None)
+    read.clear()
+    plain = read_event_file(path, verify=verify)
+    assert sum(read) == os.path.getsize(path)  # the plain reading reads the holes
+    assert bytes_read < len(first) + len(second) + 3 * window  # this one does not
+    assert _steps(holes) == _steps(plain) == list(range(800))
+    assert [(i.kind, i.location.offset, i.message) for i in holes.issues] == \
+        [(i.kind, i.location.offset, i.message) for i in plain.issues]
+    assert _kinds(holes) == ["zero_run", "zero_tail"]
+
+
+def test_a_sparse_file_shrinking_while_read_is_still_a_truncation(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    data = _writer_bytes(tmp_path, "a", range(0, 300))
+    path = _sparse(tmp_path, [data, 4 << 20, data, 4 << 20])
+    if not _has_holes(path):
+        pytest.skip("this file system allocates holes")
+    monkeypatch.setattr(tfwindow, "WINDOW", 1 << 20)
+    real = tb.open_regular
+
+    def opener(p: str):  # type: ignore[no-untyped-def]
+        handle, size = real(p)
+        os.truncate(p, len(data) + (1 << 20))  # cut inside the first hole, once opened
+        return handle, size
+
+    monkeypatch.setattr(tb, "open_regular", opener)
+    result = read_event_file(path)
+    assert _steps(result) == list(range(300))
+    shrank = [i for i in result.issues if i.kind == "truncated"]
+    assert len(shrank) == 1 and shrank[0].location.offset == len(data) + (1 << 20)

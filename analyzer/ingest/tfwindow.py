@@ -19,6 +19,8 @@ The issues reported here, beside the framing's (see :mod:`analyzer.ingest.tfreco
 
 from __future__ import annotations
 
+import errno
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
@@ -66,6 +68,7 @@ class RecordReader:
         self._backing: Bytes = np.zeros(0, dtype=np.uint8)
         self._shrunk = False
         self._failed: OSError | None = None  # a read that failed after some bytes came
+        self._sparse_fd = _sparse_fd(handle, size)
 
     def __iter__(self) -> Iterator[Window]:
         framer = self.framer
@@ -120,6 +123,34 @@ class RecordReader:
         return self._backing[: keep + got], start, got < want or at + got >= self.size
 
     def _read_into(self, view: memoryview, at: int) -> int:
+        if self._sparse_fd is not None:
+            return self._read_sparse(view, at, self._sparse_fd)
+        return self._read_plain(view, at)
+
+    def _read_sparse(self, view: memoryview, at: int, fd: int) -> int:
+        """Read into ``view`` from ``at``, filling the file's holes with zeros unread.
+
+        A hole reads as zeros, but the kernel still hands each of its pages over (a 1 GiB
+        hole first read cost seconds); ``SEEK_DATA`` says where the next data begins, so
+        the zeros before it are written here instead. Bytes are zeros either way."""
+        want = min(len(view), max(0, self.size - at))
+        got = 0
+        while got < want:
+            pos = at + got
+            data, hole = _extent(fd, pos, self.size)
+            if data > pos:
+                n = min(want - got, data - pos)
+                np.frombuffer(view, dtype=np.uint8)[got: got + n] = 0
+                got += n
+                continue
+            span = min(want - got, max(1, hole - pos))
+            n = self._read_plain(view[got: got + span], pos)
+            got += n
+            if n < span or self._failed is not None:
+                break
+        return got
+
+    def _read_plain(self, view: memoryview, at: int) -> int:
         if self._at != at:
             self.handle.seek(at)
         got = 0
@@ -168,3 +199,43 @@ class RecordReader:
             self.framer.log.add(end, "truncated", f"file shrank while it was read: it had "
                                 f"{self.size} bytes when opened but ends at offset {end}; the "
                                 f"last {self.size - end} bytes are missing")
+
+
+def _sparse_fd(handle: BinaryIO, size: int) -> int | None:
+    """The descriptor of a local file with holes (fewer blocks allocated than its size),
+    where the system can find them (``SEEK_DATA``); None otherwise."""
+    if not hasattr(os, "SEEK_DATA") or size < (1 << 20):
+        return None
+    try:
+        fd = handle.fileno()
+        info = os.fstat(fd)
+    except (AttributeError, OSError, ValueError):  # a store's file object has none
+        return None
+    blocks = getattr(info, "st_blocks", None)
+    if blocks is None or blocks * 512 >= size:
+        return None
+    return fd
+
+
+
+def _extent(fd: int, pos: int, size: int) -> tuple[int, int]:
+    """Where the data at or after ``pos`` begins, and where the hole after that begins.
+
+    The descriptor's offset is put back: the buffered handle over it keeps its own idea of
+    where it is. A hole that runs to the end goes to the end the file has now (a file that
+    shrank still reads short), and a system that gives no answer makes it all data."""
+    back = os.lseek(fd, 0, os.SEEK_CUR)
+    try:
+        try:
+            data = os.lseek(fd, pos, os.SEEK_DATA)  # type: ignore[attr-defined]
+        except OSError as exc:
+            if exc.errno != errno.ENXIO:
+                return pos, size
+            return max(pos, min(size, os.fstat(fd).st_size)), size
+        try:
+            hole = os.lseek(fd, data, os.SEEK_HOLE)  # type: ignore[attr-defined]
+        except OSError:
+            hole = size
+        return data, hole
+    finally:
+        os.lseek(fd, back, os.SEEK_SET)
