@@ -227,13 +227,13 @@ def _extent(fd: int, pos: int, size: int) -> tuple[int, int]:
     back = os.lseek(fd, 0, os.SEEK_CUR)
     try:
         try:
-            data = os.lseek(fd, pos, os.SEEK_DATA)  # type: ignore[attr-defined]
+            data = os.lseek(fd, pos, os.SEEK_DATA)
         except OSError as exc:
             if exc.errno != errno.ENXIO:
                 return pos, size
             return max(pos, min(size, os.fstat(fd).st_size)), size
         try:
-            hole = os.lseek(fd, data, os.SEEK_HOLE)  # type: ignore[attr-defined]
+            hole = os.lseek(fd, data, os.SEEK_HOLE)
         except OSError:
             hole = size
         return data, hole
