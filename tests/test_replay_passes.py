@@ -263,3 +263,22 @@ def test_torch_gets_its_own_anomaly_stacks_back_after_nested_replays() -> None:
     model, x, y, loss = FAILING["log of 0 in the loss"]()
     replay_step(model, x, y, loss, torch.optim.SGD(model.parameters(), lr=0.1))
     assert fx_traceback.format_stack is own
+
+
+def test_fingerprint_tells_passes_apart_by_one_bit_and_by_where_tensors_end() -> None:
+    from analyzer.replayer import passes
+
+    def fingerprint(*tensors: torch.Tensor) -> str:
+        parts: list[int] = []
+        passes._digest(parts, list(tensors))
+        return passes._fingerprint(parts)
+
+    a = torch.linspace(-3, 3, 10_000)
+    flipped = a.clone()
+    flipped.view(torch.int32)[1234] ^= 1  # the last bit of one value
+    assert fingerprint(a) == fingerprint(a.clone())
+    assert fingerprint(a) != fingerprint(flipped)
+    assert fingerprint(a[:10], a[10:]) != fingerprint(a[:11], a[11:])  # same bytes, cut elsewhere
+    assert len(fingerprint(a)) == 16 and int(fingerprint(a), 16) >= 0
+    # a strided view is fingerprinted by its values, as a contiguous copy of them
+    assert fingerprint(a[::2]) == fingerprint(a[::2].contiguous())

@@ -214,7 +214,8 @@ class PassOutcome:
     """One plain run of the step: the first phase that went non-finite, if any.
 
     ``fingerprint`` hashes the loss, the gradients and the updated parameters
-    bit for bit, so two passes that agree on the phase can still be told apart.
+    bit for bit (a CRC-32C per tensor), so two passes that agree on the phase can still
+    be told apart.
     """
 
     label: str
