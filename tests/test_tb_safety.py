@@ -297,7 +297,6 @@ class _Handle:
 
 
 def _patch_open(monkeypatch, **how) -> None:  # type: ignore[no-untyped-def]
-
     real = tb.open_regular
 
     def opener(path: str):  # type: ignore[no-untyped-def]

@@ -217,7 +217,6 @@ def _sparse_fd(handle: BinaryIO, size: int) -> int | None:
     return fd
 
 
-
 def _extent(fd: int, pos: int, size: int) -> tuple[int, int]:
     """Where the data at or after ``pos`` begins, and where the hole after that begins.
 

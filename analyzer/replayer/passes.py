@@ -164,7 +164,7 @@ def plain_pass(label: str, state: TrainState, batch: StepBatch, call: StepCall,
     """Run the step without instrumentation; say where it first went non-finite.
 
     ``census`` watches the forward of the micro-batch the instrumented pass would watch."""
-    h: list[int] = []
+    parts: list[int] = []
     phase: Phase | None = None
     loss_value: float | None = None
     error = None
@@ -180,19 +180,19 @@ def plain_pass(label: str, state: TrainState, batch: StepBatch, call: StepCall,
                 loss = forward(state, micro, call, config)
             if i == batch.target:
                 loss_value = float(loss.detach().double())
-            _digest(h, [loss])
+            _digest(parts, [loss])
             if phase is None and not all_finite([loss]):
                 phase = "forward"
             stage = "backward"
             backward(state, scaled(loss, batch.divisor))
         stage = "update"
         grads = _grads(state)
-        _digest(h, grads)
+        _digest(parts, grads)
         if phase is None and not all_finite(grads):
             phase = "backward"
         update(state, config)
         params = list(state.model.parameters())
-        _digest(h, params)
+        _digest(parts, params)
         if phase is None and not all_finite(params):
             phase = "update"
     except Exception as exc:  # a pass that raises is evidence, not a crash of the replay
@@ -202,7 +202,7 @@ def plain_pass(label: str, state: TrainState, batch: StepBatch, call: StepCall,
     autocast = dtype_name(config.autocast_dtype)
     return PassOutcome(label=label, device=config.device,
                        dtype=_param_dtype(state), autocast=autocast, loss=loss_value,
-                       phase=phase, fingerprint=_fingerprint(h), error=error)
+                       phase=phase, fingerprint=_fingerprint(parts), error=error)
 
 
 def light_pass(label: str, state: TrainState, batch: StepBatch, call: StepCall,
