@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import random
 import re
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -442,6 +443,47 @@ def test_fast_readers_match_the_plain_parsers_on_generated_lines(
     # The fast readers learn a shape from one line, then meet lines that differ from it
     # in one number: each such line must come out as the plain parser reads it.
     path = write(tmp_path, sep.join(line for run in runs for line in run) + "\n")
+    assert _everything(read_log(path)) == _everything(_plain(path, monkeypatch))
+
+
+_BAR_PIECES = st.sampled_from([
+    " <d>%|#  | <d>/500 [00:<d><00:<d>,  4.<d>it/s]",
+    "Epoch <d>:  <d>%|# | <d>/90 [00:<d><00:<d>, <d>.5it/s, loss=<v>, v_num=0]",
+    "{'loss': <v>, 'grad_norm': <v>, 'learning_rate': 5e-05, 'epoch': 0.<d>}",
+    "   ",
+    "",
+    "step <d> loss <v>",
+])
+
+
+def _filler(numbers: Iterator[str]) -> Callable[[re.Match[str]], str]:
+    """For re.sub: a value for <v>, a one-digit count (the value's length) for <d>."""
+    return lambda m: next(numbers) if m[0] == "<v>" else str(len(next(numbers)))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=SHARED_TMP)
+@given(
+    layouts=st.lists(st.lists(_BAR_PIECES, min_size=1, max_size=6), min_size=1, max_size=3),
+    fills=st.lists(
+        st.tuples(st.integers(0, 2), st.lists(st.sampled_from(["0", "7", "12", "3.25", "nan",
+                                                               "inf", "9e9"]), min_size=30,
+                                              max_size=30)),
+        min_size=1, max_size=12,
+    ),
+)
+def test_lines_split_at_carriage_returns_by_a_remembered_layout_match_the_plain_split(
+    tmp_path: Path, layouts: list[list[str]], fills: list[tuple[int, list[str]]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Physical lines of a few layouts (bar redraws and records joined by carriage
+    # returns), their numbers changing from line to line, a NaN or Inf now and then:
+    # the pieces kept by the layout remembered from an earlier line of the same key are
+    # those the reader keeps when it splits each line afresh.
+    lines = []
+    for which, values in fills:
+        pieces = "\r".join(layouts[which % len(layouts)])
+        lines.append(re.sub("<[dv]>", _filler(iter(values)), pieces))
+    path = write(tmp_path, "\n".join(lines) + "\n")
     assert _everything(read_log(path)) == _everything(_plain(path, monkeypatch))
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 
-from analyzer.ingest.logformats import FALLBACK, PARSERS, LineParser, reader
+from analyzer.ingest.logformats import FALLBACK, PARSERS, LineParser, fast, reader
 from analyzer.ingest.logformats.context import Context
 from analyzer.ingest.logformats.fast import ZERO_DIGITS
 from analyzer.ingest.logformats.prefixes import EMBEDDED_MARKS, TAGGED, PrefixRule
@@ -80,6 +80,11 @@ class Dispatcher:
         second on: in a log whose format changes every line it would only miss."""
         self.bare = False
         """True while the records come from a batch that holds no prefix mark at all."""
+        self.splits: dict[bytes, list[tuple[int, int, int, int]]] | None = (
+            {} if fast.ENABLED else None
+        )
+        """Per layout of a physical line split at carriage returns only: where its
+        records are (see ``_spans``)."""
 
     def lines(self, batch: Lines) -> None:
         lines = batch.lines
@@ -92,7 +97,7 @@ class Dispatcher:
         self.bare = self.marked and not _holds_any(batch.text, _TAG_MARKS)
         if self.bare and untagged is None:
             untagged = True
-        holes, single = batch.holes, reader.single
+        holes, cap = batch.holes, reader.LINE_CAP
         i, n = 0, len(lines)
         while i < n:
             recent = self.recent
@@ -115,24 +120,65 @@ class Dispatcher:
             i += 1
             if not line:
                 continue
-            if batch.plain or single(line, holes):
+            if batch.plain or (
+                "\r" not in line and "\x1b" not in line and "\x08" not in line
+                and len(line) <= cap and (not holes or "\x00" not in line)
+            ):
                 record(before + i, line)
+            elif self._split_line(line, before + i, holes):
+                continue
             else:
                 bare = self.bare
                 if bare and "\x1b" in line:
                     # Taking out an escape sequence can join a prefix mark that the
                     # batch's text does not hold ('[\x1b[32mRank 0]').
                     self.bare = False
-                for number, text in line_records(line, before + i, self.ctx, batch.holes):
+                for number, text in line_records(line, before + i, self.ctx, holes):
                     record(number, text)
                 self.bare = bare
         self.bare = False
 
-    def record(self, number: int, text: str) -> None:
+    def _split_line(self, line: str, number: int, holes: bool) -> bool:
+        """Read a physical line that carriage returns alone split into records, by the
+        layout of a line read before where there was one; False when it is not such a
+        line.
+
+        What ``reader`` keeps of such a line (which pieces between carriage returns are
+        records, and which bar redraws collapse) depends on tests that look at letters,
+        blanks and brackets, never at digits: the same for every line of one key (its
+        UTF-8 bytes with the ASCII digits set to 0). Lines of one key also hold their
+        carriage returns at the same places, in characters and in the key's bytes, so
+        the records and their keys are slices at places remembered per key."""
+        splits = self.splits
+        if splits is None or "\x1b" in line or "\x08" in line or len(line) > reader.LINE_CAP or (
+            holes and "\x00" in line
+        ):
+            return False
+        key = line.encode("utf-8", "surrogatepass").translate(ZERO_DIGITS)
+        spans = splits.get(key)
+        if spans is None:
+            spans = _spans(line, key)
+            if len(splits) < MEMO_ENTRIES:
+                splits[key] = spans
+        record = self.record
+        for a, b, c, d in spans:
+            record(number, line[a:b], key[c:d])
+        return True
+
+    def record(self, number: int, text: str, key: bytes | None = None) -> None:
+        """Read one record; ``key`` is its key where the caller has it (see ``shape_of``)."""
         ctx = self.ctx
         ctx.line = number
         ctx.rank = None
-        prefixed, holders, fallback = self.shape_of(text)
+        if len(text) <= MEMO_CHARS:
+            if key is None:
+                key = text.encode("utf-8", "surrogatepass").translate(ZERO_DIGITS)
+            ctx.keyed = (text, key)
+            found = self.memo.get(key)
+            prefixed, holders, fallback = found if found is not None else self._shape(text, key)
+        else:
+            ctx.keyed = None
+            prefixed, holders, fallback = self._shape(text, None)
         if prefixed and not self.bare:
             text, ctx.rank = self.strip(text)
             if not text:
@@ -175,6 +221,10 @@ class Dispatcher:
                 return found
         else:
             self.ctx.keyed = None
+        return self._shape(text, key)
+
+    def _shape(self, text: str, key: bytes | None) -> Shape:
+        """``shape_of`` worked out, and remembered under ``key`` unless it is None."""
         found = (
             (text[0] in _PREFIX_START and (self.numbered or TAGGED.match(text) is not None))
             or _holds_any(text, _EMBEDDED),
@@ -198,6 +248,20 @@ _TAG_MARKS = _needles((">", "[rank", "[Rank", "[RANK", "[default", "]<std"))
 _EMBEDDED = _needles(EMBEDDED_MARKS)
 """Rank marks that ``PrefixRule.strip`` takes out after a logging header, not only at the
 start of a record."""
+
+
+def _spans(line: str, key: bytes) -> list[tuple[int, int, int, int]]:
+    """The records of ``line`` (see ``Dispatcher._split_line``) as slices: the start and
+    end of each in ``line`` and in ``key``, the line's key."""
+    pieces = line.split("\r")
+    chars, octets = [0], [0]
+    for piece, piece_key in zip(pieces, key.split(b"\r"), strict=True):
+        chars.append(chars[-1] + len(piece) + 1)
+        octets.append(octets[-1] + len(piece_key) + 1)
+    return [
+        (chars[j], chars[j + 1] - 1, octets[j], octets[j + 1] - 1)
+        for j in reader.record_pieces(pieces)
+    ]
 
 
 def _untagged(text: str) -> bool:

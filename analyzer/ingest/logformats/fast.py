@@ -97,7 +97,7 @@ def colon_shape(tail: str, skip: frozenset[str]) -> tuple[str, list[str], str] |
 ZERO_DIGITS = bytes(48 if 48 <= b <= 57 else b for b in range(256))
 """For ``bytes.translate``: every ASCII digit to ``0``. A line's key (its UTF-8 bytes so
 translated) keeps every character but the ASCII digits."""
-TEMPLATES = 256
+TEMPLATES = 4096
 """Line layouts remembered per shape (see ``Shape``)."""
 TEMPLATE_CHARS = LEARN_CHARS
 _ASCII_DIGIT = re.compile("[0-9]")
@@ -199,14 +199,15 @@ class Shape:
 
     def match(self, text: str, at: int, ctx: Context) -> Row | None:
         """The groups of ``pattern`` matched in full on ``text`` from ``at``, or None."""
-        found = record_key(text, ctx) if self.keyed else None
         key = None
-        if found is not None:
-            key = (found, at)
+        keyed = ctx.keyed
+        if self.keyed and keyed is not None and keyed[0] is text and len(text) <= TEMPLATE_CHARS:
+            # record_key, inline: this runs once per record
+            key = (keyed[1], at)
             get = self.records.get(key)
             if get is not None:
                 row = get(text)
-                if self._fits(row):
+                if not self.fixed or self._fits(row):
                     return row
         m = self.pattern.fullmatch(text, at)
         if m is None:

@@ -84,31 +84,64 @@ def _split(
         line = _ANSI.sub("", line)
     if "\x08" in line:
         line = _BACKSPACES.sub("\r", line)
-    for part in line.split("\r"):
-        if capped:
-            if len(part) > LINE_CAP:
-                ctx.issue("long_line", _cut_message(), number)
-                part = part[:LINE_CAP]
-            if "\x1b" in part:
-                part = _ANSI.sub("", part)
+    pieces = line.split("\r")
+    if capped:
+        pieces = [_capped(part, number, ctx) for part in pieces]
+    if held is not None:
+        pieces.insert(0, held)
+    kept, left = _keep(pieces, held is not None)
+    out.extend([(number, pieces[j]) for j in kept])
+    return None if left is None else pieces[left]
+
+
+def _capped(part: str, number: int, ctx: Context) -> str:
+    """A piece of a line longer than LINE_CAP: cut at the cap (reported), then its escape
+    sequences taken out."""
+    if len(part) > LINE_CAP:
+        ctx.issue("long_line", _cut_message(), number)
+        part = part[:LINE_CAP]
+    if "\x1b" in part:
+        part = _ANSI.sub("", part)
+    return part
+
+
+def _keep(pieces: list[str], holding: bool) -> tuple[list[int], int | None]:
+    """Which of ``pieces`` (a line's segments between separators, after the bar redraw
+    held from before it when ``holding``) are records, by index in order, and the bar
+    redraw left held, if any. The tests look at letters, blanks and brackets only, never
+    at digits."""
+    kept: list[int] = []
+    held = 0 if holding else None
+    for j in range(1 if holding else 0, len(pieces)):
+        part = pieces[j]
         if not part or part.isspace():
             continue
         # tqdm pads a frame shorter than the one before with spaces, to cover it.
         redraw = part.rstrip(" ").endswith(_REDRAW_ENDS)
-        if held is not None and (not redraw or _mentions_nonfinite(held)):
-            out.append((number, held))
-            if redraw and _mentions_nonfinite(held) and not _mentions_nonfinite(part):
+        if held is not None and (not redraw or _mentions_nonfinite(pieces[held])):
+            kept.append(held)
+            if redraw and _mentions_nonfinite(pieces[held]) and not _mentions_nonfinite(part):
                 # What the bar showed next: tqdm's refresh repeats a step's values at the
                 # next count before that count's own are drawn over it.
-                out.append((number, part))
+                kept.append(j)
                 held = None
                 continue
         if redraw:
-            held = part
+            held = j
         else:
             held = None
-            out.append((number, part))
-    return held
+            kept.append(j)
+    return kept, held
+
+
+def record_pieces(pieces: list[str]) -> list[int]:
+    """Which of ``pieces``, a complete line's segments between carriage returns (a line
+    without backspaces, escape sequences or holes, and not longer than LINE_CAP), are its
+    records, by index in order: what ``line_records`` gives of that line."""
+    kept, left = _keep(pieces, False)
+    if left is not None:
+        kept.append(left)
+    return kept
 
 
 def _split_holes(
