@@ -8,6 +8,7 @@ passes it did run must be the same passes, bit for bit.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -18,6 +19,9 @@ from torch import nn
 
 from analyzer.model.replays import ReplayResult
 from analyzer.replayer import replay_step
+from analyzer.replayer.passes import run_step
+from analyzer.replayer.state import StepConfig, TrainState, _copied, clone_state
+from analyzer.replayer.stats import is_finite
 from analyzer.replayer.step import replay_call
 from analyzer.replayer.steps import StepBatch, StepCall
 from analyzer.scenarios import models
@@ -282,3 +286,45 @@ def test_fingerprint_tells_passes_apart_by_one_bit_and_by_where_tensors_end() ->
     assert len(fingerprint(a)) == 16 and int(fingerprint(a), 16) >= 0
     # a strided view is fingerprinted by its values, as a contiguous copy of them
     assert fingerprint(a[::2]) == fingerprint(a[::2].contiguous())
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_finiteness_is_told_apart_whatever_the_sum_does(dtype: torch.dtype) -> None:
+    # A finite sum settles it; a sum that overflows on finite values must not read as Inf,
+    # and +Inf beside -Inf (a NaN sum) or one NaN must read as non-finite.
+    big = torch.finfo(dtype).max
+    assert is_finite(torch.full((64,), big, dtype=dtype))
+    assert is_finite(torch.tensor([big, -big, big], dtype=dtype))
+    for bad in (math.inf, -math.inf, math.nan):
+        x = torch.ones(1000, dtype=dtype)
+        x[517] = bad
+        assert not is_finite(x)
+    pair = torch.zeros(8, dtype=dtype)
+    pair[2], pair[5] = math.inf, -math.inf
+    assert not is_finite(pair)
+    assert not is_finite(torch.tensor([1 + 0j, complex(0, math.inf)]))
+    assert is_finite(torch.arange(5))  # integers hold no NaN
+
+
+def test_a_pass_copy_of_the_optimizer_shares_nothing_with_the_original() -> None:
+    # The optimizer state is copied tensor by tensor: a pass that updates its moments
+    # must leave the original's alone, and a tensor held twice stays one tensor.
+    model = models.mlp(in_features=4, hidden=8, out_features=2, depth=2, seed=0)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    F.cross_entropy(model(torch.randn(5, 4)), torch.tensor([0, 1, 0, 1, 1])).backward()
+    opt.step()
+    state = opt.state_dict()
+    shared = next(iter(state["state"].values()))["exp_avg"]
+    state["extra"] = [shared, shared]
+    copied = _copied(state, {})
+    assert copied["extra"][0] is copied["extra"][1]
+    assert copied["extra"][0] is not shared and torch.equal(copied["extra"][0], shared)
+    before = {k: {n: v.clone() for n, v in s.items()} for k, s in opt.state_dict()["state"].items()}
+    pass_state = clone_state(TrainState(model, opt), StepConfig())
+    run_step(pass_state, StepBatch.pair(torch.randn(5, 4), torch.tensor([1, 1, 0, 0, 1])),
+             StepCall("loss_fn", _ce), StepConfig())
+    for key, slots in opt.state_dict()["state"].items():
+        for name, value in slots.items():
+            assert torch.equal(value, before[key][name])
+    assert all(p is not q for p, q in zip(model.parameters(), pass_state.model.parameters(),
+                                          strict=True))
