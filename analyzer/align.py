@@ -465,8 +465,19 @@ def _hits(values: FloatArray, ref_steps: IntArray, ref_values: FloatArray, atol:
     at the fewest steps, so that a log starting late is matched where it starts): (its
     index, the reference steps holding the same value), in the source's order."""
     found = []
+    # What _close says of one finite value against every reference value, in three
+    # passes over the reference with its tolerance worked out once (_close on a full
+    # array of the value made a dozen, for each value tried).
+    with np.errstate(invalid="ignore"):
+        tol = atol * 1.01 + RTOL * np.abs(ref_values) + 1e-12
+    gap = np.empty_like(ref_values)
+    near = np.empty(ref_values.shape, dtype=bool)
     for i in np.flatnonzero(np.isfinite(values))[:_TRIED]:
-        same = ref_steps[_close(np.full(ref_values.shape, values[i]), ref_values, atol)]
+        with np.errstate(invalid="ignore"):
+            np.subtract(values[i], ref_values, out=gap)
+            np.abs(gap, out=gap)
+            np.less_equal(gap, tol, out=near)
+        same = ref_steps[near]
         if same.size:
             found.append((same.size, int(i), same[:_OFFSETS * 8]))
     found.sort()

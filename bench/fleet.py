@@ -42,7 +42,7 @@ With ``--rounds N`` every configuration is measured N times, in turn, and the fa
 round is kept (with the largest peaks of any round).
 
 Usage: ``python bench/fleet.py [--sizes 250,1000] [--s3-sizes 100] [--rounds 1] [--seed 0]
-[--configs "-j 1,-j 2"] [--baseline COMMIT] [--code COMMIT]`` (a few minutes); the full
+[--configs "-j 1;-j 2"] [--baseline COMMIT] [--code COMMIT]`` (a few minutes); the full
 figures in docs/performance.md are ``--sizes 100,500,1000,2000 --s3-sizes 1000``.
 """
 
@@ -430,15 +430,16 @@ def main() -> None:
                         help="measure this commit's package (exported like the reference's) "
                              "instead of the working tree's")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
-    parser.add_argument("--configs", default=",".join(c.name for c in CONFIGS),
-                        help="the local configurations to measure, by name (default: all)")
+    parser.add_argument("--configs", default=";".join(c.name for c in CONFIGS),
+                        help="the local configurations to measure, by name, separated by ';' "
+                             "(names hold commas; default: all)")
     parser.add_argument("--baseline", metavar="COMMIT",
                         help="also measure -j 1 and -j 2 of this commit's package, in the same "
                              "rounds (before and after a change)")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s]
     s3_sizes = [int(s) for s in args.s3_sizes.split(",") if s]
-    names = [c.strip() for c in args.configs.split(",") if c.strip()]
+    names = [c.strip() for c in args.configs.split(";") if c.strip()]
     unknown = set(names) - {c.name for c in CONFIGS}
     if unknown:
         parser.error(f"unknown configurations: {', '.join(sorted(unknown))}")

@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.tensorboard import SummaryWriter
 
+from analyzer import align as align_module
 from analyzer.align import AMBIGUOUS, best_placement
 from analyzer.api import analyze, read
 from analyzer.cli import main
@@ -333,3 +334,26 @@ def test_trainer_records_are_placed_by_the_checkpoints_the_log_says_it_saved(
     assert result.incident.step == 65
     assert main(["analyze", str(run), "--no-replay"]) == 1
     assert "FIRST NON-FINITE  step 65  loss = nan" in capsys.readouterr().out
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    ref=st.lists(st.sampled_from([0.5, 0.25, 1.0, -2.0, 1e300, 0.0, 1.00001, math.nan, math.inf,
+                                  -math.inf, 3.14159]), min_size=1, max_size=60),
+    mine=st.lists(st.sampled_from([0.5, 0.2500001, 1.0, math.nan, 3.1416, -2.0, 0.0, 7.0]),
+                  min_size=1, max_size=20),
+    atol=st.sampled_from([0.0, 5e-5, 0.5]),
+)
+def test_the_first_values_hits_are_the_steps_where_close_says_they_agree(
+    ref: list[float], mine: list[float], atol: float
+) -> None:
+    # _hits works out _close's answer for one value against the whole reference in a few
+    # passes; each value's reference steps must be those _close itself accepts.
+    ref_values = np.array(ref)
+    ref_steps = np.arange(ref_values.size, dtype=np.int64) * 3 + 7
+    values = np.array(mine)
+    for i, at in align_module._hits(values, ref_steps, ref_values, atol):
+        with np.errstate(invalid="ignore"):
+            want = ref_steps[align_module._close(np.full(ref_values.shape, values[i]),
+                                                 ref_values, atol)]
+        assert np.array_equal(at, want[: align_module._OFFSETS * 8])
