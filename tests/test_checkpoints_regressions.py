@@ -448,3 +448,14 @@ def test_regression_scan_renders_no_step_in_words(tmp_path: Path) -> None:
     path = tmp_path / "final.pt"
     torch.save({"w": torch.ones(1)}, path)
     assert "no step]" in format_scan(scan_checkpoint(str(path)))
+
+
+def test_the_globals_read_without_torch_are_on_torchs_weights_only_allow_list() -> None:
+    # A global the static reader rebuilds but torch's weights_only unpickler refuses would
+    # make a file read as weights_only that torch.load(weights_only=True) does not open
+    # (torch has no typed float8 storages: such a name is not torch's).
+    from torch._weights_only_unpickler import _get_allowed_globals
+
+    from analyzer.ingest.ckpt import wopredict
+
+    assert wopredict.GLOBALS.issubset(_get_allowed_globals())

@@ -6,6 +6,7 @@ import io
 import pickle
 import zipfile
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -75,3 +76,30 @@ def test_shared_references_are_walked_once() -> None:
     result = read_pickle(data)
     listed = list(walk(result.root, "", StaticLeaves(None, None, order="little")))
     assert len(listed) == 1
+
+
+
+
+@pytest.mark.timeout(120)
+def test_values_that_double_at_each_level_are_read_in_bounded_time() -> None:
+    # A list of itself twice, forty levels deep, called as a function, given to NEWOBJ and
+    # named by STACK_GLOBAL; a tuple of itself twice as a dict key. Each is a few hundred
+    # bytes through the memo: nothing of the file may be rendered or hashed whole.
+    # each level memoized and popped: the stack holds the last one only
+    lists = b"]\x940" + b"".join(b"(h%ch%cl\x940" % (i, i) for i in range(40)) + b"h\x28"
+    tuples = b")\x940" + b"".join(b"h%ch%c\x86\x940" % (i, i) for i in range(40)) + b"h\x28"
+    cases = {
+        "call": b"\x80\x04" + lists + b")R.",
+        "newobj": b"\x80\x04" + lists + b")\x81.",
+        "stack_global": b"\x80\x04" + lists + b"h\x28\x93.",
+        "key": b"\x80\x04}" + tuples + b"Ns.",
+    }
+    for name, data in cases.items():
+        result = read_pickle(data)
+        assert result.error is None, (name, result.error)
+    assert read_pickle(cases["call"]).unlike_torch is not None
+    assert read_pickle(cases["stack_global"]).unlike_torch is not None
+    keyed = read_pickle(cases["key"])
+    assert keyed.unlike_torch is None  # a tuple of tuples is a key torch takes
+    assert type(keyed.root) is dict  # (a failed assert must not render the tuple either)
+    assert list(keyed.root) == ["<tuple>"]

@@ -145,6 +145,10 @@ _STORAGE_DTYPES = {
     "Float8_e4m3fnStorage": "float8_e4m3fn",
     "Float8_e5m2Storage": "float8_e5m2",
 }
+TORCH_STORAGES = frozenset(_STORAGE_DTYPES) - {"Float8_e4m3fnStorage", "Float8_e5m2Storage"}
+"""The typed storages torch defines, which its weights_only unpickler allows and
+``torch.save`` names; float8 has none (it is saved through ``UntypedStorage``): a pickle
+naming one is not torch's."""
 
 
 def _storage_dtype(value: object) -> str:
@@ -163,7 +167,7 @@ def _storage_dtype(value: object) -> str:
 def _persistent(pid: object) -> object:
     if isinstance(pid, tuple) and len(pid) >= 5 and pid[0] == "storage":
         numel = pid[4] if isinstance(pid[4], int) and not isinstance(pid[4], bool) else -1
-        return StorageRef(_storage_dtype(pid[1]), str(pid[2]), str(pid[3]), numel)
+        return StorageRef(_storage_dtype(pid[1]), _text(pid[2]), _text(pid[3]), numel)
     return Call("persistent_load", (pid,))
 
 
@@ -193,8 +197,75 @@ def _tensor_ref(name: str, argv: tuple[object, ...]) -> TensorRef:
     return TensorRef(storage, offset, shape, stride, dtype)
 
 
+def _text(value: object) -> str:
+    """A storage key or location as text: itself when a string (as torch.save writes it),
+    a small int's digits, else what kind of value it is."""
+    if isinstance(value, str):
+        return value
+    if type(value) is int and abs(value) < 10**18:
+        return str(value)
+    return _label(value)
+
+
+def _label(value: object) -> str:
+    """A name for a value the file chose, made without rendering it: a pickle can build a
+    list that holds itself twice at each of forty levels (a few hundred bytes through its
+    memo), whose repr or hash would take 2**40 steps."""
+    if isinstance(value, Global):
+        return value.name
+    if isinstance(value, Obj):
+        return f"<{value.cls} instance>"
+    if isinstance(value, Call):
+        return f"<result of {value.func}>"
+    return f"<{type(value).__name__}>"
+
+
+_ATOMS = (str, bytes, int, float, bool, type(None), Global)
+
+
+def _keyable(value: object) -> bool:
+    """Whether ``value`` hashes in bounded time: an atom, a stand-in for a name, or tuples
+    of those nesting at most ``_KEY_ITEMS`` items in all, shared ones counted each time (a
+    tuple's hash is not kept: one made of itself twice at each level costs 2**depth)."""
+    if isinstance(value, _ATOMS):
+        return True
+    if type(value) is not tuple:
+        return False
+    pending, budget = [value], _KEY_ITEMS
+    while pending:
+        item = pending.pop()
+        budget -= 1
+        if budget < 0:
+            return False
+        if type(item) is tuple:
+            pending.extend(item)
+        elif not isinstance(item, _ATOMS):
+            return False
+    return True
+
+
+_KEY_ITEMS = 4096
+
+
+def _unhashable(value: object) -> bool:
+    """Whether hashing ``value`` would fail in the real unpickler (a list, dict or set, or
+    a tuple holding one): each distinct tuple looked into once, up to a bound, past which
+    the key counts as one torch would not take either."""
+    pending, seen = [value], set()
+    while pending:
+        item = pending.pop()
+        if isinstance(item, list | dict | set | bytearray):
+            return True
+        if type(item) is tuple and id(item) not in seen:
+            seen.add(id(item))
+            if len(seen) > 4096:
+                return True
+            pending.extend(item)
+    return False
+
+
 def _call(func: object, args: object) -> object:
-    name = func.name if isinstance(func, Global) else repr(func)
+    name = func.name if isinstance(func, Global) else _label(func)
     argv = args if isinstance(args, tuple) else (args,)
     if name in _TENSOR_REBUILDERS and len(argv) >= 4:
         return _tensor_ref(name, argv)
@@ -211,12 +282,9 @@ def _call(func: object, args: object) -> object:
 
 
 def dict_key(value: object) -> object:
-    """A value usable as a dict key: itself when hashable, else its repr."""
-    try:
-        hash(value)
-    except TypeError:
-        return repr(value)
-    return value
+    """A value usable as a dict key: itself when it hashes in bounded time (see
+    ``_keyable``), else a name for it (``_label``)."""
+    return value if _keyable(value) else _label(value)
 
 
 class _Machine:
@@ -274,9 +342,7 @@ class _Machine:
         if type(target) is not kind:
             self.unlike(f"an item added to something not a {kind.__name__}")
         for key in keys:
-            try:
-                hash(key)
-            except TypeError:
+            if not _keyable(key) and _unhashable(key):
                 self.unlike("a key that is not hashable")
 
     def persistent(self, pid: object) -> object:
@@ -367,7 +433,9 @@ class _Machine:
                 stack.append(Obj(f"{module}.{qual}", tuple(self.pop_mark())))
         elif name == "STACK_GLOBAL":
             qual_name, module_name = stack.pop(), stack.pop()
-            self.global_(f"{module_name}.{qual_name}")
+            if not (isinstance(qual_name, str) and isinstance(module_name, str)):
+                self.unlike("a STACK_GLOBAL of names that are not strings")
+            self.global_(f"{_text(module_name)}.{_text(qual_name)}")
         elif name == "REDUCE":
             self.top(2)
             args = stack.pop()
@@ -382,7 +450,7 @@ class _Machine:
                 stack.pop()
             args = stack.pop()
             cls = stack.pop()
-            cls_name = cls.name if isinstance(cls, Global) else repr(cls)
+            cls_name = cls.name if isinstance(cls, Global) else _label(cls)
             argv = args if isinstance(args, tuple) else (args,)
             stack.append({} if cls_name in _DICT_FACTORIES else Obj(cls_name, argv))
         elif name == "OBJ":
@@ -419,7 +487,7 @@ class _Machine:
 
 def _plain_storage_id(pid: object) -> bool:
     return (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"
-            and isinstance(pid[1], Global) and pid[1].name.rsplit(".", 1)[-1] in _STORAGE_DTYPES
+            and isinstance(pid[1], Global) and pid[1].name.rsplit(".", 1)[-1] in TORCH_STORAGES
             and pid[1].name.count(".") == 1 and isinstance(pid[2], str)
             and isinstance(pid[3], str) and type(pid[4]) is int)
 
@@ -466,12 +534,18 @@ def read_pickle(data: bytes, start: int = 0) -> StaticResult:
     except Exception as exc:  # any damage in untrusted bytes is reported, not raised
         machine.result.error = _damage(exc)
         machine.result.error_offset = position
-        machine.result.root = machine.stack[0] if machine.stack else None
+        machine.result.root = _bottom(machine.stack)
         return machine.result
     machine.result.error = "the pickle ends without a STOP opcode"
     machine.result.error_offset = position
-    machine.result.root = machine.stack[0] if machine.stack else None
+    machine.result.root = _bottom(machine.stack)
     return machine.result
+
+
+def _bottom(stack: list[object]) -> object:
+    """What a pickle cut short leaves as its root: the first item of its stack (a MARK
+    aside)."""
+    return next((item for item in stack if item is not _MARK), None)
 
 
 def _damage(exc: Exception) -> str:

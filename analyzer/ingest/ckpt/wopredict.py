@@ -32,7 +32,7 @@ import zlib
 from analyzer.ingest.ckpt.archive import Archive
 from analyzer.ingest.ckpt.extents import itemsize
 from analyzer.ingest.ckpt.ranges import FileRanges
-from analyzer.ingest.ckpt.staticpickle import _STORAGE_DTYPES, StaticResult
+from analyzer.ingest.ckpt.staticpickle import TORCH_STORAGES, StaticResult
 
 OPCODES = frozenset({
     "PROTO", "STOP", "MARK", "GLOBAL", "REDUCE", "BUILD", "BINPERSID",
@@ -44,7 +44,7 @@ OPCODES = frozenset({
 """Opcodes torch's weights_only unpickler and the static reader read alike."""
 GLOBALS = frozenset({
     "collections.OrderedDict", "torch._utils._rebuild_tensor_v2",
-    "torch._utils._rebuild_parameter", *(f"torch.{name}" for name in _STORAGE_DTYPES),
+    "torch._utils._rebuild_parameter", *(f"torch.{name}" for name in TORCH_STORAGES),
 })
 """Globals on every torch's weights_only allow-list that the static reader rebuilds."""
 _DESCRIPTOR = 16
@@ -59,9 +59,12 @@ def agrees_without_torch(result: StaticResult, archive: Archive, ranges: FileRan
         return False
     if not result.opcodes <= OPCODES or not set(result.globals_seen) <= GLOBALS:
         return False
-    return (_directory_as_torch_writes(archive, ranges)
-            and _records_as_torch_wants(archive, ranges)
-            and _placed_as_torch_computes(result, archive, ranges))
+    try:
+        return (_directory_as_torch_writes(archive, ranges)
+                and _records_as_torch_wants(archive, ranges)
+                and _placed_as_torch_computes(result, archive, ranges))
+    except struct.error:  # a record cut short: a file that shrank since it was opened
+        return False
 
 
 _CENTRAL = struct.Struct("<4sHHHHHHIIIHHHHHII")
