@@ -112,19 +112,22 @@ class Server:
 
         self.started = time.perf_counter()
         try:
+            # No preexec_fn unless pinning: it is unsafe once this process runs threads
+            # (gRPC's, from an earlier server), and forces a plain fork.
             self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                         stderr=subprocess.DEVNULL, preexec_fn=pin)
+                                         stderr=subprocess.DEVNULL,
+                                         preexec_fn=pin if cpus is not None else None)
         except OSError as exc:  # e.g. a binary for another machine
             self.stop()
             raise Unavailable(f"rustboard cannot be started: {exc}") from exc
         try:
             port = self._port(port_file)
+            self.channel = grpc.insecure_channel(
+                f"127.0.0.1:{port}", options=[("grpc.max_receive_message_length", -1)])
+            self.stub = data_provider_pb2_grpc.TensorBoardDataProviderStub(self.channel)
         except BaseException:
             self.stop()
             raise
-        self.channel = grpc.insecure_channel(
-            f"127.0.0.1:{port}", options=[("grpc.max_receive_message_length", -1)])
-        self.stub = data_provider_pb2_grpc.TensorBoardDataProviderStub(self.channel)
 
     def _port(self, port_file: str) -> int:
         assert self.proc is not None

@@ -153,3 +153,28 @@ def test_regression_a_pools_results_share_one_copy_of_each_repeated_string(
             repeated += tag in first
             assert first.setdefault(tag, tag) is tag
     assert repeated >= len(results) - 1 > 0
+
+
+def test_the_pools_string_table_stops_growing(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Results come back with their strings shared through one table: names repeat across
+    # a fleet, but a run's own names and its long texts do not, so the table keeps short
+    # strings only, up to a bound, past which what it holds is flat in the runs.
+    import io
+    import pickle
+
+    from analyzer.fleet import executors
+
+    monkeypatch.setattr(executors, "SHARED_STRINGS", 3)
+    seen: dict[str, str] = {}
+
+    def round_trip(value: object) -> Any:
+        out = io.BytesIO()
+        executors._Marking(out, pickle.HIGHEST_PROTOCOL).dump(value)
+        return executors._Sharing(out.getvalue(), seen).load()
+
+    first = round_trip(["loss", "grad_norm", "x" * 200])
+    again = round_trip(["loss".upper().lower(), "run-000017", "run-000018", "x" * 200])
+    assert again[0] is first[0]  # a name shared
+    assert "x" * 200 not in seen  # a long text is not kept
+    assert len(seen) == 3 and again[1:3] == ["run-000017", "run-000018"]
+    assert round_trip({"k": "v"}) == {"k": "v"}  # still read right past the bound

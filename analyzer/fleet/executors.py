@@ -308,8 +308,8 @@ class _Marking(pickle.Pickler):
 
 class _Sharing(pickle.Unpickler):
     """Loads what :class:`_Marking` pickled (our workers' results, nothing else), each
-    string the copy ``seen`` holds (the pool's own table, not sys.intern's, which keeps
-    what it holds for good in some Pythons)."""
+    short string the copy ``seen`` holds (the pool's own table, not sys.intern's, which
+    keeps what it holds for good in some Pythons; bounded: ``SHARED_STRINGS``)."""
 
     def __init__(self, data: bytes, seen: dict[str, str]) -> None:
         super().__init__(io.BytesIO(data))
@@ -318,7 +318,21 @@ class _Sharing(pickle.Unpickler):
     def persistent_load(self, pid: Any) -> Any:
         if type(pid) is not str:
             raise pickle.UnpicklingError("not a result of this pool")
-        return self.seen.setdefault(pid, pid)
+        if len(pid) > SHARED_CHARS:
+            return pid  # a path, a message: shared by few results, if any
+        found = self.seen.get(pid)
+        if found is not None:
+            return found
+        if len(self.seen) < SHARED_STRINGS:
+            self.seen[pid] = pid
+        return pid
+
+
+SHARED_CHARS = 64
+"""Strings up to this long are shared between results: names (tags, keys, rules, tensors)."""
+SHARED_STRINGS = 1 << 16
+"""Strings the table holds at most: past it new ones are not kept, so that what the table
+holds stops growing with the fleet (a run's own names, its folder's, are in it too)."""
 
 
 def _outcome(future: Future[bytes], found: RunFiles, seen: dict[str, str]) -> RunResult:
