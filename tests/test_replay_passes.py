@@ -328,3 +328,38 @@ def test_a_pass_copy_of_the_optimizer_shares_nothing_with_the_original() -> None
             assert torch.equal(value, before[key][name])
     assert all(p is not q for p, q in zip(model.parameters(), pass_state.model.parameters(),
                                           strict=True))
+
+
+class _FlatPair(nn.Module):
+    """A model of two parameters."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        flat = torch.arange(8.0)
+        self.a = nn.Parameter(flat[:4])
+        self.b = nn.Parameter(flat[4:])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.a.sum() + self.b.mean()
+
+
+def _same_storage(x: torch.Tensor, y: torch.Tensor) -> bool:
+    return x.untyped_storage().data_ptr() == y.untyped_storage().data_ptr()
+
+
+def test_a_pass_copy_keeps_views_of_one_buffer_views_of_one_copy() -> None:
+    # Optimizer state viewing one buffer is deep-copied as it stands: a clone of each
+    # apart would let the pass update one copy and read another. (Parameters are cloned
+    # one by one, as Parameter.__deepcopy__ itself clones them.)
+    model = _FlatPair()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.ones(3)).sum().backward()
+    opt.step()
+    flat = torch.zeros(8)
+    opt.state[model.a]["momentum_buffer"] = flat[:4]
+    opt.state[model.b]["momentum_buffer"] = flat[4:]
+    copy = clone_state(TrainState(model, opt), StepConfig())
+    a, b = copy.model.a, copy.model.b
+    assert not _same_storage(a, model.a)
+    buffers = [copy.optimizer.state[p]["momentum_buffer"] for p in (a, b)]
+    assert _same_storage(*buffers) and not _same_storage(buffers[0], flat)

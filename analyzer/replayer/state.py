@@ -139,13 +139,35 @@ def clone_state(state: TrainState, config: StepConfig) -> TrainState:
         optimizer = type(original)(groups, **_accepted(type(original), original.defaults))
         # load_state_dict keeps tensors that already have the right dtype and device:
         # without the copy, a pass would update the moments of the original in place.
-        optimizer.load_state_dict(_copied(original.state_dict(), {}))
+        saved = original.state_dict()
+        optimizer.load_state_dict(_copied(saved, {}) if _plain_tensors(saved)
+                                  else copy.deepcopy(saved))
         optimizers.append(optimizer)
     scaler = None
     if config.grad_scaler and state.scaler is not None:
         scaler = torch.amp.GradScaler(config.device_type)
         scaler.load_state_dict(state.scaler.state_dict())
     return TrainState(model, optimizers[0], scaler, tuple(optimizers[1:]))
+
+
+def _owns_storage(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a plain dense tensor that is its storage whole, so that a clone of
+    it copies everything a deep copy would (no other tensor can view the same bytes)."""
+    return (t.layout == torch.strided and not t.is_quantized and t.device.type != "meta"
+            and t.storage_offset() == 0 and t.is_contiguous()
+            and t.untyped_storage().nbytes() == t.numel() * t.element_size())
+
+
+def _plain_tensors(value: Any) -> bool:
+    """Whether every tensor in an optimizer's state dict is a plain one that owns its
+    storage (see ``_owns_storage``); otherwise the dict is deep-copied as it stands."""
+    if isinstance(value, torch.Tensor):
+        return type(value) is torch.Tensor and _owns_storage(value)
+    if isinstance(value, dict):
+        return all(_plain_tensors(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return all(_plain_tensors(v) for v in value)
+    return True
 
 
 def _copied(value: Any, memo: dict[int, Any]) -> Any:
