@@ -6,6 +6,8 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, cast
 
+import numpy as np
+
 from analyzer.ingest.ckpt.leaves import Leaf
 from analyzer.ingest.ckpt.npstats import NpChunk, adam_add, as_torch, widen
 from analyzer.ingest.ckpt.pinning import torch_pinned
@@ -59,9 +61,14 @@ class _AdamAccumulator:
         if v_low < threshold:
             self.v_below_eps += count(v < threshold)
         denominator = scratch("adam_den", v.dtype, v.numel())
-        # The root in float64 rounded once to v's dtype is IEEE's correctly rounded one,
-        # what numpy's reading gives (npstats.adam_add); torch's float32 kernel is not.
-        denominator.copy_(torch.sqrt((v.clamp(min=0) if v_low < 0 else v).double()))
+        # IEEE's correctly rounded root, what numpy's reading gives (npstats.adam_add);
+        # torch's float32 kernel is not. numpy's sqrt is, in float32 and float64, on the
+        # tensor's own memory; other dtypes take the float64 root rounded once.
+        root = v.clamp(min=0) if v_low < 0 else v
+        if root.dtype in (torch.float32, torch.float64) and root.device.type == "cpu":
+            np.sqrt(root.numpy(), out=denominator.view(root.shape).numpy())
+        else:
+            denominator.copy_(torch.sqrt(root.double()))
         denominator.add_(self.eps)
         ratio = scratch("adam_ratio", m.dtype, m.numel())
         torch.abs(m, out=ratio)
