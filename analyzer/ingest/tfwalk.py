@@ -90,6 +90,7 @@ def walk(data: Bytes, pos: int, most: int, until: int | None = None) -> tuple[In
     recent: list[int] = []
     cycle: _Cycle | None = None
     heads: Bytes | None = None
+    reach = _FIRST_CYCLES  # cycles the last prediction held for, and one more
     unpack = _LEN.unpack_from
     last = size - HEADER
     while pos <= last:
@@ -113,8 +114,12 @@ def walk(data: Bytes, pos: int, most: int, until: int | None = None) -> tuple[In
         offsets = []
         if heads is None:  # the 8 bytes from each position: made once, for every prediction
             heads = np.lib.stride_tricks.sliding_window_view(data, 8)
-        pos, predicted = _predict(data, pos, lengths, fit, heads)
+        pos, predicted = _predict(data, pos, lengths, fit, heads, reach)
         done.append(predicted)
+        # One-off records (a histogram among scalars) tend to come at one spacing: the next
+        # prediction checks as far as this one held in its first block, so that it does not
+        # grow past the break block by block.
+        reach = max(_FIRST_CYCLES, int(predicted.shape[0]) // len(lengths) + 2)
         recent = []
         if cycle is not None:
             cycle.after(lengths, int(predicted.shape[0]))
@@ -208,23 +213,25 @@ class _Cycle:
 # a few dozen records one by one).
 _MISSES = 4
 _WORTH = 32
+_FIRST_CYCLES = 16
+"""Cycles a prediction checks in its first block when none held before it."""
 
 
 def _predict(data: Bytes, pos: int, cycle: list[int], fit: int,
-             heads: Bytes | None = None) -> tuple[int, IntArray]:
+             heads: Bytes | None = None, first: int = 16) -> tuple[int, IntArray]:
     """Walk from ``pos`` while record lengths keep repeating ``cycle`` and records end by
     ``fit``.
 
-    Blocks of predicted records, growing while predictions hold, are checked against the
-    length fields in one go; records are accepted up to the first one whose length differs
-    from the prediction, and the plain walk takes over there.
+    Blocks of predicted records, ``first`` cycles and then growing while predictions hold,
+    are checked against the length fields in one go; records are accepted up to the first
+    one whose length differs from the prediction, and the plain walk takes over there.
     """
     lengths = ints(cycle)
     period = lengths.shape[0]
     if heads is None:  # the 8 bytes from each position: made once per walk, it is reused
         heads = np.lib.stride_tricks.sliding_window_view(data, 8)
     accepted: list[IntArray] = []
-    cycles = 16
+    cycles = min(first, _PREDICT_MOST // period + 1)
     while True:
         want = np.tile(lengths, cycles)
         ends = pos + np.cumsum(want + OVERHEAD)
