@@ -402,3 +402,19 @@ def test_hf_side_files_optimizer_and_scaler(tmp_path: Path) -> None:
     scaler = scan_checkpoint(str(folder / "scaler.pt"))
     assert scaler.format == "scaler" and scaler.scaler is not None
     assert scaler.scaler.scale == 1024.0
+
+
+def test_adam_moments_saved_as_requiring_grad_are_read_like_any(tmp_path: Path) -> None:
+    # A saved tensor keeps its requires_grad flag; the scan's in-place reductions (out=)
+    # refuse such tensors unless they are detached first.
+    model, optimizer = _trained()
+    state = optimizer.state_dict()
+    for slots in state["state"].values():
+        slots["exp_avg"].requires_grad_()
+        slots["exp_avg_sq"].requires_grad_()
+    path = tmp_path / "ckpt.pt"
+    torch.save({"model": model.state_dict(), "optimizer": state, "step": 3}, path)
+    scan = scan_checkpoint(str(path))
+    assert len(scan.adam) == 6 and not scan.issues
+    v, m = state["state"][5]["exp_avg_sq"].detach(), state["state"][5]["exp_avg"].detach()
+    assert scan.adam[5].ratio_max == pytest.approx((m.abs() / (v.sqrt() + 1e-8)).max().item())

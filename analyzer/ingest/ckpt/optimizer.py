@@ -44,8 +44,9 @@ class _AdamAccumulator:
             self.ratio_max = max(self.ratio_max, ratio_max)
             return
         torch = torch_pinned()
-        m = work_view(_as_torch(m_chunk), "adam_m")
-        v = work_view(_as_torch(v_chunk), "adam_v")
+        # detached: a saved tensor may say it requires grad, and out= refuses those
+        m = work_view(_as_torch(m_chunk), "adam_m").detach()
+        v = work_view(_as_torch(v_chunk), "adam_v").detach()
         bounds = [float(x) for x in (*torch.aminmax(m), *torch.aminmax(v))]
         if not all(math.isfinite(x) for x in bounds):
             finite = torch.isfinite(m) & torch.isfinite(v)
