@@ -218,7 +218,7 @@ _FIRST_CYCLES = 16
 
 
 def _predict(data: Bytes, pos: int, cycle: list[int], fit: int,
-             heads: Bytes | None = None, first: int = 16) -> tuple[int, IntArray]:
+             heads: Bytes | None = None, first: int = _FIRST_CYCLES) -> tuple[int, IntArray]:
     """Walk from ``pos`` while record lengths keep repeating ``cycle`` and records end by
     ``fit``.
 

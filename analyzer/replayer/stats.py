@@ -67,9 +67,10 @@ def is_finite(t: torch.Tensor) -> bool:
     """True when ``t`` holds no NaN or Inf.
 
     A sum is NaN or infinite when any element is, so a finite sum settles it in one
-    reduction, without the full-size boolean mask isfinite() builds (about twenty times
-    faster on the CPU). A sum can also overflow where every element is finite: then min
-    and max, which propagate NaN and are infinite only when an element is, decide.
+    reduction, without the full-size boolean mask isfinite() builds (on the CPU about 2.5
+    times faster than min and max, which were about ten times faster than the mask). A
+    sum can also overflow where every element is finite: then min and max, which
+    propagate NaN and are infinite only when an element is, decide.
     """
     if not (t.is_floating_point() or t.is_complex()) or t.numel() == 0:
         return True

@@ -258,7 +258,7 @@ def _unhashable(value: object) -> bool:
             return True
         if type(item) is tuple and id(item) not in seen:
             seen.add(id(item))
-            if len(seen) > 4096:
+            if len(seen) > _KEY_ITEMS:
                 return True
             pending.extend(item)
     return False

@@ -97,7 +97,7 @@ class Dispatcher:
         self.bare = self.marked and not _holds_any(batch.text, _TAG_MARKS)
         if self.bare and untagged is None:
             untagged = True
-        holes, cap = batch.holes, reader.LINE_CAP
+        holes, single = batch.holes, reader.single
         i, n = 0, len(lines)
         while i < n:
             recent = self.recent
@@ -120,10 +120,7 @@ class Dispatcher:
             i += 1
             if not line:
                 continue
-            if batch.plain or (
-                "\r" not in line and "\x1b" not in line and "\x08" not in line
-                and len(line) <= cap and (not holes or "\x00" not in line)
-            ):
+            if batch.plain or single(line, holes):
                 record(before + i, line)
             elif self._split_line(line, before + i, holes):
                 continue
@@ -150,9 +147,7 @@ class Dispatcher:
         carriage returns at the same places, in characters and in the key's bytes, so
         the records and their keys are slices at places remembered per key."""
         splits = self.splits
-        if splits is None or "\x1b" in line or "\x08" in line or len(line) > reader.LINE_CAP or (
-            holes and "\x00" in line
-        ):
+        if splits is None or not reader.returns_only(line, holes):
             return False
         key = line.encode("utf-8", "surrogatepass").translate(ZERO_DIGITS)
         spans = splits.get(key)
@@ -170,15 +165,7 @@ class Dispatcher:
         ctx = self.ctx
         ctx.line = number
         ctx.rank = None
-        if len(text) <= MEMO_CHARS:
-            if key is None:
-                key = text.encode("utf-8", "surrogatepass").translate(ZERO_DIGITS)
-            ctx.keyed = (text, key)
-            found = self.memo.get(key)
-            prefixed, holders, fallback = found if found is not None else self._shape(text, key)
-        else:
-            ctx.keyed = None
-            prefixed, holders, fallback = self._shape(text, None)
+        prefixed, holders, fallback = self.shape_of(text, key)
         if prefixed and not self.bare:
             text, ctx.rank = self.strip(text)
             if not text:
@@ -201,7 +188,7 @@ class Dispatcher:
             ctx.group = self.fallback.framework
             self.fallback.parse(text, ctx)
 
-    def shape_of(self, text: str) -> Shape:
+    def shape_of(self, text: str, key: bytes | None = None) -> Shape:
         """What the record's characters other than digits decide: whether it may start
         with a prefix to strip, the parsers holding a trigger in it (in order), and
         whether the fallback may take it.
@@ -211,20 +198,17 @@ class Dispatcher:
         same answer. A log repeats a few shapes whose numbers change: the answer is kept
         per record with its digits set to 0. The key is the UTF-8 encoding, where every
         digit is one byte and no other character holds the byte of an ASCII digit, so
-        one bytes.translate makes it."""
-        key = None
+        one bytes.translate makes it; ``key`` is that key where the caller has it."""
         if len(text) <= MEMO_CHARS:
-            key = text.encode("utf-8", "surrogatepass").translate(ZERO_DIGITS)
+            if key is None:
+                key = text.encode("utf-8", "surrogatepass").translate(ZERO_DIGITS)
             self.ctx.keyed = (text, key)
             found = self.memo.get(key)
             if found is not None:
                 return found
         else:
+            key = None
             self.ctx.keyed = None
-        return self._shape(text, key)
-
-    def _shape(self, text: str, key: bytes | None) -> Shape:
-        """``shape_of`` worked out, and remembered under ``key`` unless it is None."""
         found = (
             (text[0] in _PREFIX_START and (self.numbered or TAGGED.match(text) is not None))
             or _holds_any(text, _EMBEDDED),

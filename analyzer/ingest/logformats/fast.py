@@ -199,11 +199,10 @@ class Shape:
 
     def match(self, text: str, at: int, ctx: Context) -> Row | None:
         """The groups of ``pattern`` matched in full on ``text`` from ``at``, or None."""
+        found = record_key(text, ctx) if self.keyed else None
         key = None
-        keyed = ctx.keyed
-        if self.keyed and keyed is not None and keyed[0] is text and len(text) <= TEMPLATE_CHARS:
-            # record_key, inline: this runs once per record
-            key = (keyed[1], at)
+        if found is not None:
+            key = (found, at)
             get = self.records.get(key)
             if get is not None:
                 row = get(text)

@@ -136,8 +136,8 @@ def _keep(pieces: list[str], holding: bool) -> tuple[list[int], int | None]:
 
 def record_pieces(pieces: list[str]) -> list[int]:
     """Which of ``pieces``, a complete line's segments between carriage returns (a line
-    without backspaces, escape sequences or holes, and not longer than LINE_CAP), are its
-    records, by index in order: what ``line_records`` gives of that line."""
+    ``returns_only`` holds true of), are its records, by index in order: what
+    ``line_records`` gives of that line."""
     kept, left = _keep(pieces, False)
     if left is not None:
         kept.append(left)
@@ -196,9 +196,15 @@ def single(text: str, holes: bool = True, length: int | None = None) -> bool:
     escape character, no hole unless ``holes`` is False (its bytes held no NUL), and not
     longer than LINE_CAP. ``length`` is the length held to the cap when ``text`` is lines
     joined: the longest line's."""
+    return "\r" not in text and returns_only(text, holes, length)
+
+
+def returns_only(text: str, holes: bool = True, length: int | None = None) -> bool:
+    """True when carriage returns are all that may split ``text`` into records: no
+    backspace or escape character, no hole unless ``holes`` is False, and not longer than
+    LINE_CAP (``length`` as for ``single``)."""
     return (
         (len(text) if length is None else length) <= LINE_CAP
-        and "\r" not in text
         and "\x1b" not in text
         and "\x08" not in text
         and (not holes or "\x00" not in text)
