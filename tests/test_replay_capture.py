@@ -18,6 +18,7 @@ import torch
 from analyzer.capture import FlightRecorder
 from analyzer.cli.replay import replay_command
 from analyzer.errors import ForensicsError, UsageError
+from analyzer.model.replays import REPLAY_SCHEMA_VERSION
 from analyzer.replayer import (
     CaptureError,
     ModelRebuildError,
@@ -297,7 +298,8 @@ def test_the_command_prints_writes_json_and_leaves_the_run_alone(log_run: Path,
     assert replay_command(str(log_run), json_file=str(target), out=out) == 1
     assert "verdict: math-fault" in out.getvalue()
     data = json.loads(target.read_text(encoding="utf-8"))
-    assert data["schema"] == "nan-forensics-replay" and data["schema_version"] == 1
+    assert data["schema"] == "nan-forensics-replay"
+    assert data["schema_version"] == REPLAY_SCHEMA_VERSION == 2
     assert data["phase"] == "forward" and data["op"]["op"] == "log.default"
     out = io.StringIO()
     replay_command(str(log_run), json_file="-", out=out)

@@ -8,6 +8,8 @@ passes it did run must be the same passes, bit for bit.
 
 from __future__ import annotations
 
+import copy
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -20,7 +22,7 @@ from torch import nn
 from analyzer.model.replays import ReplayResult
 from analyzer.replayer import replay_step
 from analyzer.replayer.passes import run_step
-from analyzer.replayer.state import StepConfig, TrainState, _copied, clone_state
+from analyzer.replayer.state import StepConfig, TrainState, _copied, clone_state, copy_module
 from analyzer.replayer.stats import is_finite
 from analyzer.replayer.step import replay_call
 from analyzer.replayer.steps import StepBatch, StepCall
@@ -33,7 +35,10 @@ def _same_but_passes(auto: ReplayResult, every: ReplayResult) -> None:
     ran, all_passes = mine.pop("passes"), theirs.pop("passes")
     assert mine == theirs
     by_label = {p["label"]: p for p in all_passes}
-    assert ran and all(by_label[p["label"]] == p for p in ran)
+    # A default replay compares no pass with another bit for bit: no fingerprints.
+    assert ran and all(p["fingerprint"] is None for p in ran)
+    assert all(by_label[p["label"]] == {**p, "fingerprint": by_label[p["label"]]["fingerprint"]}
+               for p in ran)
 
 
 def _ce(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -363,3 +368,91 @@ def test_a_pass_copy_keeps_views_of_one_buffer_views_of_one_copy() -> None:
     assert not _same_storage(a, model.a)
     buffers = [copy.optimizer.state[p]["momentum_buffer"] for p in (a, b)]
     assert _same_storage(*buffers) and not _same_storage(buffers[0], flat)
+
+
+def _form(value: Any, seen: dict[int, int], originals: set[int]) -> Any:
+    """A comparable picture of ``value`` and everything it holds: which objects are one
+    object (by order of first sight), types, values; and asserts that no tensor of a copy
+    shares memory with the original (``originals``: the original's storages)."""
+    if isinstance(value, (int, float, str, bytes, type(None), torch.dtype)):
+        return value
+    if id(value) in seen:
+        return ("same", seen[id(value)])
+    seen[id(value)] = len(seen)
+    if isinstance(value, torch.Tensor):
+        if originals and value.numel():
+            assert value.untyped_storage().data_ptr() not in originals
+        return (type(value).__name__, value.dtype, tuple(value.shape), value.requires_grad,
+                value.detach().flatten().tolist())
+    if isinstance(value, nn.Module):
+        return (type(value).__name__, sorted(
+            (k, _form(v, seen, originals)) for k, v in vars(value).items()))
+    if isinstance(value, dict):
+        return (type(value).__name__, [(k, _form(v, seen, originals)) for k, v in value.items()])
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, [_form(v, seen, originals) for v in value])
+    if isinstance(value, (set, frozenset)):
+        return (type(value).__name__, sorted(map(repr, value)))
+    if isinstance(value, functools.partial):
+        return ("partial", value.func.__qualname__, _form(value.args, seen, originals))
+    if callable(value):
+        return ("callable", getattr(value, "__qualname__", type(value).__name__))
+    return (type(value).__name__, repr(value))
+
+
+class _Tied(nn.Module):
+    """Tied weights, a submodule held twice, a cycle back to the parent, a list of
+    tensors and a hook: what a copy must keep as it is."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(7, 4)
+        self.head = nn.Linear(4, 7, bias=False)
+        self.head.weight = self.embed.weight
+        self.block = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4), nn.GELU())
+        self.again = self.block
+        self.norm = nn.BatchNorm1d(4)
+        self.kept = [torch.ones(2), {"scale": torch.tensor(3.0)}]
+        object.__setattr__(self.block, "owner", self)  # not a submodule: a plain cycle
+        self.register_forward_hook(functools.partial(_noop_hook, tag="after"))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(self.again(self.embed(x))))
+
+
+def _noop_hook(module: nn.Module, args: Any, out: Any, tag: str = "") -> None:
+    return None
+
+
+class _OwnCopy(nn.Linear):
+    """A module whose class copies itself its own way."""
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _OwnCopy:
+        made = _OwnCopy(self.in_features, self.out_features)
+        made.load_state_dict(self.state_dict())
+        made.copied_by_own_method = True
+        return made
+
+
+@pytest.mark.parametrize("build", [
+    lambda: models.mlp(in_features=4, hidden=8, out_features=2, depth=3, seed=0),
+    lambda: models.small_cnn(channels=1, classes=3, width=4, size=8, seed=0),
+    lambda: nn.LSTM(3, 5, num_layers=2),  # RNNBase has its own __setstate__: deepcopy's
+    lambda: nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, batch_first=True),
+    _Tied,
+    lambda: nn.Sequential(_OwnCopy(2, 3), nn.Tanh()),
+], ids=["mlp", "cnn", "lstm", "transformer", "tied", "own-deepcopy"])
+def test_copy_module_makes_what_deepcopy_makes(build: Callable[[], nn.Module]) -> None:
+    torch.manual_seed(0)
+    model = build()
+    originals = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())}
+    fast, deep = copy_module(model, {}), copy.deepcopy(model)
+    assert _form(fast, {}, originals) == _form(deep, {}, originals)
+    if isinstance(model, nn.Sequential) and isinstance(model[0], _OwnCopy):
+        assert fast[0].copied_by_own_method
+        return
+    assert _form(fast, {}, set()) == _form(model, {}, set())
+    if isinstance(model, _Tied):
+        assert fast.head.weight is fast.embed.weight and fast.again is fast.block
+        assert fast.block.owner is fast and fast.kept[0] is not model.kept[0]
+        assert len(fast._forward_hooks) == 1

@@ -30,8 +30,9 @@ VerdictKind = Literal["math-fault", "range-overflow", "not-reproducible", "bad-i
                       "undecided"]
 
 PHASES: tuple[Phase, ...] = ("forward", "backward", "update")
-REPLAY_SCHEMA_VERSION = 1
-"""Bumped when a key of ``ReplayResult.to_dict()`` changes meaning or disappears."""
+REPLAY_SCHEMA_VERSION = 2
+"""Bumped when a key of ``ReplayResult.to_dict()`` changes meaning or disappears. 2: a
+pass's ``fingerprint`` is null where no other pass is compared with it bit for bit."""
 ROOT_NAME = "(model)"
 """How reports name the model itself; its submodules keep their dotted names."""
 LOSS_NAME = "(loss)"
@@ -215,7 +216,7 @@ class PassOutcome:
 
     ``fingerprint`` hashes the loss, the gradients and the updated parameters
     bit for bit (a CRC-32C per tensor), so two passes that agree on the phase can still
-    be told apart.
+    be told apart; None for a pass no other is compared with (those of a default replay).
     """
 
     label: str
@@ -224,7 +225,7 @@ class PassOutcome:
     autocast: str | None
     loss: float | None
     phase: Phase | None
-    fingerprint: str
+    fingerprint: str | None
     error: str | None = None
 
 

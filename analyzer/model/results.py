@@ -13,14 +13,15 @@ from analyzer.model.replays import ReplayResult
 from analyzer.model.runs import Run
 from analyzer.model.scaling import ScaleReading
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """Bumped whenever a field of the JSON report changes meaning or disappears (the schema is
 :mod:`analyzer.model.schema`'s, written down in docs/report.schema.json). 2: a run's
 ``status`` may be ``unreadable``; every read issue, checkpoints' included, is
 ``{"kind", "message", "location": {"file", "offset", "line"}}``. 3: a read issue is listed
 once, in its run's ``issues`` (no more ``issues`` under ``checkpoints`` and its ``scans``);
 a run's ``replay`` no longer repeats the standalone replay document's ``schema`` and
-``schema_version``."""
+``schema_version``. 4: a replay pass's ``fingerprint`` is null where no other pass of the
+replay is compared with it bit for bit (every pass of a default replay)."""
 
 
 RunStatus = Literal["failed", "finite", "unreadable"]

@@ -128,17 +128,20 @@ def run_step(state: TrainState, batch: StepBatch, call: StepCall, config: StepCo
     update(state, config)
 
 
-def _grads(state: TrainState) -> list[torch.Tensor]:
-    return [p.grad for p in state.model.parameters() if p.grad is not None]
+def _grads(params: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [p.grad for p in params if p.grad is not None]
 
 
-def _digest(parts: list[int], tensors: Sequence[torch.Tensor]) -> None:
-    """Add each tensor's byte count and CRC-32C to ``parts``, read where the bytes lie.
+def _digest(parts: list[int] | None, tensors: Sequence[torch.Tensor]) -> None:
+    """Add each tensor's byte count and CRC-32C to ``parts`` (None: no fingerprint is
+    kept), read where the bytes lie.
 
     The fingerprint tells whether two passes of one replay ended bit for bit alike; it
     guards against chance, not against an adversary, so a CRC per tensor (about 10 GB/s)
     does instead of a cryptographic hash of them all (SHA-1, under 1 GB/s here, cost most
     of a healthy replay's time over its step on a model of 0.4 M parameters)."""
+    if parts is None:
+        return
     for t in tensors:
         data = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
         parts += (data.shape[0], _crc(data))
@@ -160,11 +163,15 @@ def _fingerprint(parts: list[int]) -> str:
 
 
 def plain_pass(label: str, state: TrainState, batch: StepBatch, call: StepCall,
-               config: StepConfig, census: ForwardCensus | None = None) -> PassOutcome:
+               config: StepConfig, census: ForwardCensus | None = None, *,
+               fingerprint: bool = True) -> PassOutcome:
     """Run the step without instrumentation; say where it first went non-finite.
 
-    ``census`` watches the forward of the micro-batch the instrumented pass would watch."""
-    parts: list[int] = []
+    ``census`` watches the forward of the micro-batch the instrumented pass would watch.
+    ``fingerprint`` False leaves the outcome's fingerprint out, for a pass that no other
+    is compared with: the CRCs read every gradient and parameter once more."""
+    parts: list[int] | None = [] if fingerprint else None
+    params: list[torch.Tensor] | None = None
     phase: Phase | None = None
     loss_value: float | None = None
     error = None
@@ -186,12 +193,12 @@ def plain_pass(label: str, state: TrainState, batch: StepBatch, call: StepCall,
             stage = "backward"
             backward(state, scaled(loss, batch.divisor))
         stage = "update"
-        grads = _grads(state)
+        params = list(state.model.parameters())  # as they are once the forward has run
+        grads = _grads(params)
         _digest(parts, grads)
         if phase is None and not all_finite(grads):
             phase = "backward"
         update(state, config)
-        params = list(state.model.parameters())
         _digest(parts, params)
         if phase is None and not all_finite(params):
             phase = "update"
@@ -200,16 +207,18 @@ def plain_pass(label: str, state: TrainState, batch: StepBatch, call: StepCall,
         if phase is None and numeric_error(exc):
             phase = stage  # the step's own check stopped it there
     autocast = dtype_name(config.autocast_dtype)
-    return PassOutcome(label=label, device=config.device,
-                       dtype=_param_dtype(state), autocast=autocast, loss=loss_value,
-                       phase=phase, fingerprint=_fingerprint(parts), error=error)
+    dtype = _param_dtype(params if params is not None else list(state.model.parameters()))
+    return PassOutcome(label=label, device=config.device, dtype=dtype, autocast=autocast,
+                       loss=loss_value, phase=phase,
+                       fingerprint=None if parts is None else _fingerprint(parts), error=error)
 
 
 def light_pass(label: str, state: TrainState, batch: StepBatch, call: StepCall,
                config: StepConfig) -> tuple[PassOutcome, Instrumented | None]:
     """A plain pass that also counts the forward's module calls and checks their outputs.
 
-    It is the first pass of a default replay. When the step stays finite throughout (the
+    It is the first pass of a default replay, which no other pass is compared with bit
+    for bit, so it has no fingerprint. When the step stays finite throughout (the
     loss, every module's output, the gradients and the parameters) and raises nothing, it
     also gives what the instrumented pass would report of such a step: nothing non-finite
     to locate. Otherwise the second value is None and the instrumented pass must run.
@@ -218,7 +227,7 @@ def light_pass(label: str, state: TrainState, batch: StepBatch, call: StepCall,
     """
     census = ForwardCensus(state.model, call.fn if call.kind == "loss_fn" else None)
     scale_before = state.scaler.get_scale() if state.scaler is not None else None
-    outcome = plain_pass(label, state, batch, call, config, census)
+    outcome = plain_pass(label, state, batch, call, config, census, fingerprint=False)
     if outcome.error is not None or outcome.phase is not None or not census.finite:
         return outcome, None
     micro = batch.instrumented
@@ -232,8 +241,8 @@ def light_pass(label: str, state: TrainState, batch: StepBatch, call: StepCall,
     return outcome, Instrumented(fwd, None, bwd, upd)
 
 
-def _param_dtype(state: TrainState) -> str:
-    dtypes = sorted({dtype_name(p.dtype) or "" for p in state.model.parameters()})
+def _param_dtype(params: list[torch.Tensor]) -> str:
+    dtypes = sorted({dtype_name(p.dtype) or "" for p in params})
     return "+".join(dtypes) or "none"
 
 

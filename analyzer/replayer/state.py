@@ -9,9 +9,11 @@ original's state dict, which casts the optimizer state to match the parameters.
 from __future__ import annotations
 
 import copy
+import copyreg
 import functools
 import inspect
 import random
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -127,7 +129,7 @@ def clone_state(state: TrainState, config: StepConfig) -> TrainState:
         for p in state.model.parameters()
         if type(p) is nn.Parameter
     }
-    model = copy.deepcopy(state.model, memo).to(config.device)
+    model = copy_module(state.model, memo).to(config.device)
     if config.dtype is not None:
         model = model.to(config.dtype)
     index = {id(p): i for i, p in enumerate(state.model.parameters())}
@@ -148,6 +150,79 @@ def clone_state(state: TrainState, config: StepConfig) -> TrainState:
         scaler = torch.amp.GradScaler(config.device_type)
         scaler.load_state_dict(state.scaler.state_dict())
     return TrainState(model, optimizers[0], scaler, tuple(optimizers[1:]))
+
+
+_ATOMS = (int, float, bool, str, bytes, type(None))
+_HOLDERS = (dict, OrderedDict)
+
+
+def copy_module(module: nn.Module, memo: dict[int, Any]) -> nn.Module:
+    """``copy.deepcopy(module, memo)``, made the same way with less of the copy module's
+    machinery per attribute.
+
+    For a module whose class copies as ``nn.Module`` does (no ``__deepcopy__``, reduce or
+    state methods of its own), deepcopy makes ``cls.__new__(cls)``, remembers it, deep-copies
+    ``__getstate__()`` (the ``__dict__`` without the compiled call) and hands that to
+    ``__setstate__``. So does this, except that it copies the values deepcopy would return
+    unchanged (numbers, strings, tuples of them) by reference, and the dicts a module keeps
+    its parameters, buffers, submodules and hooks in as new dicts of the same type whose
+    values are copied the same way, submodules by this function. Everything else, and a
+    module of any other class, goes to ``copy.deepcopy`` with the same memo."""
+    found = memo.get(id(module))
+    if found is not None:
+        return found  # type: ignore[no-any-return]
+    cls = type(module)
+    plain = _PLAIN.get(cls)
+    if plain is None:
+        plain = _PLAIN[cls] = _copies_plainly(cls)
+    if not plain:
+        return copy.deepcopy(module, memo)
+    new = cls.__new__(cls)
+    memo[id(module)] = new
+    state = {k: _copy_value(v, memo) for k, v in module.__dict__.items()
+             if k != "_compiled_call_impl"}
+    new.__setstate__(state)  # type: ignore[no-untyped-call]
+    return new
+
+
+def _copy_value(value: Any, memo: dict[int, Any]) -> Any:
+    kind = type(value)
+    if kind in _ATOMS:
+        return value
+    found = memo.get(id(value))
+    if found is not None:
+        return found
+    if kind is tuple and all(type(v) in _ATOMS for v in value):
+        return value  # what deepcopy returns for such a tuple
+    if kind in _HOLDERS:
+        holder = memo[id(value)] = kind()
+        for key, item in value.items():
+            holder[key if type(key) in _ATOMS else copy.deepcopy(key, memo)] = (
+                _copy_value(item, memo))
+        return holder
+    if kind is set and all(type(v) in _ATOMS for v in value):
+        copied = memo[id(value)] = set(value)
+        return copied
+    if isinstance(value, nn.Module):
+        return copy_module(value, memo)
+    return copy.deepcopy(value, memo)
+
+
+_PLAIN: dict[type, bool] = {}
+"""``_copies_plainly`` per module class met."""
+
+
+def _copies_plainly(cls: type) -> bool:
+    """Whether ``copy.deepcopy`` copies instances of ``cls`` as it copies an ``nn.Module``
+    (see ``copy_module``)."""
+    return (issubclass(cls, nn.Module) and cls not in copyreg.dispatch_table
+            and getattr(cls, "__deepcopy__", None) is None
+            and cls.__reduce_ex__ is object.__reduce_ex__
+            and cls.__reduce__ is object.__reduce__
+            and getattr(cls, "__getnewargs_ex__", None) is None
+            and getattr(cls, "__getnewargs__", None) is None
+            and cls.__getstate__ is nn.Module.__getstate__
+            and cls.__setstate__ is nn.Module.__setstate__)
 
 
 def _owns_storage(t: torch.Tensor) -> bool:

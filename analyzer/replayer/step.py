@@ -168,7 +168,7 @@ def replay_call(model: nn.Module, batch: StepBatch, call: StepCall,
             def float64() -> PassOutcome:
                 restorer.restore()
                 return plain_pass("float64 (cpu)", clone_state(pristine, wide), batch.on(wide),
-                                  call, wide)
+                                  call, wide, fingerprint=passes == "all")
 
             if passes == "all":
                 restorer.restore()

@@ -67,8 +67,8 @@ def _pass(p: PassOutcome) -> str:
     amp = f" autocast {p.autocast or 'off'}"
     state = f"error: {p.error}" if p.error else (
         f"non-finite in {p.phase}" if p.phase else "finite")
-    return (f"  {p.label:<14} {p.device} {p.dtype}{amp}  loss {_num(p.loss)}  {state}  "
-            f"[{p.fingerprint}]")
+    mark = f"  [{p.fingerprint}]" if p.fingerprint is not None else ""
+    return f"  {p.label:<14} {p.device} {p.dtype}{amp}  loss {_num(p.loss)}  {state}{mark}"
 
 
 def format_replay(result: ReplayResult, *, label: str | None = None) -> str:
