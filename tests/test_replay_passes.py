@@ -22,7 +22,14 @@ from torch import nn
 from analyzer.model.replays import ReplayResult
 from analyzer.replayer import replay_step
 from analyzer.replayer.passes import run_step
-from analyzer.replayer.state import StepConfig, TrainState, _copied, clone_state, copy_module
+from analyzer.replayer.state import (
+    StepConfig,
+    TrainState,
+    _copied,
+    clone_state,
+    copy_module,
+    nonfinite_state,
+)
 from analyzer.replayer.stats import is_finite
 from analyzer.replayer.step import replay_call
 from analyzer.replayer.steps import StepBatch, StepCall
@@ -456,3 +463,35 @@ def test_copy_module_makes_what_deepcopy_makes(build: Callable[[], nn.Module]) -
         assert fast.head.weight is fast.embed.weight and fast.again is fast.block
         assert fast.block.owner is fast and fast.kept[0] is not model.kept[0]
         assert len(fast._forward_hooks) == 1
+
+
+def _adam_state(model: nn.Module) -> torch.optim.Adam:
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    F.cross_entropy(model(torch.randn(5, 4)), torch.tensor([0, 1, 0, 1, 1])).backward()
+    opt.step()
+    return opt
+
+
+def test_a_step_that_starts_from_a_non_finite_moment_is_told_so() -> None:
+    # exp_avg_sq = inf makes the update 0: the pass stays finite throughout, so only the
+    # test of the starting state (made as the state is copied) can see it.
+    model = models.mlp(in_features=4, hidden=8, out_features=2, depth=2, seed=0)
+    opt = _adam_state(model)
+    first = next(iter(model.parameters()))
+    opt.state[first]["exp_avg_sq"][0, 0] = math.inf
+    result = replay_step(model, torch.randn(5, 4), torch.tensor([1, 0, 1, 0, 1]), _ce, opt,
+                         expected=False)
+    assert result.verdict.kind == "bad-input"
+    assert "optimizer state exp_avg_sq of" in result.verdict.summary
+
+
+def test_the_starting_state_is_tested_again_once_changed_in_place() -> None:
+    model = models.mlp(in_features=4, hidden=8, out_features=2, depth=2, seed=0)
+    state = clone_state(TrainState(model, _adam_state(model)), StepConfig())
+    assert nonfinite_state(state) == [] and state.checked
+    name, param = next(iter(state.model.named_parameters()))
+    with torch.no_grad():
+        param[0] = math.nan
+    moment = state.optimizer.state[param]["exp_avg"]
+    moment[0] = math.inf
+    assert nonfinite_state(state) == [name, f"optimizer state exp_avg of {name}"]

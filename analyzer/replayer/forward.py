@@ -80,6 +80,7 @@ class ForwardRecorder:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        self._last = None
 
     def _hook_tree(self, root: nn.Module, root_name: str, prefix: str) -> None:
         for name, module in root.named_modules():
@@ -195,6 +196,8 @@ class ForwardCensus:
         self.frames = 0
         self.finite = True
         self._handles: list[RemovableHandle] = []
+        self._last: torch.Tensor | None = None
+        self._last_version = -1
 
     def __enter__(self) -> ForwardCensus:
         roots = [self.model] + ([self.loss_fn] if isinstance(self.loss_fn, nn.Module) else [])
@@ -208,13 +211,23 @@ class ForwardCensus:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        self._last = None
 
     def _post(self, module: nn.Module, args: Any, output: Any) -> None:
         self._count(output)
 
     def _count(self, output: Any) -> None:
         self.frames += 1
-        if self.finite and not all_finite(floating(output)):
+        if not self.finite:
+            return
+        if type(output) is torch.Tensor:
+            # A container hands on its last child's output: that tensor, unchanged since
+            # that child's hook tested it, is not tested again.
+            if output is self._last and output._version == self._last_version:
+                return
+            self.finite = is_finite(output)
+            self._last, self._last_version = output, output._version
+        elif not all_finite(floating(output)):
             self.finite = False
 
     def hook(self, label: str) -> Callable[[Callable[..., Any], tuple[Any, ...]], Any]:

@@ -82,6 +82,9 @@ class RngState:
             random.setstate(self.python)
 
 
+Checked = tuple[torch.Tensor, int, bool]
+
+
 @dataclass
 class TrainState:
     """The model, its optimizers (``optimizer`` and any ``extra`` ones, in the loop's order)
@@ -91,6 +94,10 @@ class TrainState:
     optimizer: torch.optim.Optimizer
     scaler: Any = None
     extra: tuple[torch.optim.Optimizer, ...] = ()
+    checked: dict[int, Checked] = field(default_factory=dict, repr=False, compare=False)
+    """Tensors whose finiteness ``clone_state`` tested as it made them, by id, for
+    ``nonfinite_state``: the tensor, its version counter then (an in-place change since
+    moves it on) and whether it was finite."""
 
     @property
     def optimizers(self) -> tuple[torch.optim.Optimizer, ...]:
@@ -123,16 +130,22 @@ def cast_batch(value: Any, config: StepConfig) -> Any:
 def clone_state(state: TrainState, config: StepConfig) -> TrainState:
     """A fresh model, optimizer and scaler for one pass, on the pass's device and dtype."""
     # Parameters cloned as Parameter.__deepcopy__ clones them, ahead of the deep copy:
-    # through the copy module, each costs several times more.
-    memo: dict[int, Any] = {
-        id(p): nn.Parameter(p.data.clone(memory_format=torch.preserve_format), p.requires_grad)
-        for p in state.model.parameters()
-        if type(p) is nn.Parameter
-    }
+    # through the copy module, each costs several times more. Where no cast follows, each
+    # copy is tested for finiteness as soon as it is made, while its bytes are still in
+    # the processor's cache: a pass over the whole state later reads them from memory.
+    checked: dict[int, Checked] | None = {} if config.dtype is None else None
+    originals = list(state.model.parameters())
+    memo: dict[int, Any] = {}
+    for p in originals:
+        if type(p) is nn.Parameter:
+            made = memo[id(p)] = nn.Parameter(p.data.clone(memory_format=torch.preserve_format),
+                                              p.requires_grad)
+            if checked is not None:
+                checked[id(made)] = (made, made._version, is_finite(made))
     model = copy_module(state.model, memo).to(config.device)
     if config.dtype is not None:
         model = model.to(config.dtype)
-    index = {id(p): i for i, p in enumerate(state.model.parameters())}
+    index = {id(p): i for i, p in enumerate(originals)}
     params = list(model.parameters())
     optimizers = []
     for original in state.optimizers:
@@ -142,14 +155,14 @@ def clone_state(state: TrainState, config: StepConfig) -> TrainState:
         # load_state_dict keeps tensors that already have the right dtype and device:
         # without the copy, a pass would update the moments of the original in place.
         saved = original.state_dict()
-        optimizer.load_state_dict(_copied(saved, {}) if _plain_tensors(saved)
+        optimizer.load_state_dict(_copied(saved, {}, checked) if _plain_tensors(saved)
                                   else copy.deepcopy(saved))
         optimizers.append(optimizer)
     scaler = None
     if config.grad_scaler and state.scaler is not None:
         scaler = torch.amp.GradScaler(config.device_type)
         scaler.load_state_dict(state.scaler.state_dict())
-    return TrainState(model, optimizers[0], scaler, tuple(optimizers[1:]))
+    return TrainState(model, optimizers[0], scaler, tuple(optimizers[1:]), checked or {})
 
 
 _ATOMS = (int, float, bool, str, bytes, type(None))
@@ -245,22 +258,26 @@ def _plain_tensors(value: Any) -> bool:
     return True
 
 
-def _copied(value: Any, memo: dict[int, Any]) -> Any:
+def _copied(value: Any, memo: dict[int, Any],
+            checked: dict[int, Checked] | None = None) -> Any:
     """A deep copy of an optimizer's state dict: its tensors cloned directly (deepcopy
     takes each through its storage, in Python: most of a clone's time on a small model),
     the containers rebuilt, anything else deep-copied. ``memo`` keeps a tensor met twice
-    one tensor in the copy."""
+    one tensor in the copy; each tensor copied is tested for finiteness into ``checked``
+    where one is given (see ``TrainState.checked``)."""
     found = memo.get(id(value))
     if found is not None:
         return found
     if isinstance(value, torch.Tensor) and type(value) is torch.Tensor:
         copied: Any = value.detach().clone()
+        if checked is not None:
+            checked[id(copied)] = (copied, copied._version, is_finite(copied))
     elif type(value) is dict:
-        copied = {k: _copied(v, memo) for k, v in value.items()}
+        copied = {k: _copied(v, memo, checked) for k, v in value.items()}
     elif type(value) is list:
-        copied = [_copied(v, memo) for v in value]
+        copied = [_copied(v, memo, checked) for v in value]
     elif type(value) is tuple:
-        copied = tuple(_copied(v, memo) for v in value)
+        copied = tuple(_copied(v, memo, checked) for v in value)
     else:
         return copy.deepcopy(value, memo)
     memo[id(value)] = copied
@@ -287,11 +304,20 @@ def _init_names(cls: type) -> frozenset[str] | None:
 
 def nonfinite_state(state: TrainState) -> list[str]:
     """Parameters and optimizer state already non-finite before the step starts."""
-    bad = [n for n, p in state.model.named_parameters() if not is_finite(p)]
-    names = {id(p): n for n, p in state.model.named_parameters()}
+    checked = state.checked
+
+    def finite(t: torch.Tensor) -> bool:
+        known = checked.get(id(t))
+        if known is not None and known[0] is t and known[1] == t._version:
+            return known[2]
+        return is_finite(t)
+
+    named = list(state.model.named_parameters())
+    bad = [n for n, p in named if not finite(p)]
+    names = {id(p): n for n, p in named}
     for optimizer in state.optimizers:
         for param, slots in optimizer.state.items():
             for key, value in slots.items():
-                if isinstance(value, torch.Tensor) and not is_finite(value):
+                if isinstance(value, torch.Tensor) and not finite(value):
                     bad.append(f"optimizer state {key} of {names.get(id(param), '?')}")
     return bad
