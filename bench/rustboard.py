@@ -78,7 +78,8 @@ class Server:
         self.channel: Any = None
         self.stub: Any = None
         self.started = 0.0
-        self._tmp = tempfile.mkdtemp(prefix="forensics-rustboard-")
+        self._tmp: str | None = None
+        """The port file's folder, made by start and removed by stop."""
 
     def __enter__(self) -> Server:
         if self.proc is None:
@@ -98,8 +99,10 @@ class Server:
                 from exc
         if self.proc is not None:
             raise RuntimeError("this server is already started")
+        program = binary()
+        self._tmp = tempfile.mkdtemp(prefix="forensics-rustboard-")
         port_file = os.path.join(self._tmp, "port")
-        args = [binary(), "--logdir", self.logdir, "--host", "127.0.0.1", "--port", "0",
+        args = [program, "--logdir", self.logdir, "--host", "127.0.0.1", "--port", "0",
                 "--port-file", port_file, "--reload", "once", "--die-after-stdin",
                 "--checksum" if self.checksum else "--no-checksum"]
         if self.samples:
@@ -217,7 +220,9 @@ class Server:
                 proc.wait(timeout=timeout)
         if proc is not None and proc.stdin is not None:
             proc.stdin.close()
-        shutil.rmtree(self._tmp, ignore_errors=True)
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
 
 
 def measure(logdir: str, expected: Mapping[str, int], *, checksum: bool = True,

@@ -4,6 +4,7 @@ and the rustboard harness (started, complete, stopped). Nothing here is timed.""
 from __future__ import annotations
 
 import os
+import tempfile
 import struct
 import subprocess
 import sys
@@ -198,9 +199,10 @@ def test_a_server_that_writes_no_port_is_stopped(tmp_path, monkeypatch):  # type
     fake.chmod(0o755)
     monkeypatch.setattr(rustboard, "binary", lambda: str(fake))
     server = rustboard.Server(str(tmp_path), start_timeout=0.5)
+    before = _port_folders()
     with pytest.raises(TimeoutError):
         server.start()
-    assert server.proc is None and not os.path.exists(server._tmp)
+    assert server.proc is None and server._tmp is None and _port_folders() == before
     assert [p for p in os.listdir("/proc") if p.isdigit() and _cmdline_has(p, str(fake))] == []
 
 
@@ -218,6 +220,23 @@ def test_a_binary_that_cannot_run_is_unavailable(tmp_path, monkeypatch):  # type
     fake.chmod(0o755)
     monkeypatch.setattr(rustboard, "binary", lambda: str(fake))
     server = rustboard.Server(str(tmp_path))
+    before = _port_folders()
     with pytest.raises(rustboard.Unavailable):
         server.start()
-    assert server.proc is None and not os.path.exists(server._tmp)
+    assert server.proc is None and server._tmp is None and _port_folders() == before
+
+
+def test_a_server_that_cannot_start_leaves_no_folder(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    def missing() -> str:
+        raise rustboard.Unavailable("tensorboard_data_server is not installed")
+
+    monkeypatch.setattr(rustboard, "binary", missing)
+    before = _port_folders()
+    with pytest.raises(rustboard.Unavailable), rustboard.Server(str(tmp_path)):
+        pass
+    assert _port_folders() == before
+
+
+def _port_folders() -> set[str]:
+    """The servers' port-file folders in the temporary folder."""
+    return {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("forensics-rustboard-")}

@@ -228,8 +228,11 @@ class Shape:
     def bulk(self, lines: list[str], start: int, before: int, ctx: Context, framework: str) -> int:
         """Take the lines from ``start`` on while they match; the index of the first
         line not taken. Lines are matched in windows that double while every line
-        matches and start again at one after a miss, so the matches wasted past a miss
-        never outnumber the lines taken before it."""
+        matches and start again at one after a miss. The window reached is kept for the
+        next call (a log whose lines of one format come between others' resumes at full
+        speed); a miss at that call's first line wastes it once, and the window starts
+        again at one. Each window was earned by as many lines taken before, so the lines
+        read in vain are never more than twice the lines taken, over the whole file."""
         i, n, window = start, len(lines), self.window
         while i < n:
             part = lines[i : i + window]
