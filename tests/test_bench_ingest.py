@@ -4,10 +4,10 @@ and the rustboard harness (started, complete, stopped). Nothing here is timed.""
 from __future__ import annotations
 
 import os
-import tempfile
 import struct
 import subprocess
 import sys
+import tempfile
 
 import eventgen
 import pytest
