@@ -214,7 +214,8 @@ def plain_pass(label: str, state: TrainState, batch: StepBatch, call: StepCall,
 
 
 def light_pass(label: str, state: TrainState, batch: StepBatch, call: StepCall,
-               config: StepConfig) -> tuple[PassOutcome, Instrumented | None]:
+               config: StepConfig, bad_inputs: tuple[str, ...] | None = None,
+               ) -> tuple[PassOutcome, Instrumented | None]:
     """A plain pass that also counts the forward's module calls and checks their outputs.
 
     It is the first pass of a default replay, which no other pass is compared with bit
@@ -224,15 +225,19 @@ def light_pass(label: str, state: TrainState, batch: StepBatch, call: StepCall,
     to locate. Otherwise the second value is None and the instrumented pass must run.
     Unlike that pass it does not look inside a module: a value made non-finite and then
     masked within one module's forward, or within backward or the update, is not sought.
+    ``bad_inputs``: ``bad_parts`` of the instrumented micro-batch where the caller has it,
+    taken before the pass as the instrumented pass takes it.
     """
+    micro = batch.instrumented
+    if bad_inputs is None:
+        bad_inputs = bad_parts(micro)
     census = ForwardCensus(state.model, call.fn if call.kind == "loss_fn" else None)
     scale_before = state.scaler.get_scale() if state.scaler is not None else None
     outcome = plain_pass(label, state, batch, call, config, census, fingerprint=False)
     if outcome.error is not None or outcome.phase is not None or not census.finite:
         return outcome, None
-    micro = batch.instrumented
     fwd = ForwardReport(frames=census.frames, producer=None, window=(), first_nonfinite=None,
-                        loss=outcome.loss, bad_inputs=bad_parts(micro),
+                        loss=outcome.loss, bad_inputs=bad_inputs,
                         batch=stats_of(model_inputs(micro)))
     bwd = BackwardReport(ran=True, origin=None, first_param=None, bad_params=())
     skipped = (scale_before is not None and state.scaler is not None

@@ -47,13 +47,13 @@ def _as_dtype(value: torch.dtype | str | None) -> torch.dtype | None:
     return dtype_of(value) if isinstance(value, str) else value
 
 
-def _bad_batch(batch: StepBatch) -> list[str]:
-    """What of the batch is non-finite; a float mask of 0 and -inf among the inputs (an
-    ``attn_mask``) is a mask, not a bad sample."""
+def _bad_batch(parts: Sequence[tuple[str, ...]]) -> list[str]:
+    """What of the batch is non-finite, from ``bad_parts`` of each micro-batch; a float
+    mask of 0 and -inf among the inputs (an ``attn_mask``) is a mask, not a bad sample."""
     bad: list[str] = []
-    for i, micro in enumerate(batch.micro):
-        where = f" of micro-batch {i}" if len(batch.micro) > 1 else ""
-        for part in bad_parts(micro):
+    for i, found in enumerate(parts):
+        where = f" of micro-batch {i}" if len(parts) > 1 else ""
+        for part in found:
             name = {"inputs": "the batch inputs", "targets": "the batch targets"}.get(part, part)
             bad.append(name + where)
     return bad
@@ -160,7 +160,8 @@ def replay_call(model: nn.Module, batch: StepBatch, call: StepCall,
                 start = clone_state(pristine, config)
             except Exception as exc:  # e.g. an optimizer that cannot be rebuilt on the device
                 raise ReplayError("setup", exc) from exc
-            bad_start = _bad_batch(on_device) + nonfinite_state(start)
+            parts = [bad_parts(m) for m in on_device.micro]
+            bad_start = _bad_batch(parts) + nonfinite_state(start)
             # a pass cast to another dtype is not the run's configuration: its label says so
             label = "as-run" if cast is None else dtype_name(cast)
             wide = StepConfig(device="cpu", dtype=torch.float64, grad_clip=grad_clip)
@@ -182,7 +183,8 @@ def replay_call(model: nn.Module, batch: StepBatch, call: StepCall,
                 wide_pass()
             else:
                 restorer.restore()
-                head, light = light_pass(f"{label} #1", start, on_device, call, config)
+                head, light = light_pass(f"{label} #1", start, on_device, call, config,
+                                         parts[on_device.target])
                 own = [head]
                 if light is not None and not expected and not bad_start:
                     inst = light
