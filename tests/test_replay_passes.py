@@ -495,3 +495,29 @@ def test_the_starting_state_is_tested_again_once_changed_in_place() -> None:
     moment = state.optimizer.state[param]["exp_avg"]
     moment[0] = math.inf
     assert nonfinite_state(state) == [name, f"optimizer state exp_avg of {name}"]
+
+
+class _Distilled(nn.Module):
+    """A student beside a frozen teacher run under inference mode: the teacher's outputs
+    keep no version counter."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.teacher = nn.Sequential(nn.Linear(4, 4), nn.Tanh())
+        self.student = nn.Sequential(nn.Linear(4, 4), nn.Tanh())
+        self.teacher.requires_grad_(False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.inference_mode():
+            target = self.teacher(x)
+        return self.student(x) - target.clone()
+
+
+def test_a_default_replay_reads_module_outputs_made_under_inference_mode() -> None:
+    torch.manual_seed(0)
+    model = _Distilled()
+    opt = torch.optim.SGD(model.student.parameters(), lr=0.1)
+    result = replay_step(model, torch.randn(3, 4), None, lambda out, _: out.pow(2).mean(), opt,
+                         expected=False)
+    assert result.verdict.kind == "finite", result.verdict
+    assert [p.error for p in result.passes] == [None]

@@ -38,6 +38,7 @@ from analyzer.replayer.stats import (
     neginf_only,
     stats_of,
     tensors_in,
+    version,
 )
 
 WINDOW = 3
@@ -197,7 +198,7 @@ class ForwardCensus:
         self.finite = True
         self._handles: list[RemovableHandle] = []
         self._last: torch.Tensor | None = None
-        self._last_version = -1
+        self._last_version: int | None = None
 
     def __enter__(self) -> ForwardCensus:
         roots = [self.model] + ([self.loss_fn] if isinstance(self.loss_fn, nn.Module) else [])
@@ -223,10 +224,11 @@ class ForwardCensus:
         if type(output) is torch.Tensor:
             # A container hands on its last child's output: that tensor, unchanged since
             # that child's hook tested it, is not tested again.
-            if output is self._last and output._version == self._last_version:
+            now = version(output)
+            if output is self._last and now is not None and now == self._last_version:
                 return
             self.finite = is_finite(output)
-            self._last, self._last_version = output, output._version
+            self._last, self._last_version = output, now
         elif not all_finite(floating(output)):
             self.finite = False
 

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from analyzer.replayer.stats import is_finite
+from analyzer.replayer.stats import is_finite, version
 
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16,
            "float32": torch.float32, "float64": torch.float64}
@@ -82,7 +82,7 @@ class RngState:
             random.setstate(self.python)
 
 
-Checked = tuple[torch.Tensor, int, bool]
+Checked = tuple[torch.Tensor, int | None, bool]
 
 
 @dataclass
@@ -141,7 +141,7 @@ def clone_state(state: TrainState, config: StepConfig) -> TrainState:
             made = memo[id(p)] = nn.Parameter(p.data.clone(memory_format=torch.preserve_format),
                                               p.requires_grad)
             if checked is not None:
-                checked[id(made)] = (made, made._version, is_finite(made))
+                checked[id(made)] = (made, version(made), is_finite(made))
     model = copy_module(state.model, memo).to(config.device)
     if config.dtype is not None:
         model = model.to(config.dtype)
@@ -271,7 +271,7 @@ def _copied(value: Any, memo: dict[int, Any],
     if isinstance(value, torch.Tensor) and type(value) is torch.Tensor:
         copied: Any = value.detach().clone()
         if checked is not None:
-            checked[id(copied)] = (copied, copied._version, is_finite(copied))
+            checked[id(copied)] = (copied, version(copied), is_finite(copied))
     elif type(value) is dict:
         copied = {k: _copied(v, memo, checked) for k, v in value.items()}
     elif type(value) is list:
@@ -308,7 +308,8 @@ def nonfinite_state(state: TrainState) -> list[str]:
 
     def finite(t: torch.Tensor) -> bool:
         known = checked.get(id(t))
-        if known is not None and known[0] is t and known[1] == t._version:
+        if known is not None and known[0] is t and known[1] is not None \
+                and known[1] == version(t):
             return known[2]
         return is_finite(t)
 

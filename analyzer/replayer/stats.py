@@ -83,6 +83,12 @@ def is_finite(t: torch.Tensor) -> bool:
     return math.isfinite(float(lo)) and math.isfinite(float(hi))
 
 
+def version(t: torch.Tensor) -> int | None:
+    """``t``'s version counter (moved on by every in-place change), None for a tensor made
+    under inference mode, which keeps none."""
+    return None if t.is_inference() else int(t._version)
+
+
 def all_finite(tensors: Iterable[torch.Tensor]) -> bool:
     return all(is_finite(t) for t in tensors)
 
