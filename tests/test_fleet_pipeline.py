@@ -3,6 +3,7 @@ the local executors (serial, process pool) and the command line's -j."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -386,6 +387,54 @@ def test_regression_a_run_that_kills_its_worker_is_not_analysed_in_this_process(
     assert bad.run.issues[-1].message.startswith("not analysed: the worker process")
     assert [by_name[n].status for n in ("other/far", "sweep/good", "sweep/same")] == [
         "finite", "finite", "failed"]
+
+
+def _two_die_together(folder: str, found: RunFiles, options: RunOptions) -> RunResult:
+    """Two runs that kill their workers: at once the first time, and when retried only once
+    the other's retry has started too (start files named by run and pid, in ``folder``; not
+    named by the environment, which a forkserver started by an earlier test would not
+    pass on). Retried one after the other, the first would wait for the second in
+    vain and say so in a file ``unmet``."""
+    import multiprocessing
+    import signal
+    import time
+
+    pair = ("sweep/bad", "sweep/same")
+    if found.name in pair and multiprocessing.parent_process() is not None:
+        meet = Path(folder)
+        me = found.name.replace("/", "-")
+        retried = any(meet.glob(f"{me}.*"))
+        (meet / f"{me}.{os.getpid()}").write_text("")
+        if not retried:
+            os.kill(os.getpid(), signal.SIGKILL)
+        other = next(n for n in pair if n != found.name).replace("/", "-")
+        for _ in range(600):  # 30 s
+            if len(list(meet.glob(f"{other}.*"))) >= 2:
+                break
+            time.sleep(0.05)
+        else:
+            (meet / "unmet").write_text(found.name)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return analyze_run(found, options)
+
+
+def test_runs_that_kill_their_workers_are_retried_alone_side_by_side(
+        drift_fleet: Path, tmp_path: Path) -> None:
+    # Each suspect is retried in a pool of one worker, as many at once as the pool had
+    # workers: one after the other, a pool of eight would retry eight runs in turn.
+    meet = tmp_path / "meet"
+    meet.mkdir()
+    runs = runs_of(discover(str(drift_fleet)), str(drift_fleet))
+    with Pool(2) as pool:
+        results = dict(pool.map(runs, NO_REPLAY, functools.partial(_two_die_together,
+                                                                    str(meet))))
+    by_name = {r.run.name: r for r in results.values()}
+    for name in ("sweep/bad", "sweep/same"):
+        assert by_name[name].status == "unreadable"
+        assert by_name[name].run.issues[-1].message.startswith("not analysed: the worker")
+    assert [by_name[n].status for n in ("other/far", "sweep/good")] == ["finite", "finite"]
+    assert not (meet / "unmet").exists()
+    assert len(list(meet.glob("sweep-bad.*"))) == len(list(meet.glob("sweep-same.*"))) == 2
 
 
 def _hangs_on_bad(found: RunFiles, options: RunOptions) -> RunResult:

@@ -154,9 +154,10 @@ class Pool(Executor):
     """A local process pool of ``workers`` processes.
 
     A worker that dies (killed, out of memory, a crash in native code) breaks the whole
-    pool. The runs it had started are suspects: each is analysed again alone, in a pool of
-    one worker, and reported as not analysed if that worker dies too; the runs it had not
-    started go on in a fresh pool (at most :attr:`RESTARTS` times, then in this process).
+    pool. The runs it had started are suspects; the runs it had not started go on in a
+    fresh pool (at most :attr:`RESTARTS` times, then in this process). Once the others are
+    done, each suspect is analysed again alone, in a pool of one worker (as many such pools
+    at once as the pool had workers), and reported as not analysed if that worker dies too.
     A pool whose workers never started one run (they cannot start in this host) leaves
     every run to this process, one at a time."""
 
@@ -175,6 +176,7 @@ class Pool(Executor):
         started = context.Array("b", max(1, len(runs)), lock=False)
         rounds: list[tuple[int, list[int]]] = [
             (self.workers, [k for k in range(len(runs)) if k not in here])]
+        suspected: list[int] = []
         first, restarts = True, 0
         seen: dict[str, str] = {}  # one copy of each string of the results (_Sharing)
         given: set[int] = set()
@@ -198,22 +200,65 @@ class Pool(Executor):
                     for k in left:
                         yield k, serial.one(runs[k], options, task, status)
                     return
-                if workers == 1 and ks == suspects:  # died again, alone
-                    yield ks[0], not_analysed(runs[ks[0]], WORKER_DIED)
-                    continue
                 restarts += 1
                 if others and restarts > self.RESTARTS:
                     for k in others:
                         yield k, serial.one(runs[k], options, task, status)
                     others = []
-                rounds[:0] = ([(workers, others)] if others else []) + [
-                    (1, [k]) for k in suspects]
+                suspected += suspects
+                if others:
+                    rounds.insert(0, (workers, others))
             finally:
                 first = False
                 given |= done
+        for k, result in self._alone(context, started, self.workers, suspected, runs, options,
+                                     task, seen):
+            given.add(k)
+            yield k, result
         # A pool that broke while its runs were being submitted had not yet run these.
         for k in sorted(here - given):
             yield k, serial.one(runs[k], options, task, status)
+
+    @staticmethod
+    def _alone(context: BaseContext, started: Any, workers: int, ks: list[int],
+               runs: Sequence[RunFiles], options: RunOptions, task: Task,
+               seen: dict[str, str]) -> Iterator[tuple[int, RunResult]]:
+        """Each run of ``ks`` in a pool of one worker of its own, up to ``workers`` such pools
+        at once; a run whose worker dies again is reported as not analysed."""
+        waiting = list(ks)
+        live: dict[Future[bytes], tuple[int, ProcessPoolExecutor]] = {}
+        completed: SimpleQueue[Future[bytes]] = SimpleQueue()
+        try:
+            while waiting or live:
+                while waiting and len(live) < workers:
+                    k = waiting.pop(0)
+                    started[k] = 0
+                    pool = ProcessPoolExecutor(max_workers=1, mp_context=context,
+                                               initializer=_remember, initargs=(started,))
+                    try:
+                        future = pool.submit(_tracked, k, task, runs[k], options)
+                    except BrokenProcessPool:
+                        _stop(pool)
+                        yield k, not_analysed(runs[k], WORKER_DIED)
+                        continue
+                    live[future] = (k, pool)
+                    future.add_done_callback(completed.put)
+                if not live:
+                    continue
+                done = completed.get()
+                k, pool = live.pop(done)
+                try:
+                    result = _outcome(done, runs[k], seen)
+                except BrokenProcessPool:
+                    _stop(pool)
+                    result = not_analysed(runs[k], WORKER_DIED)
+                else:
+                    pool.shutdown(wait=True)
+                del done
+                yield k, result
+        finally:
+            for _, pool in live.values():  # interrupted or stopped early
+                _stop(pool)
 
     @staticmethod
     def _round(context: BaseContext, started: Any, workers: int, ks: list[int],
