@@ -487,7 +487,7 @@ def test_a_step_that_starts_from_a_non_finite_moment_is_told_so() -> None:
 
 def test_the_starting_state_is_tested_again_once_changed_in_place() -> None:
     model = models.mlp(in_features=4, hidden=8, out_features=2, depth=2, seed=0)
-    state = clone_state(TrainState(model, _adam_state(model)), StepConfig())
+    state = clone_state(TrainState(model, _adam_state(model)), StepConfig(), check_finite=True)
     assert nonfinite_state(state) == [] and state.checked
     name, param = next(iter(state.model.named_parameters()))
     with torch.no_grad():

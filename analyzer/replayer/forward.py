@@ -81,7 +81,6 @@ class ForwardRecorder:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
-        self._last = None
 
     def _hook_tree(self, root: nn.Module, root_name: str, prefix: str) -> None:
         for name, module in root.named_modules():

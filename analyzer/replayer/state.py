@@ -127,13 +127,17 @@ def cast_batch(value: Any, config: StepConfig) -> Any:
     return _cast(value, config.device, config.dtype)
 
 
-def clone_state(state: TrainState, config: StepConfig) -> TrainState:
-    """A fresh model, optimizer and scaler for one pass, on the pass's device and dtype."""
+def clone_state(state: TrainState, config: StepConfig, *,
+                check_finite: bool = False) -> TrainState:
+    """A fresh model, optimizer and scaler for one pass, on the pass's device and dtype.
+
+    ``check_finite``: the state whose start ``nonfinite_state`` will test; each tensor is
+    tested as soon as it is copied, while its bytes are still in the processor's cache (a
+    pass over the whole state later reads them from memory), where no cast follows."""
     # Parameters cloned as Parameter.__deepcopy__ clones them, ahead of the deep copy:
-    # through the copy module, each costs several times more. Where no cast follows, each
-    # copy is tested for finiteness as soon as it is made, while its bytes are still in
-    # the processor's cache: a pass over the whole state later reads them from memory.
-    checked: dict[int, Checked] | None = {} if config.dtype is None else None
+    # through the copy module, each costs several times more.
+    checked: dict[int, Checked] | None = (
+        {} if check_finite and config.dtype is None else None)
     originals = list(state.model.parameters())
     memo: dict[int, Any] = {}
     for p in originals:

@@ -157,7 +157,7 @@ def replay_call(model: nn.Module, batch: StepBatch, call: StepCall,
         try:
             try:
                 on_device = batch.on(config)
-                start = clone_state(pristine, config)
+                start = clone_state(pristine, config, check_finite=True)
             except Exception as exc:  # e.g. an optimizer that cannot be rebuilt on the device
                 raise ReplayError("setup", exc) from exc
             parts = [bad_parts(m) for m in on_device.micro]
