@@ -211,8 +211,8 @@ class Pool(Executor):
             finally:
                 first = False
                 given |= done
-        for k, result in self._alone(context, started, self.workers, suspected, runs, options,
-                                     task, seen):
+        for k, result in self._alone(context, self.workers, suspected, runs, options, task,
+                                     seen):
             given.add(k)
             yield k, result
         # A pool that broke while its runs were being submitted had not yet run these.
@@ -220,11 +220,12 @@ class Pool(Executor):
             yield k, serial.one(runs[k], options, task, status)
 
     @staticmethod
-    def _alone(context: BaseContext, started: Any, workers: int, ks: list[int],
-               runs: Sequence[RunFiles], options: RunOptions, task: Task,
-               seen: dict[str, str]) -> Iterator[tuple[int, RunResult]]:
+    def _alone(context: BaseContext, workers: int, ks: list[int], runs: Sequence[RunFiles],
+               options: RunOptions, task: Task, seen: dict[str, str],
+               ) -> Iterator[tuple[int, RunResult]]:
         """Each run of ``ks`` in a pool of one worker of its own, up to ``workers`` such pools
-        at once; a run whose worker dies again is reported as not analysed."""
+        at once; a run whose worker dies again is reported as not analysed (alone, its
+        worker needs no flag to say which run it had started)."""
         waiting = list(ks)
         live: dict[Future[bytes], tuple[int, ProcessPoolExecutor]] = {}
         completed: SimpleQueue[Future[bytes]] = SimpleQueue()
@@ -232,9 +233,7 @@ class Pool(Executor):
             while waiting or live:
                 while waiting and len(live) < workers:
                     k = waiting.pop(0)
-                    started[k] = 0
-                    pool = ProcessPoolExecutor(max_workers=1, mp_context=context,
-                                               initializer=_remember, initargs=(started,))
+                    pool = ProcessPoolExecutor(max_workers=1, mp_context=context)
                     try:
                         future = pool.submit(_tracked, k, task, runs[k], options)
                     except BrokenProcessPool:
